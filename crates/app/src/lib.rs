@@ -1,0 +1,1 @@
+//! Use cases of the LMSP service: submit, cancel, workers, recovery, purge, live fan-out.

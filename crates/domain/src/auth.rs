@@ -1,0 +1,252 @@
+//! Clients, scopes, tokens and pairing codes. Secrets are kept only as SHA-256 hashes (I-7).
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::ids::ClientId;
+use crate::time::Timestamp;
+
+/// What a client may do (API.md §3). `admin` implies every other scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Scope {
+    /// Submit and cancel work.
+    #[serde(rename = "responses:write")]
+    ResponsesWrite,
+    /// Read tasks, events and responses.
+    #[serde(rename = "responses:read")]
+    ResponsesRead,
+    /// List models.
+    #[serde(rename = "models:read")]
+    ModelsRead,
+    /// Register and delete models.
+    #[serde(rename = "models:write")]
+    ModelsWrite,
+    /// Everything, including clients, pairing and metrics.
+    #[serde(rename = "admin")]
+    Admin,
+}
+
+/// A string that names no scope.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown scope `{0}` (expected responses:write, responses:read, models:read, models:write or admin)")]
+pub struct UnknownScope(pub String);
+
+impl Scope {
+    /// Every scope.
+    pub const ALL: [Scope; 5] = [
+        Scope::ResponsesWrite,
+        Scope::ResponsesRead,
+        Scope::ModelsRead,
+        Scope::ModelsWrite,
+        Scope::Admin,
+    ];
+
+    /// The wire name, e.g. `responses:write`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Scope::ResponsesWrite => "responses:write",
+            Scope::ResponsesRead => "responses:read",
+            Scope::ModelsRead => "models:read",
+            Scope::ModelsWrite => "models:write",
+            Scope::Admin => "admin",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(text: &str) -> Result<Self, UnknownScope> {
+        Scope::ALL
+            .into_iter()
+            .find(|scope| scope.as_str() == text)
+            .ok_or_else(|| UnknownScope(text.to_owned()))
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Scope {
+    type Err = UnknownScope;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// A set of scopes.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Scopes(BTreeSet<Scope>);
+
+impl Scopes {
+    /// The set of the given scopes.
+    pub fn new(scopes: impl IntoIterator<Item = Scope>) -> Self {
+        Self(scopes.into_iter().collect())
+    }
+
+    /// Whether these scopes allow what `needed` allows (`admin` allows everything).
+    pub fn allows(&self, needed: Scope) -> bool {
+        self.0.contains(&Scope::Admin) || self.0.contains(&needed)
+    }
+
+    /// Whether every scope of `self` is allowed by `granting` (pairing: requested ⊆ granted).
+    pub fn is_subset_of(&self, granting: &Scopes) -> bool {
+        self.0.iter().all(|scope| granting.allows(*scope))
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The scopes in a stable order.
+    pub fn iter(&self) -> impl Iterator<Item = Scope> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+/// The prefix of every token.
+pub const TOKEN_PREFIX: &str = "lmsp_";
+
+/// A bearer secret (a client token or a pairing code). Its `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps secret text.
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
+    /// The secret text, for showing once to its owner.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The SHA-256 hash the database keeps instead of the secret.
+    pub fn hash(&self) -> SecretHash {
+        SecretHash(Sha256::digest(self.0.as_bytes()).into())
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// The SHA-256 hash of a [`Secret`]. Looking a hash up by equality in an index does not reveal the
+/// secret through timing: the attacker controls the secret, not its hash.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SecretHash(pub [u8; 32]);
+
+impl SecretHash {
+    /// Lower-case hex.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Debug for SecretHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretHash({}…)", &self.to_hex()[..8])
+    }
+}
+
+/// Whether text has the shape of a token: `lmsp_` and 43 base64url characters (32 bytes).
+pub fn looks_like_token(text: &str) -> bool {
+    text.strip_prefix(TOKEN_PREFIX).is_some_and(|rest| {
+        rest.len() == 43
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
+}
+
+/// A paired client as stored: never its token, only the token's hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Client {
+    /// Its id.
+    pub id: ClientId,
+    /// A human name.
+    pub name: String,
+    /// What it may do.
+    pub scopes: Scopes,
+    /// The hash of its token.
+    pub token_hash: SecretHash,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it was revoked; a revoked client's token no longer works.
+    pub revoked_at: Option<Timestamp>,
+}
+
+/// A pairing code as stored (hashed), valid until `expires_at`, usable once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pairing {
+    /// The hash of the code.
+    pub code_hash: SecretHash,
+    /// The scopes a client paired with it may receive.
+    pub scopes: Scopes,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When it stops working.
+    pub expires_at: Timestamp,
+}
+
+/// How long a pairing code is valid: 10 minutes.
+pub const PAIRING_TTL_MILLIS: i64 = 10 * 60 * 1000;
+/// How many wrong codes within [`PAIRING_TTL_MILLIS`] burn every outstanding code.
+pub const PAIRING_MAX_FAILURES: usize = 5;
+
+/// Pairing codes have the shape `483-921`.
+pub fn looks_like_pairing_code(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.len() == 7
+        && bytes[3] == b'-'
+        && bytes[..3].iter().chain(&bytes[4..]).all(u8::is_ascii_digit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_implies_every_scope() {
+        let admin = Scopes::new([Scope::Admin]);
+        assert!(Scope::ALL.into_iter().all(|s| admin.allows(s)));
+        let reader = Scopes::new([Scope::ResponsesRead]);
+        assert!(reader.allows(Scope::ResponsesRead));
+        assert!(!reader.allows(Scope::ResponsesWrite));
+    }
+
+    #[test]
+    fn requested_scopes_must_be_a_subset_of_the_granted_ones() {
+        let granted = Scopes::new([Scope::ResponsesRead, Scope::ResponsesWrite]);
+        assert!(Scopes::new([Scope::ResponsesRead]).is_subset_of(&granted));
+        assert!(!Scopes::new([Scope::Admin]).is_subset_of(&granted));
+        assert!(Scopes::new([Scope::ModelsWrite]).is_subset_of(&Scopes::new([Scope::Admin])));
+    }
+
+    /// I-7: a secret's `Debug` never shows it, and its hash is what is stored.
+    #[test]
+    fn secrets_are_redacted_and_hashed_i7() {
+        let secret = Secret::new("lmsp_topsecret");
+        assert!(!format!("{secret:?}").contains("topsecret"));
+        assert_eq!(secret.hash(), Secret::new("lmsp_topsecret").hash());
+        assert_ne!(secret.hash(), Secret::new("lmsp_other").hash());
+    }
+
+    #[test]
+    fn token_and_code_shapes_are_checked() {
+        assert!(looks_like_token(&format!("lmsp_{}", "A".repeat(43))));
+        assert!(!looks_like_token("lmsp_short"));
+        assert!(!looks_like_token(&format!("tok_{}", "A".repeat(43))));
+        assert!(looks_like_pairing_code("483-921"));
+        assert!(!looks_like_pairing_code("483921"));
+        assert!(!looks_like_pairing_code("48a-921"));
+    }
+}

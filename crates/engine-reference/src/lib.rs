@@ -1,0 +1,1 @@
+//! The deterministic reference engine (seeded n-gram sampler).

@@ -1,0 +1,1 @@
+//! Model files on disk: path checks and streaming SHA-256.

@@ -1,0 +1,1 @@
+//! The SQLite storage adapter of the LMSP service.
