@@ -1,0 +1,61 @@
+//! The live fan-out: hands committed events to the subscribers of their task.
+//!
+//! The storage adapter calls [`LiveEvents::committed`] after each commit, so nothing reaches a
+//! subscriber before it is durable. A subscriber that falls behind gets `Lagged` from its channel
+//! and reads the gap back from the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::broadcast;
+
+use lmsp_domain::ports::CommittedEvents;
+use lmsp_domain::{Event, TaskId};
+
+const CHANNEL_CAPACITY: usize = 256;
+
+/// Per-task broadcast channels of committed events.
+#[derive(Debug, Default)]
+pub struct LiveEvents {
+    channels: Mutex<HashMap<TaskId, broadcast::Sender<Arc<Event>>>>,
+}
+
+impl LiveEvents {
+    /// An empty fan-out.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Subscribes to the committed events of one task from now on.
+    pub fn subscribe(&self, task_id: TaskId) -> broadcast::Receiver<Arc<Event>> {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        channels
+            .entry(task_id)
+            .or_insert_with(|| broadcast::channel(CHANNEL_CAPACITY).0)
+            .subscribe()
+    }
+
+    /// How many tasks have live subscribers.
+    pub fn watched_tasks(&self) -> usize {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+impl CommittedEvents for LiveEvents {
+    fn committed(&self, events: &[Event]) {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if channels.is_empty() {
+            return;
+        }
+        for event in events {
+            if let Some(sender) = channels.get(&event.task_id) {
+                if sender.send(Arc::new(event.clone())).is_err() || event.kind().is_terminal() {
+                    // Nobody listens any more, or nothing more will come: drop the channel.
+                    // Receivers still drain what was sent before.
+                    channels.remove(&event.task_id);
+                }
+            }
+        }
+        channels.retain(|_, sender| sender.receiver_count() > 0);
+    }
+}
