@@ -17,7 +17,10 @@ pub fn lmsp_binary() -> PathBuf {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target profile dir");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target profile dir");
     let binary = profile_dir.join("lmsp");
     if !binary.exists() {
         let status = Command::new(env!("CARGO"))
@@ -153,17 +156,29 @@ impl TestServer {
     /// Runs `lmsp clients add` on the data directory and returns the token.
     pub fn add_client(&self, name: &str, scopes: &[&str]) -> String {
         let mut command = Command::new(lmsp_binary());
-        command.args(["clients", "add", "--name", name]).arg("--data-dir").arg(&self.data_dir);
+        command
+            .args(["clients", "add", "--name", name])
+            .arg("--data-dir")
+            .arg(&self.data_dir);
         for scope in scopes {
             command.args(["--scope", scope]);
         }
         let output = command.output().expect("lmsp clients add");
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         String::from_utf8(output.stdout).unwrap().trim().to_owned()
     }
 
     /// A request with a bearer token.
-    pub fn request(&self, method: reqwest::Method, path: &str, token: &str) -> reqwest::RequestBuilder {
+    pub fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+    ) -> reqwest::RequestBuilder {
         self.http.request(method, self.url(path)).bearer_auth(token)
     }
 
@@ -174,12 +189,26 @@ impl TestServer {
     }
 
     /// POST JSON with a token.
-    pub async fn post_as(&self, token: &str, path: &str, body: Value) -> (u16, reqwest::header::HeaderMap, Value) {
-        let response = self.request(reqwest::Method::POST, path, token).json(&body).send().await.unwrap();
+    pub async fn post_as(
+        &self,
+        token: &str,
+        path: &str,
+        body: Value,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
+        let response = self
+            .request(reqwest::Method::POST, path, token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let text = response.text().await.unwrap();
-        (status, headers, serde_json::from_str(&text).unwrap_or(Value::Null))
+        (
+            status,
+            headers,
+            serde_json::from_str(&text).unwrap_or(Value::Null),
+        )
     }
 
     /// GET with the admin token; status and JSON body.
@@ -190,7 +219,11 @@ impl TestServer {
 
     /// GET with a token.
     pub async fn get_as(&self, token: &str, path: &str) -> (u16, Value) {
-        let response = self.request(reqwest::Method::GET, path, token).send().await.unwrap();
+        let response = self
+            .request(reqwest::Method::GET, path, token)
+            .send()
+            .await
+            .unwrap();
         let status = response.status().as_u16();
         let text = response.text().await.unwrap();
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
@@ -212,7 +245,10 @@ impl TestServer {
             if status == 200 && done(&task) {
                 return task;
             }
-            assert!(Instant::now() < deadline, "task {id} never became {what}: {task}");
+            assert!(
+                Instant::now() < deadline,
+                "task {id} never became {what}: {task}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -227,7 +263,9 @@ impl TestServer {
         let mut events = Vec::new();
         let mut after = 0;
         loop {
-            let (status, page) = self.get(&format!("/v1/tasks/{id}/events?after={after}&limit=1000")).await;
+            let (status, page) = self
+                .get(&format!("/v1/tasks/{id}/events?after={after}&limit=1000"))
+                .await;
             assert_eq!(status, 200, "{page}");
             let data = page["data"].as_array().unwrap().clone();
             if let Some(last) = data.last() {
@@ -250,7 +288,10 @@ impl TestServer {
         }
         let response = request.send().await.unwrap();
         assert_eq!(response.status().as_u16(), 200);
-        SseStream { body: Box::pin(response.bytes_stream()), buffer: String::new() }
+        SseStream {
+            body: Box::pin(response.bytes_stream()),
+            buffer: String::new(),
+        }
     }
 }
 
@@ -289,7 +330,11 @@ impl SseStream {
         loop {
             if let Some(end) = self.buffer.find("\n\n") {
                 let block: String = self.buffer.drain(..end + 2).collect();
-                let mut message = SseMessage { id: None, event: None, data: Value::Null };
+                let mut message = SseMessage {
+                    id: None,
+                    event: None,
+                    data: Value::Null,
+                };
                 let mut data = String::new();
                 for line in block.lines() {
                     if let Some(v) = line.strip_prefix("id:") {
@@ -306,7 +351,10 @@ impl SseStream {
                 message.data = serde_json::from_str(&data).unwrap_or(Value::Null);
                 return Some(message);
             }
-            let chunk = tokio::time::timeout(Duration::from_secs(60), self.body.next()).await.ok()??.ok()?;
+            let chunk = tokio::time::timeout(Duration::from_secs(60), self.body.next())
+                .await
+                .ok()??
+                .ok()?;
             self.buffer.push_str(&String::from_utf8_lossy(&chunk));
         }
     }
@@ -325,26 +373,61 @@ impl SseStream {
 /// task is finished), and the task's `last_sequence_number` and status agree with the log.
 pub fn assert_log_invariants(task: &Value, events: &[Value]) {
     for (index, event) in events.iter().enumerate() {
-        assert_eq!(event["sequence_number"].as_u64(), Some(index as u64 + 1), "gapless: {events:?}");
+        assert_eq!(
+            event["sequence_number"].as_u64(),
+            Some(index as u64 + 1),
+            "gapless: {events:?}"
+        );
     }
-    assert_eq!(task["last_sequence_number"].as_u64(), Some(events.len() as u64), "last seq: {task}");
-    let terminal = ["response.completed", "response.failed", "response.cancelled"];
-    let terminals = events.iter().filter(|e| terminal.contains(&e["type"].as_str().unwrap_or(""))).count();
-    let finished = ["completed", "failed", "cancelled"].contains(&task["status"].as_str().unwrap_or(""));
-    assert_eq!(terminals, usize::from(finished), "one terminal event iff finished: {events:?}");
+    assert_eq!(
+        task["last_sequence_number"].as_u64(),
+        Some(events.len() as u64),
+        "last seq: {task}"
+    );
+    let terminal = [
+        "response.completed",
+        "response.failed",
+        "response.cancelled",
+    ];
+    let terminals = events
+        .iter()
+        .filter(|e| terminal.contains(&e["type"].as_str().unwrap_or("")))
+        .count();
+    let finished =
+        ["completed", "failed", "cancelled"].contains(&task["status"].as_str().unwrap_or(""));
+    assert_eq!(
+        terminals,
+        usize::from(finished),
+        "one terminal event iff finished: {events:?}"
+    );
     if finished {
         let last = events.last().unwrap()["type"].as_str().unwrap().to_owned();
-        assert_eq!(last, format!("response.{}", task["status"].as_str().unwrap()));
+        assert_eq!(
+            last,
+            format!("response.{}", task["status"].as_str().unwrap())
+        );
     }
-    if let Some(cancelling) = events.iter().position(|e| e["type"] == "response.cancelling") {
-        let after: Vec<_> = events[cancelling + 1..].iter().map(|e| e["type"].clone()).collect();
-        assert!(after.is_empty() || after == vec![Value::from("response.cancelled")], "I-3: {after:?}");
+    if let Some(cancelling) = events
+        .iter()
+        .position(|e| e["type"] == "response.cancelling")
+    {
+        let after: Vec<_> = events[cancelling + 1..]
+            .iter()
+            .map(|e| e["type"].clone())
+            .collect();
+        assert!(
+            after.is_empty() || after == vec![Value::from("response.cancelled")],
+            "I-3: {after:?}"
+        );
     }
 }
 
 /// The deltas after the last `response.queued`, joined.
 pub fn joined_deltas(events: &[Value]) -> String {
-    let start = events.iter().rposition(|e| e["type"] == "response.queued").map_or(0, |i| i + 1);
+    let start = events
+        .iter()
+        .rposition(|e| e["type"] == "response.queued")
+        .map_or(0, |i| i + 1);
     events[start..]
         .iter()
         .filter(|e| e["type"] == "response.output_text.delta")

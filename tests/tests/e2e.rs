@@ -17,10 +17,15 @@ fn prompt(seed: u64, tokens: u64, policy: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_task_runs_to_completion_with_a_gapless_log_i2() {
     let server = TestServer::start(&[]);
-    let (status, headers, task) = server.post("/v1/responses", json!({
-        "model": "reference", "input": "Once upon a time", "background": true, "seed": 7,
-        "max_output_tokens": 24, "metadata": {"k": "v"}
-    })).await;
+    let (status, headers, task) = server
+        .post(
+            "/v1/responses",
+            json!({
+                "model": "reference", "input": "Once upon a time", "background": true, "seed": 7,
+                "max_output_tokens": 24, "metadata": {"k": "v"}
+            }),
+        )
+        .await;
     assert_eq!(status, 202, "{task}");
     let id = task["id"].as_str().unwrap().to_owned();
     assert_eq!(headers["location"], format!("/v1/tasks/{id}").as_str());
@@ -32,8 +37,20 @@ async fn a_background_task_runs_to_completion_with_a_gapless_log_i2() {
     let events = server.all_events(&id).await;
     assert_log_invariants(&done, &events);
     let kinds: Vec<_> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-    assert_eq!(&kinds[..3], ["response.created", "response.loading", "response.in_progress"]);
-    let (status, response) = server.get(&format!("/v1/responses/{}", done["response_id"].as_str().unwrap())).await;
+    assert_eq!(
+        &kinds[..3],
+        [
+            "response.created",
+            "response.loading",
+            "response.in_progress"
+        ]
+    );
+    let (status, response) = server
+        .get(&format!(
+            "/v1/responses/{}",
+            done["response_id"].as_str().unwrap()
+        ))
+        .await;
     assert_eq!(status, 200);
     assert_eq!(response["output_text"], joined_deltas(&events).as_str());
     assert_eq!(response["usage"]["output_tokens"], 24);
@@ -65,13 +82,25 @@ async fn a_streaming_request_sends_every_event_then_closes() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 200);
-    assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-    let id = response.headers()["lmsp-task-id"].to_str().unwrap().to_owned();
+    assert!(response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let id = response.headers()["lmsp-task-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     let path = format!("/v1/tasks/{id}/events");
     let messages = server.sse(&path, None).await.collect_all().await;
-    let ids: Vec<u64> = messages.iter().map(|m| m.id.as_ref().unwrap().parse().unwrap()).collect();
+    let ids: Vec<u64> = messages
+        .iter()
+        .map(|m| m.id.as_ref().unwrap().parse().unwrap())
+        .collect();
     assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
-    assert_eq!(messages.last().unwrap().event.as_deref(), Some("response.completed"));
+    assert_eq!(
+        messages.last().unwrap().event.as_deref(),
+        Some("response.completed")
+    );
     assert_eq!(messages[0].data["type"], "response.created");
 }
 
@@ -90,29 +119,61 @@ async fn an_sse_reconnect_with_last_event_id_gets_every_later_event_exactly_once
     let last: u64 = seen.last().unwrap().id.as_ref().unwrap().parse().unwrap();
     let rest = server.sse(&path, Some(last)).await.collect_all().await;
     seen.extend(rest);
-    let ids: Vec<u64> = seen.iter().map(|m| m.id.as_ref().unwrap().parse().unwrap()).collect();
-    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "every event exactly once, in order");
+    let ids: Vec<u64> = seen
+        .iter()
+        .map(|m| m.id.as_ref().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        (1..=ids.len() as u64).collect::<Vec<_>>(),
+        "every event exactly once, in order"
+    );
     let task = server.wait_status(&id, "completed").await;
-    assert_eq!(task["last_sequence_number"].as_u64(), Some(ids.len() as u64));
+    assert_eq!(
+        task["last_sequence_number"].as_u64(),
+        Some(ids.len() as u64)
+    );
 }
 
 /// P-4, I-3: cancel in every status, per the table of API.md §4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_follows_the_table_in_every_status_p4_i3() {
-    let server = TestServer::start(&["--workers", "1", "--reference-token-delay", "50ms", "--reference-cancel-delay", "300ms"]);
+    let server = TestServer::start(&[
+        "--workers",
+        "1",
+        "--reference-token-delay",
+        "50ms",
+        "--reference-cancel-delay",
+        "300ms",
+    ]);
     let running = server.submit(prompt(1, 10_000, "fail")).await;
     let queued = server.submit(prompt(2, 5, "fail")).await;
-    server.wait_task(&running, "running with output", |t| t["status"] == "running" && t["last_sequence_number"].as_u64() > Some(4)).await;
+    server
+        .wait_task(&running, "running with output", |t| {
+            t["status"] == "running" && t["last_sequence_number"].as_u64() > Some(4)
+        })
+        .await;
     // queued → cancelled at once, 200.
-    let (status, _, task) = server.post(&format!("/v1/tasks/{queued}/cancel"), Value::Null).await;
+    let (status, _, task) = server
+        .post(&format!("/v1/tasks/{queued}/cancel"), Value::Null)
+        .await;
     assert_eq!((status, task["status"].as_str()), (200, Some("cancelled")));
     // cancelled again → 200, nothing new.
-    let (status, _, again) = server.post(&format!("/v1/tasks/{queued}/cancel"), Value::Null).await;
-    assert_eq!((status, again["last_sequence_number"].clone()), (200, task["last_sequence_number"].clone()));
+    let (status, _, again) = server
+        .post(&format!("/v1/tasks/{queued}/cancel"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, again["last_sequence_number"].clone()),
+        (200, task["last_sequence_number"].clone())
+    );
     // running → cancelling, 202; again → 202; then cancelled.
-    let (status, _, task) = server.post(&format!("/v1/tasks/{running}/cancel"), Value::Null).await;
+    let (status, _, task) = server
+        .post(&format!("/v1/tasks/{running}/cancel"), Value::Null)
+        .await;
     assert_eq!((status, task["status"].as_str()), (202, Some("cancelling")));
-    let (status, _, _) = server.post(&format!("/v1/tasks/{running}/cancel"), Value::Null).await;
+    let (status, _, _) = server
+        .post(&format!("/v1/tasks/{running}/cancel"), Value::Null)
+        .await;
     assert_eq!(status, 202);
     let done = server.wait_status(&running, "cancelled").await;
     let events = server.all_events(&running).await;
@@ -120,8 +181,13 @@ async fn cancel_follows_the_table_in_every_status_p4_i3() {
     // completed → 409 task_not_cancellable.
     let finished = server.submit(prompt(3, 3, "fail")).await;
     server.wait_status(&finished, "completed").await;
-    let (status, _, body) = server.post(&format!("/v1/tasks/{finished}/cancel"), Value::Null).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("task_not_cancellable")));
+    let (status, _, body) = server
+        .post(&format!("/v1/tasks/{finished}/cancel"), Value::Null)
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("task_not_cancellable"))
+    );
 }
 
 /// P-4: a cancel while the model loads also ends `cancelled`.
@@ -130,7 +196,9 @@ async fn a_task_cancelled_while_loading_ends_cancelled_p4() {
     let server = TestServer::start(&["--reference-load-delay", "1s"]);
     let id = server.submit(prompt(4, 5, "fail")).await;
     server.wait_status(&id, "loading").await;
-    let (status, _, task) = server.post(&format!("/v1/tasks/{id}/cancel"), Value::Null).await;
+    let (status, _, task) = server
+        .post(&format!("/v1/tasks/{id}/cancel"), Value::Null)
+        .await;
     assert_eq!((status, task["status"].as_str()), (202, Some("cancelling")));
     let done = server.wait_status(&id, "cancelled").await;
     assert_log_invariants(&done, &server.all_events(&id).await);
@@ -146,9 +214,16 @@ struct Leftovers {
 async fn after_sigkill_every_leftover_task_moves_by_the_recovery_table_p7_to_p11() {
     // Run 1: running, cancelling and queued tasks of each policy (6 workers: 3 run, 3 cancel).
     let mut server = TestServer::start(&[
-        "--workers", "6", "--reference-token-delay", "30ms", "--reference-cancel-delay", "60s",
+        "--workers",
+        "6",
+        "--reference-token-delay",
+        "30ms",
+        "--reference-cancel-delay",
+        "60s",
     ]);
-    let mut leftovers = Leftovers { by_policy: HashMap::new() };
+    let mut leftovers = Leftovers {
+        by_policy: HashMap::new(),
+    };
     for (index, policy) in ["fail", "retry", "resume"].into_iter().enumerate() {
         let seed = 100 + index as u64;
         let running = server.submit(prompt(seed, 400, policy)).await;
@@ -158,14 +233,27 @@ async fn after_sigkill_every_leftover_task_moves_by_the_recovery_table_p7_to_p11
         cells.insert("cancelling", cancelling);
     }
     for cells in leftovers.by_policy.values() {
-        server.wait_task(&cells["running"], "running with output", |t| t["status"] == "running" && t["last_sequence_number"].as_u64() > Some(6)).await;
+        server
+            .wait_task(&cells["running"], "running with output", |t| {
+                t["status"] == "running" && t["last_sequence_number"].as_u64() > Some(6)
+            })
+            .await;
         server.wait_status(&cells["cancelling"], "running").await;
-        let (status, _, _) = server.post(&format!("/v1/tasks/{}/cancel", cells["cancelling"]), Value::Null).await;
+        let (status, _, _) = server
+            .post(
+                &format!("/v1/tasks/{}/cancel", cells["cancelling"]),
+                Value::Null,
+            )
+            .await;
         assert_eq!(status, 202);
     }
     for (index, policy) in ["fail", "retry", "resume"].into_iter().enumerate() {
         let queued = server.submit(prompt(200 + index as u64, 5, policy)).await;
-        leftovers.by_policy.get_mut(policy).unwrap().insert("queued", queued);
+        leftovers
+            .by_policy
+            .get_mut(policy)
+            .unwrap()
+            .insert("queued", queued);
     }
     let before: HashMap<String, Value> = {
         let mut map = HashMap::new();
@@ -189,7 +277,7 @@ async fn after_sigkill_every_leftover_task_moves_by_the_recovery_table_p7_to_p11
             let events = server.all_events(id).await;
             let last = events.last().unwrap()["type"].as_str().unwrap().to_owned();
             let old = &before[id];
-            let (expected_status, expected_event) = match (*found, policy.as_ref()) {
+            let (expected_status, expected_event) = match (*found, *policy) {
                 ("queued", "fail") | ("running", "fail") => ("failed", Some("response.failed")),
                 ("queued", _) => ("queued", None),
                 ("running", "retry") => ("queued", Some("response.queued")),
@@ -207,7 +295,10 @@ async fn after_sigkill_every_leftover_task_moves_by_the_recovery_table_p7_to_p11
                 Some(kind) => {
                     assert_eq!(last, kind, "{found}/{policy}");
                     assert_eq!(task["restarts"], 1, "{found}/{policy}");
-                    assert_eq!(task["last_sequence_number"], old["last_sequence_number"].as_u64().unwrap() + 1);
+                    assert_eq!(
+                        task["last_sequence_number"],
+                        old["last_sequence_number"].as_u64().unwrap() + 1
+                    );
                 }
                 None => {
                     assert_eq!(task["restarts"], 0, "{found}/{policy}: untouched");
@@ -219,7 +310,10 @@ async fn after_sigkill_every_leftover_task_moves_by_the_recovery_table_p7_to_p11
             }
             if expected_event == Some("response.resumed") {
                 let resumed = events.last().unwrap();
-                assert_eq!(resumed["data"]["from_sequence_number"].as_u64(), Some(events.len() as u64 - 1));
+                assert_eq!(
+                    resumed["data"]["from_sequence_number"].as_u64(),
+                    Some(events.len() as u64 - 1)
+                );
             }
             assert_log_invariants(&task, &events);
         }
@@ -230,16 +324,33 @@ async fn after_sigkill_every_leftover_task_moves_by_the_recovery_table_p7_to_p11
     let done = server.wait_status(&resumed, "completed").await;
     let events = server.all_events(&resumed).await;
     assert_log_invariants(&done, &events);
-    let (_, response) = server.get(&format!("/v1/responses/{}", done["response_id"].as_str().unwrap())).await;
+    let (_, response) = server
+        .get(&format!(
+            "/v1/responses/{}",
+            done["response_id"].as_str().unwrap()
+        ))
+        .await;
     assert_eq!(response["output_text"], joined_deltas(&events).as_str());
     let (status, _, uninterrupted) = server.post("/v1/responses", prompt(102, 400, "fail")).await;
     assert_eq!(status, 200);
-    assert_eq!(response["output_text"], uninterrupted["output_text"], "I-6: resumed output equals the uninterrupted one");
+    assert_eq!(
+        response["output_text"], uninterrupted["output_text"],
+        "I-6: resumed output equals the uninterrupted one"
+    );
     let retried = leftovers.by_policy["retry"]["running"].clone();
     let done = server.wait_status(&retried, "completed").await;
     let events = server.all_events(&retried).await;
-    let (_, response) = server.get(&format!("/v1/responses/{}", done["response_id"].as_str().unwrap())).await;
-    assert_eq!(response["output_text"], joined_deltas(&events).as_str(), "retry's output is the new run's");
+    let (_, response) = server
+        .get(&format!(
+            "/v1/responses/{}",
+            done["response_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(
+        response["output_text"],
+        joined_deltas(&events).as_str(),
+        "retry's output is the new run's"
+    );
 }
 
 /// P-7: a task killed while `loading` moves by its policy.
@@ -260,11 +371,17 @@ async fn after_sigkill_a_loading_task_fails_or_requeues_by_policy_p8() {
         let events = server.all_events(id).await;
         let last = events.last().unwrap()["type"].as_str().unwrap();
         if *policy == "fail" {
-            assert_eq!((task["status"].as_str(), last), (Some("failed"), "response.failed"));
+            assert_eq!(
+                (task["status"].as_str(), last),
+                (Some("failed"), "response.failed")
+            );
             assert_eq!(task["error"]["code"], "server_restarted");
         } else {
             // queued + response.queued; the new worker may already be loading it again.
-            assert!(events.iter().any(|e| e["type"] == "response.queued"), "{policy}: {events:?}");
+            assert!(
+                events.iter().any(|e| e["type"] == "response.queued"),
+                "{policy}: {events:?}"
+            );
             assert!(["queued", "loading"].contains(&task["status"].as_str().unwrap()));
         }
         assert_eq!(task["restarts"], 1);
@@ -293,7 +410,16 @@ async fn an_accepted_task_survives_a_sigkill_right_after_the_reply_i1() {
 /// P-5, P-6, I-4: finished tasks go after the retention; unfinished ones stay, whatever their age.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_purges_finished_tasks_and_keeps_unfinished_ones_p5_p6() {
-    let server = TestServer::start(&["--workers", "1", "--retention", "1s", "--purge-interval", "200ms", "--reference-token-delay", "100ms"]);
+    let server = TestServer::start(&[
+        "--workers",
+        "1",
+        "--retention",
+        "1s",
+        "--purge-interval",
+        "200ms",
+        "--reference-token-delay",
+        "100ms",
+    ]);
     let finished = server.submit(prompt(1, 2, "fail")).await;
     let done = server.wait_status(&finished, "completed").await;
     let response_id = done["response_id"].as_str().unwrap().to_owned();
@@ -304,11 +430,20 @@ async fn retention_purges_finished_tasks_and_keeps_unfinished_ones_p5_p6() {
         if status == 404 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "the finished task was never purged");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the finished task was never purged"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert_eq!(server.get(&format!("/v1/responses/{response_id}")).await.0, 404);
-    assert_eq!(server.get(&format!("/v1/tasks/{finished}/events")).await.0, 404);
+    assert_eq!(
+        server.get(&format!("/v1/responses/{response_id}")).await.0,
+        404
+    );
+    assert_eq!(
+        server.get(&format!("/v1/tasks/{finished}/events")).await.0,
+        404
+    );
     let (status, task) = server.get(&format!("/v1/tasks/{unfinished}")).await;
     assert_eq!(status, 200);
     assert!(["queued", "loading", "running"].contains(&task["status"].as_str().unwrap()));
@@ -321,21 +456,126 @@ async fn bad_input_gets_a_4xx_envelope_and_creates_nothing_i9() {
     let token = server.admin_token.clone();
     let huge = "x".repeat(3 * 1024 * 1024);
     let rows: Vec<(&str, reqwest::RequestBuilder, u16, &str)> = vec![
-        ("malformed json", server.request(reqwest::Method::POST, "/v1/responses", &token).header("content-type", "application/json").body("{"), 400, "invalid_request"),
-        ("wrong type", server.request(reqwest::Method::POST, "/v1/responses", &token).json(&json!({"model": "reference", "input": 5})), 400, "invalid_request"),
-        ("unknown field", server.request(reqwest::Method::POST, "/v1/responses", &token).json(&json!({"model": "reference", "input": "x", "bogus": 1})), 400, "invalid_request"),
-        ("range", server.request(reqwest::Method::POST, "/v1/responses", &token).json(&json!({"model": "reference", "input": "x", "max_output_tokens": 0})), 400, "invalid_request"),
-        ("unknown model", server.request(reqwest::Method::POST, "/v1/responses", &token).json(&json!({"model": "nope", "input": "x"})), 404, "model_not_found"),
-        ("no content type", server.request(reqwest::Method::POST, "/v1/responses", &token).body("{}"), 415, "unsupported_media_type"),
-        ("huge body", server.request(reqwest::Method::POST, "/v1/responses", &token).header("content-type", "application/json").body(huge), 413, "payload_too_large"),
-        ("no token", server.http.post(server.url("/v1/responses")).json(&json!({"model": "reference", "input": "x"})), 401, "unauthorized"),
-        ("bad token", server.request(reqwest::Method::POST, "/v1/responses", "lmsp_nope").json(&json!({"model": "reference", "input": "x"})), 401, "unauthorized"),
-        ("bad idempotency key", server.request(reqwest::Method::POST, "/v1/responses", &token).header("idempotency-key", "").json(&json!({"model": "reference", "input": "x"})), 400, "invalid_idempotency_key"),
-        ("malformed task id", server.request(reqwest::Method::GET, "/v1/tasks/task_..%2F..%2Fetc", &token), 404, "not_found"),
-        ("unknown task id", server.request(reqwest::Method::GET, "/v1/tasks/task_01ARZ3NDEKTSV4RRFFQ69G5FAV", &token), 404, "not_found"),
-        ("bad list limit", server.request(reqwest::Method::GET, "/v1/tasks?limit=0", &token), 400, "invalid_request"),
-        ("unknown route", server.request(reqwest::Method::GET, "/v1/nothing", &token), 404, "not_found"),
-        ("model path traversal", server.request(reqwest::Method::POST, "/v1/models", &token).json(&json!({"id": "evil", "path": "../../etc/passwd"})), 400, "invalid_request"),
+        (
+            "malformed json",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", &token)
+                .header("content-type", "application/json")
+                .body("{"),
+            400,
+            "invalid_request",
+        ),
+        (
+            "wrong type",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", &token)
+                .json(&json!({"model": "reference", "input": 5})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown field",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", &token)
+                .json(&json!({"model": "reference", "input": "x", "bogus": 1})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "range",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", &token)
+                .json(&json!({"model": "reference", "input": "x", "max_output_tokens": 0})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown model",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", &token)
+                .json(&json!({"model": "nope", "input": "x"})),
+            404,
+            "model_not_found",
+        ),
+        (
+            "no content type",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", &token)
+                .body("{}"),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "huge body",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", &token)
+                .header("content-type", "application/json")
+                .body(huge),
+            413,
+            "payload_too_large",
+        ),
+        (
+            "no token",
+            server
+                .http
+                .post(server.url("/v1/responses"))
+                .json(&json!({"model": "reference", "input": "x"})),
+            401,
+            "unauthorized",
+        ),
+        (
+            "bad token",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", "lmsp_nope")
+                .json(&json!({"model": "reference", "input": "x"})),
+            401,
+            "unauthorized",
+        ),
+        (
+            "bad idempotency key",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", &token)
+                .header("idempotency-key", "")
+                .json(&json!({"model": "reference", "input": "x"})),
+            400,
+            "invalid_idempotency_key",
+        ),
+        (
+            "malformed task id",
+            server.request(reqwest::Method::GET, "/v1/tasks/task_..%2F..%2Fetc", &token),
+            404,
+            "not_found",
+        ),
+        (
+            "unknown task id",
+            server.request(
+                reqwest::Method::GET,
+                "/v1/tasks/task_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                &token,
+            ),
+            404,
+            "not_found",
+        ),
+        (
+            "bad list limit",
+            server.request(reqwest::Method::GET, "/v1/tasks?limit=0", &token),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown route",
+            server.request(reqwest::Method::GET, "/v1/nothing", &token),
+            404,
+            "not_found",
+        ),
+        (
+            "model path traversal",
+            server
+                .request(reqwest::Method::POST, "/v1/models", &token)
+                .json(&json!({"id": "evil", "path": "../../etc/passwd"})),
+            400,
+            "invalid_request",
+        ),
     ];
     for (name, request, status, code) in rows {
         let response = request.send().await.unwrap();
@@ -349,9 +589,17 @@ async fn bad_input_gets_a_4xx_envelope_and_creates_nothing_i9() {
         assert!(body["error"].get("param").is_some(), "{name}");
     }
     let (_, list) = server.get("/v1/tasks").await;
-    assert_eq!(list["data"].as_array().unwrap().len(), 0, "nothing was created: {list}");
+    assert_eq!(
+        list["data"].as_array().unwrap().len(),
+        0,
+        "nothing was created: {list}"
+    );
     let (_, models) = server.get("/v1/models").await;
-    assert_eq!(models["data"].as_array().unwrap().len(), 1, "only the reference model");
+    assert_eq!(
+        models["data"].as_array().unwrap().len(),
+        1,
+        "only the reference model"
+    );
 }
 
 /// I-7: a client sees only its own tasks; another's is a 404; a revoked token stops at once.
@@ -364,19 +612,63 @@ async fn clients_are_isolated_and_revocation_is_immediate_i7() {
     let (status, _, task) = server.post_as(&alice, "/v1/responses", json!({"model": "reference", "input": "hi", "background": true, "max_output_tokens": 3})).await;
     assert_eq!(status, 202);
     let id = task["id"].as_str().unwrap();
-    assert_eq!(server.get_as(&alice, &format!("/v1/tasks/{id}")).await.0, 200);
+    assert_eq!(
+        server.get_as(&alice, &format!("/v1/tasks/{id}")).await.0,
+        200
+    );
     assert_eq!(server.get_as(&bob, &format!("/v1/tasks/{id}")).await.0, 404);
-    assert_eq!(server.get_as(&bob, &format!("/v1/tasks/{id}/events")).await.0, 404);
-    assert_eq!(server.post_as(&bob, &format!("/v1/tasks/{id}/cancel"), Value::Null).await.0, 404);
+    assert_eq!(
+        server
+            .get_as(&bob, &format!("/v1/tasks/{id}/events"))
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        server
+            .post_as(&bob, &format!("/v1/tasks/{id}/cancel"), Value::Null)
+            .await
+            .0,
+        404
+    );
     let (_, bobs) = server.get_as(&bob, "/v1/tasks").await;
     assert_eq!(bobs["data"].as_array().unwrap().len(), 0);
-    assert_eq!(server.get(&format!("/v1/tasks/{id}")).await.0, 200, "admin sees all");
-    let (status, _, body) = server.post_as(&reader, "/v1/responses", json!({"model": "reference", "input": "hi"})).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")));
+    assert_eq!(
+        server.get(&format!("/v1/tasks/{id}")).await.0,
+        200,
+        "admin sees all"
+    );
+    let (status, _, body) = server
+        .post_as(
+            &reader,
+            "/v1/responses",
+            json!({"model": "reference", "input": "hi"}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("forbidden"))
+    );
     let (_, clients) = server.get("/v1/clients").await;
-    let bob_id = clients["data"].as_array().unwrap().iter().find(|c| c["name"] == "bob").unwrap()["id"].as_str().unwrap().to_owned();
+    let bob_id = clients["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "bob")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(!clients.to_string().contains("hash"));
-    let response = server.request(reqwest::Method::DELETE, &format!("/v1/clients/{bob_id}"), &server.admin_token).send().await.unwrap();
+    let response = server
+        .request(
+            reqwest::Method::DELETE,
+            &format!("/v1/clients/{bob_id}"),
+            &server.admin_token,
+        )
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status().as_u16(), 204);
     assert_eq!(server.get_as(&bob, "/v1/tasks").await.0, 401);
 }
@@ -384,7 +676,8 @@ async fn clients_are_isolated_and_revocation_is_immediate_i7() {
 /// SIGTERM: new task requests get 503 during the grace, reads still work, exit code 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_new_work_lets_running_tasks_finish_and_exits_zero() {
-    let mut server = TestServer::start(&["--reference-token-delay", "20ms", "--shutdown-grace", "20s"]);
+    let mut server =
+        TestServer::start(&["--reference-token-delay", "20ms", "--shutdown-grace", "20s"]);
     let id = server.submit(prompt(9, 60, "fail")).await;
     server.wait_status(&id, "running").await;
     let pid = nix::unistd::Pid::from_raw(server.pid() as i32);
@@ -396,21 +689,32 @@ async fn sigterm_stops_new_work_lets_running_tasks_finish_and_exits_zero() {
             assert_eq!(body["error"]["code"], "service_unavailable");
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "never refused new work");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never refused new work"
+        );
     }
     let status = server.terminate_wait();
     assert!(status.success(), "{status:?}");
     let mut server = server;
     server.kill_and_restart(&[]);
     let (_, task) = server.get(&format!("/v1/tasks/{id}")).await;
-    assert_eq!(task["status"], "completed", "the running task finished within the grace");
+    assert_eq!(
+        task["status"], "completed",
+        "the running task finished within the grace"
+    );
 }
 
 /// `GET /v1/service` and `GET /v1/health`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_service_document_keeps_its_id_across_restarts() {
     let mut server = TestServer::start(&[]);
-    let health = server.http.get(server.url("/v1/health")).send().await.unwrap();
+    let health = server
+        .http
+        .get(server.url("/v1/health"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status().as_u16(), 200);
     let (status, first) = server.get("/v1/service").await;
     assert_eq!(status, 200);
@@ -426,9 +730,14 @@ async fn the_service_document_keeps_its_id_across_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotent_retry_after_a_crash_replays_the_first_reply_i8() {
     let mut server = TestServer::start(&["--workers", "1", "--reference-load-delay", "60s"]);
-    let body = json!({"model": "reference", "input": "hi", "background": true, "on_restart": "retry"});
+    let body =
+        json!({"model": "reference", "input": "hi", "background": true, "on_restart": "retry"});
     let send = |server: &TestServer, body: Value| {
-        server.request(reqwest::Method::POST, "/v1/responses", &server.admin_token).header("idempotency-key", "order-1").json(&body).send()
+        server
+            .request(reqwest::Method::POST, "/v1/responses", &server.admin_token)
+            .header("idempotency-key", "order-1")
+            .json(&body)
+            .send()
     };
     let first = send(&server, body.clone()).await.unwrap();
     assert_eq!(first.status().as_u16(), 202);
@@ -445,4 +754,50 @@ async fn an_idempotent_retry_after_a_crash_replays_the_first_reply_i8() {
     assert_eq!(reused.status().as_u16(), 422);
     let (_, list) = server.get("/v1/tasks").await;
     assert_eq!(list["data"].as_array().unwrap().len(), 1);
+}
+
+/// API.md §3: an admin's pairing code gives a new client a token once; wrong codes are 401, and
+/// after five of them pairing answers 429 with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pairing_gives_a_new_client_a_token_once_and_limits_wrong_codes() {
+    let server = TestServer::start(&[]);
+    let (status, _, pairing) = server
+        .post(
+            "/v1/pairings",
+            json!({"scopes": ["responses:read", "responses:write"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{pairing}");
+    let code = pairing["code"].as_str().unwrap().to_owned();
+    let pair = |body: Value| server.http.post(server.url("/v1/pair")).json(&body).send();
+    let too_wide = pair(json!({"code": code, "name": "phone", "scopes": ["admin"]}))
+        .await
+        .unwrap();
+    assert_eq!(too_wide.status().as_u16(), 403);
+    let paired = pair(json!({"code": code, "name": "phone", "scopes": ["responses:read"]}))
+        .await
+        .unwrap();
+    assert_eq!(paired.status().as_u16(), 201);
+    let paired: Value = paired.json().await.unwrap();
+    let token = paired["token"].as_str().unwrap();
+    assert!(paired["client_id"].as_str().unwrap().starts_with("cli_"));
+    assert_eq!(server.get_as(token, "/v1/tasks").await.0, 200);
+    let reused = pair(json!({"code": code, "name": "again", "scopes": ["responses:read"]}))
+        .await
+        .unwrap();
+    assert_eq!(reused.status().as_u16(), 401, "a code works once");
+    let (_, _, fresh) = server
+        .post("/v1/pairings", json!({"scopes": ["responses:read"]}))
+        .await;
+    for _ in 0..4 {
+        let wrong = pair(json!({"code": "000-000", "name": "x", "scopes": ["responses:read"]}))
+            .await
+            .unwrap();
+        assert_eq!(wrong.status().as_u16(), 401);
+    }
+    let limited = pair(json!({"code": fresh["code"], "name": "x", "scopes": ["responses:read"]}))
+        .await
+        .unwrap();
+    assert_eq!(limited.status().as_u16(), 429, "after five wrong codes");
+    assert!(limited.headers().contains_key("retry-after"));
 }

@@ -37,6 +37,12 @@ pub enum AppError {
     /// A model file was rejected.
     #[error("{0}")]
     ModelFile(#[from] ModelFileError),
+    /// Too many failures; try again after this many seconds.
+    #[error("too many wrong pairing codes; try again later")]
+    RateLimited {
+        /// Seconds until the window passes.
+        retry_after_seconds: u64,
+    },
     /// The service is shutting down.
     #[error("the service is shutting down")]
     ShuttingDown,
@@ -59,6 +65,7 @@ impl AppError {
             AppError::TaskFailed(_) => ErrorCode::InternalError,
             AppError::AlreadyExists(_) => ErrorCode::AlreadyExists,
             AppError::ModelFile(_) => ErrorCode::InvalidRequest,
+            AppError::RateLimited { .. } => ErrorCode::RateLimited,
             AppError::ShuttingDown => ErrorCode::ServiceUnavailable,
             AppError::Store(_) => ErrorCode::InternalError,
         }

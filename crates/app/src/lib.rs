@@ -7,12 +7,14 @@
 mod credentials;
 mod error;
 mod live;
+mod pairing;
 mod service;
 mod worker;
 
 pub use credentials::{generate_pairing_code, generate_token, new_client};
 pub use error::AppError;
 pub use live::LiveEvents;
+pub use pairing::{NewPairing, Paired};
 pub use service::{Caller, Service, Settings, SubmitReply};
 
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -37,7 +37,10 @@ impl LiveEvents {
 
     /// How many tasks have live subscribers.
     pub fn watched_tasks(&self) -> usize {
-        self.channels.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 

@@ -67,7 +67,8 @@ impl Caller {
     }
 
     fn may_see(&self, task: &Task) -> bool {
-        self.visibility().is_none_or(|client| client == task.client_id)
+        self.visibility()
+            .is_none_or(|client| client == task.client_id)
     }
 }
 
@@ -94,6 +95,7 @@ pub(crate) struct Inner {
     pub(crate) cancel_flags: Mutex<HashMap<TaskId, CancelFlag>>,
     pub(crate) shutting_down: AtomicBool,
     pub(crate) stop_workers: tokio_util_like::StopSignal,
+    pub(crate) pairing_failures: crate::pairing::PairingFailures,
     ids: Mutex<ulid::Generator>,
 }
 
@@ -109,7 +111,9 @@ pub(crate) mod tokio_util_like {
 
     impl StopSignal {
         pub(crate) fn new() -> Self {
-            Self { sender: watch::channel(false).0 }
+            Self {
+                sender: watch::channel(false).0,
+            }
         }
         pub(crate) fn raise(&self) {
             self.sender.send_replace(true);
@@ -133,7 +137,9 @@ pub struct Service {
 
 impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Service").field("id", &self.inner.start.identity.id).finish()
+        f.debug_struct("Service")
+            .field("id", &self.inner.start.identity.id)
+            .finish()
     }
 }
 
@@ -175,9 +181,12 @@ impl Service {
             cancel_flags: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
             stop_workers: tokio_util_like::StopSignal::new(),
+            pairing_failures: Default::default(),
             ids: Mutex::new(ulid::Generator::new()),
         };
-        Ok(Self { inner: Arc::new(inner) })
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
     }
 
     /// Starts `settings.workers` workers and the purge job; returns their handles.
@@ -216,7 +225,11 @@ impl Service {
 
     /// The next id, monotonic within this process so creation order is id order.
     pub(crate) fn next_ulid(&self) -> ulid::Ulid {
-        let mut ids = self.inner.ids.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut ids = self
+            .inner
+            .ids
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         ids.generate().unwrap_or_else(|_| ulid::Ulid::new())
     }
 
@@ -234,7 +247,11 @@ impl Service {
 
     /// Tasks being worked on by this process right now.
     pub fn tasks_in_flight(&self) -> usize {
-        self.inner.cancel_flags.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.inner
+            .cancel_flags
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Checks a bearer token against the stored hashes (a revoked client fails at once).
@@ -270,7 +287,9 @@ impl Service {
             TaskId::from_ulid(self.next_ulid()),
             caller.client_id,
             request.model.clone(),
-            request.on_restart.unwrap_or(self.inner.settings.default_on_restart),
+            request
+                .on_restart
+                .unwrap_or(self.inner.settings.default_on_restart),
             TaskSpec {
                 input: request.input.clone(),
                 max_output_tokens: request.max_output_tokens,
@@ -322,7 +341,12 @@ impl Service {
         limit: usize,
     ) -> Result<Page<Task>, AppError> {
         caller.require(Scope::ResponsesRead)?;
-        let filter = TaskFilter { client_id: caller.visibility(), statuses, before, limit };
+        let filter = TaskFilter {
+            client_id: caller.visibility(),
+            statuses,
+            before,
+            limit,
+        };
         Ok(self.inner.store.list_tasks(filter).await?)
     }
 
@@ -346,7 +370,12 @@ impl Service {
         response_id: ResponseId,
     ) -> Result<Response, AppError> {
         caller.require(Scope::ResponsesRead)?;
-        let response = self.inner.store.response(response_id).await?.ok_or(AppError::NotFound)?;
+        let response = self
+            .inner
+            .store
+            .response(response_id)
+            .await?
+            .ok_or(AppError::NotFound)?;
         self.visible_task(caller, response.task_id).await?;
         Ok(response)
     }
@@ -358,14 +387,24 @@ impl Service {
         task_id: TaskId,
     ) -> Result<(CancelDecision, Task), AppError> {
         caller.require(Scope::ResponsesWrite)?;
-        match self.inner.store.cancel(task_id, caller.visibility(), self.now()).await? {
+        match self
+            .inner
+            .store
+            .cancel(task_id, caller.visibility(), self.now())
+            .await?
+        {
             CancelOutcome::NotFound => Err(AppError::NotFound),
-            CancelOutcome::Decided { decision: CancelDecision::NotCancellable, task } => {
-                Err(AppError::NotCancellable(task.status.as_str()))
-            }
+            CancelOutcome::Decided {
+                decision: CancelDecision::NotCancellable,
+                task,
+            } => Err(AppError::NotCancellable(task.status.as_str())),
             CancelOutcome::Decided { decision, task } => {
                 if decision.stops_worker() {
-                    let flags = self.inner.cancel_flags.lock().unwrap_or_else(PoisonError::into_inner);
+                    let flags = self
+                        .inner
+                        .cancel_flags
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
                     if let Some(flag) = flags.get(&task_id) {
                         flag.raise();
                     }
@@ -400,7 +439,12 @@ impl Service {
     pub async fn wait_finished(&self, task_id: TaskId) -> Result<Task, AppError> {
         let mut live = self.inner.live.subscribe(task_id);
         loop {
-            let task = self.inner.store.task(task_id).await?.ok_or(AppError::NotFound)?;
+            let task = self
+                .inner
+                .store
+                .task(task_id)
+                .await?
+                .ok_or(AppError::NotFound)?;
             if task.status.is_finished() {
                 return Ok(task);
             }
@@ -425,9 +469,18 @@ impl Service {
     }
 
     /// Revokes a client (admin); its token stops working at once.
-    pub async fn revoke_client(&self, caller: &Caller, client_id: ClientId) -> Result<(), AppError> {
+    pub async fn revoke_client(
+        &self,
+        caller: &Caller,
+        client_id: ClientId,
+    ) -> Result<(), AppError> {
         caller.require(Scope::Admin)?;
-        if self.inner.store.revoke_client(client_id, self.now()).await? {
+        if self
+            .inner
+            .store
+            .revoke_client(client_id, self.now())
+            .await?
+        {
             Ok(())
         } else {
             Err(AppError::NotFound)

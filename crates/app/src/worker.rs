@@ -62,7 +62,11 @@ pub(crate) async fn run_worker(service: Service) {
 async fn next_work(service: &Service) -> Result<Option<(Task, bool)>, AppError> {
     let inner = &service.inner;
     loop {
-        let resumed = inner.resumed.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
+        let resumed = inner
+            .resumed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front();
         let Some(task_id) = resumed else { break };
         match inner.store.task(task_id).await? {
             Some(task) if task.status == TaskStatus::Running => {
@@ -85,26 +89,42 @@ async fn next_work(service: &Service) -> Result<Option<(Task, bool)>, AppError> 
 
 impl Service {
     fn flag_for(&self, task_id: TaskId) -> CancelFlag {
-        let mut flags = self.inner.cancel_flags.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut flags = self
+            .inner
+            .cancel_flags
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         flags.entry(task_id).or_default().clone()
     }
 
     fn forget_flag(&self, task_id: TaskId) {
-        let mut flags = self.inner.cancel_flags.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut flags = self
+            .inner
+            .cancel_flags
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         flags.remove(&task_id);
     }
 }
 
 fn task_error(code: TaskErrorCode, message: impl Into<String>) -> TaskError {
-    TaskError { code, message: message.into() }
+    TaskError {
+        code,
+        message: message.into(),
+    }
 }
 
 /// Finishes a task; when a cancel won the race, acknowledges it instead (P-4).
 async fn finish(service: &Service, task_id: TaskId, step: Step) -> Result<(), AppError> {
     let store = &service.inner.store;
     match store.finish(task_id, step, service.now()).await? {
-        StepOutcome::Refused { refusal: Refusal::CancelPending { .. }, .. } => {
-            store.finish(task_id, Step::AcknowledgeCancel, service.now()).await?;
+        StepOutcome::Refused {
+            refusal: Refusal::CancelPending { .. },
+            ..
+        } => {
+            store
+                .finish(task_id, Step::AcknowledgeCancel, service.now())
+                .await?;
         }
         StepOutcome::Refused { task, refusal } => {
             tracing::warn!(%task_id, status = %task.status, %refusal, "finish refused");
@@ -121,9 +141,17 @@ async fn append(
     steps: Vec<Step>,
     snapshot: Option<Snapshot>,
 ) -> Result<Option<Task>, AppError> {
-    match service.inner.store.append(task_id, steps, snapshot, service.now()).await? {
+    match service
+        .inner
+        .store
+        .append(task_id, steps, snapshot, service.now())
+        .await?
+    {
         StepOutcome::Applied { task, .. } => Ok(Some(task)),
-        StepOutcome::Refused { refusal: Refusal::CancelPending { .. }, .. } => Ok(None),
+        StepOutcome::Refused {
+            refusal: Refusal::CancelPending { .. },
+            ..
+        } => Ok(None),
         StepOutcome::Refused { refusal, .. } => {
             tracing::warn!(%task_id, %refusal, "append refused");
             Ok(None)
@@ -137,13 +165,19 @@ async fn run_task(service: &Service, task: Task, resumed: bool) -> Result<(), Ap
     let task_id = task.id;
     let cancel = service.flag_for(task_id);
     let Some(mut model) = inner.store.model(&task.model).await? else {
-        let error = task_error(TaskErrorCode::ModelNotFound, format!("model `{}` is not registered", task.model));
+        let error = task_error(
+            TaskErrorCode::ModelNotFound,
+            format!("model `{}` is not registered", task.model),
+        );
         return finish(service, task_id, Step::Fail { error }).await;
     };
     match inner.model_files.verify(&model.file).await {
         Ok(None) => {}
         Ok(Some(rehashed)) => {
-            inner.store.update_model_file(&model.id, rehashed.clone()).await?;
+            inner
+                .store
+                .update_model_file(&model.id, rehashed.clone())
+                .await?;
             model.file = rehashed;
         }
         Err(error) => {
@@ -151,11 +185,25 @@ async fn run_task(service: &Service, task: Task, resumed: bool) -> Result<(), Ap
                 ModelFileError::DigestMismatch => TaskErrorCode::ModelDigestMismatch,
                 _ => TaskErrorCode::ModelUnavailable,
             };
-            return finish(service, task_id, Step::Fail { error: task_error(code, error.to_string()) }).await;
+            return finish(
+                service,
+                task_id,
+                Step::Fail {
+                    error: task_error(code, error.to_string()),
+                },
+            )
+            .await;
         }
     }
     if let Err(error) = inner.engine.load(&model).await {
-        return finish(service, task_id, Step::Fail { error: engine_task_error(&error) }).await;
+        return finish(
+            service,
+            task_id,
+            Step::Fail {
+                error: engine_task_error(&error),
+            },
+        )
+        .await;
     }
     let (mut current, resume, mut output) = if resumed {
         let (resume, text) = resume_point(service, &task).await?;
@@ -166,15 +214,28 @@ async fn run_task(service: &Service, task: Task, resumed: bool) -> Result<(), Ap
             None => return finish(service, task_id, Step::AcknowledgeCancel).await,
         }
     };
-    let job = GenerationJob { model: model.clone(), spec: current.spec.clone(), resume, cancel: cancel.clone() };
+    let job = GenerationJob {
+        model: model.clone(),
+        spec: current.spec.clone(),
+        resume,
+        cancel: cancel.clone(),
+    };
     let mut generation = match inner.engine.generate(job).await {
         Ok(generation) => generation,
         Err(error) => {
-            return finish(service, task_id, Step::Fail { error: engine_task_error(&error) }).await
+            return finish(
+                service,
+                task_id,
+                Step::Fail {
+                    error: engine_task_error(&error),
+                },
+            )
+            .await
         }
     };
     // The engine runs ahead in its own task; the worker commits what has piled up.
-    let (items_sender, mut items) = mpsc::channel::<Result<GenerationItem, EngineError>>(MAX_BATCH * 4);
+    let (items_sender, mut items) =
+        mpsc::channel::<Result<GenerationItem, EngineError>>(MAX_BATCH * 4);
     let producer = tokio::spawn(async move {
         loop {
             let item = generation.next_item().await;
@@ -209,7 +270,9 @@ async fn run_task(service: &Service, task: Task, resumed: bool) -> Result<(), Ap
                 created_at: current.created_at,
                 completed_at: service.now(),
             };
-            Step::Complete { response: Box::new(response) }
+            Step::Complete {
+                response: Box::new(response),
+            }
         }
         Ending::Failed(error) => Step::Fail { error },
         Ending::Cancelled => Step::AcknowledgeCancel,
@@ -232,7 +295,10 @@ async fn drive(
 ) -> Result<Ending, AppError> {
     loop {
         let Some(first) = items.recv().await else {
-            return Ok(Ending::Failed(task_error(TaskErrorCode::EngineError, "the engine stopped without finishing")));
+            return Ok(Ending::Failed(task_error(
+                TaskErrorCode::EngineError,
+                "the engine stopped without finishing",
+            )));
         };
         let mut steps = Vec::new();
         let mut state = None;
@@ -255,7 +321,10 @@ async fn drive(
         }
         if !steps.is_empty() {
             let covered = current.last_sequence_number + steps.len() as u64;
-            let snapshot = state.map(|state| Snapshot { sequence_number: covered, state });
+            let snapshot = state.map(|state| Snapshot {
+                sequence_number: covered,
+                state,
+            });
             match append(service, current.id, steps, snapshot).await? {
                 Some(task) => *current = task,
                 None => {
@@ -281,7 +350,10 @@ fn engine_task_error(error: &EngineError) -> TaskError {
 
 /// Where a resumed task continues (I-6): its snapshot's state and the text of the deltas that
 /// snapshot covers, i.e. the deltas after the last `response.queued` up to the snapshot.
-async fn resume_point(service: &Service, task: &Task) -> Result<(Option<ResumePoint>, String), AppError> {
+async fn resume_point(
+    service: &Service,
+    task: &Task,
+) -> Result<(Option<ResumePoint>, String), AppError> {
     let store = &service.inner.store;
     let Some(snapshot) = store.snapshot(task.id).await? else {
         return Ok((None, String::new()));
@@ -305,7 +377,13 @@ async fn resume_point(service: &Service, task: &Task) -> Result<(Option<ResumePo
             break;
         }
     }
-    Ok((Some(ResumePoint { state: snapshot.state, text_so_far: text.clone() }), text))
+    Ok((
+        Some(ResumePoint {
+            state: snapshot.state,
+            text_so_far: text.clone(),
+        }),
+        text,
+    ))
 }
 
 /// P-5, P-6: every `purge_interval`, removes finished tasks older than the retention, in small
@@ -327,7 +405,11 @@ pub(crate) async fn run_purge(service: Service) {
 }
 
 /// One purge pass: batch after batch until nothing is left to remove.
-pub(crate) async fn purge_once(service: &Service, cutoff: Timestamp, now: Timestamp) -> Result<u64, AppError> {
+pub(crate) async fn purge_once(
+    service: &Service,
+    cutoff: Timestamp,
+    now: Timestamp,
+) -> Result<u64, AppError> {
     let store = &service.inner.store;
     let mut purged = 0;
     loop {

@@ -86,6 +86,8 @@ pub enum StepOutcome {
 }
 
 /// How a cancel request ended.
+// `Task` is not boxed: callers match on `task` directly and the value is returned once per request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CancelOutcome {
     /// The decision taken and the task after it (unchanged for the "nothing" cells).

@@ -78,18 +78,29 @@ impl Engine for OpenAiEngine {
             .get(self.url("models"))
             .send()
             .await
-            .map_err(|e| EngineError::ModelUnavailable(format!("the upstream does not answer: {e}")))?;
+            .map_err(|e| {
+                EngineError::ModelUnavailable(format!("the upstream does not answer: {e}"))
+            })?;
         if response.status().is_success() {
             Ok(())
         } else {
-            Err(EngineError::ModelUnavailable(format!("the upstream answered {}", response.status())))
+            Err(EngineError::ModelUnavailable(format!(
+                "the upstream answered {}",
+                response.status()
+            )))
         }
     }
 
     async fn generate(&self, job: GenerationJob) -> Result<Box<dyn Generation>, EngineError> {
-        let text_so_far = job.resume.as_ref().map(|r| r.text_so_far.clone()).unwrap_or_default();
+        let text_so_far = job
+            .resume
+            .as_ref()
+            .map(|r| r.text_so_far.clone())
+            .unwrap_or_default();
         let produced = text_so_far.split_whitespace().count() as u64;
-        let remaining = u64::from(job.spec.max_output_tokens).saturating_sub(produced).max(1);
+        let remaining = u64::from(job.spec.max_output_tokens)
+            .saturating_sub(produced)
+            .max(1);
         let body = json!({
             "model": job.model.id.as_str(),
             "messages": messages(&job.spec.input, Some(&text_so_far)),
@@ -105,7 +116,10 @@ impl Engine for OpenAiEngine {
             .await
             .map_err(|e| EngineError::Failed(format!("the upstream does not answer: {e}")))?;
         if !response.status().is_success() {
-            return Err(EngineError::Failed(format!("the upstream answered {}", response.status())));
+            return Err(EngineError::Failed(format!(
+                "the upstream answered {}",
+                response.status()
+            )));
         }
         let input_tokens = job.spec.input.prompt_text().split_whitespace().count() as u64;
         Ok(Box::new(UpstreamGeneration {
@@ -113,13 +127,17 @@ impl Engine for OpenAiEngine {
             buffer: String::new(),
             pending: VecDeque::new(),
             job,
-            usage: Usage { input_tokens, output_tokens: produced },
+            usage: Usage {
+                input_tokens,
+                output_tokens: produced,
+            },
             done: false,
         }))
     }
 }
 
-type ByteStream = std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
+type ByteStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
 
 struct UpstreamGeneration {
     body: ByteStream,
@@ -135,21 +153,34 @@ impl UpstreamGeneration {
     fn drain_lines(&mut self) -> Result<(), EngineError> {
         while let Some(end) = self.buffer.find('\n') {
             let line: String = self.buffer.drain(..=end).collect();
-            let Some(data) = line.trim().strip_prefix("data:") else { continue };
+            let Some(data) = line.trim().strip_prefix("data:") else {
+                continue;
+            };
             let data = data.trim();
             if data == "[DONE]" {
                 self.finish();
                 continue;
             }
-            let chunk: Value = serde_json::from_str(data)
-                .map_err(|e| EngineError::Failed(format!("the upstream sent malformed JSON: {e}")))?;
-            if let Some(usage) = chunk.get("usage").and_then(|u| u.get("completion_tokens")).and_then(Value::as_u64) {
+            let chunk: Value = serde_json::from_str(data).map_err(|e| {
+                EngineError::Failed(format!("the upstream sent malformed JSON: {e}"))
+            })?;
+            if let Some(usage) = chunk
+                .get("usage")
+                .and_then(|u| u.get("completion_tokens"))
+                .and_then(Value::as_u64)
+            {
                 self.usage.output_tokens = usage;
             }
             let choice = &chunk["choices"][0];
-            if let Some(text) = choice["delta"]["content"].as_str().filter(|t| !t.is_empty()) {
+            if let Some(text) = choice["delta"]["content"]
+                .as_str()
+                .filter(|t| !t.is_empty())
+            {
                 self.usage.output_tokens += 1;
-                self.pending.push_back(GenerationItem::Delta { text: text.to_owned(), state: Vec::new() });
+                self.pending.push_back(GenerationItem::Delta {
+                    text: text.to_owned(),
+                    state: Vec::new(),
+                });
             }
             if choice["finish_reason"].is_string() {
                 self.finish();
@@ -161,7 +192,8 @@ impl UpstreamGeneration {
     fn finish(&mut self) {
         if !self.done {
             self.done = true;
-            self.pending.push_back(GenerationItem::Finished { usage: self.usage });
+            self.pending
+                .push_back(GenerationItem::Finished { usage: self.usage });
         }
     }
 }
@@ -186,7 +218,11 @@ impl Generation for UpstreamGeneration {
                     self.buffer.push_str(&String::from_utf8_lossy(&bytes));
                     self.drain_lines()?;
                 }
-                Some(Err(error)) => return Err(EngineError::Failed(format!("the upstream stream broke: {error}"))),
+                Some(Err(error)) => {
+                    return Err(EngineError::Failed(format!(
+                        "the upstream stream broke: {error}"
+                    )))
+                }
                 None => {
                     self.buffer.push('\n');
                     self.drain_lines()?;

@@ -27,7 +27,8 @@ impl ApiError {
     /// An error with a code of API.md §2.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status: StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            status: StatusCode::from_u16(code.http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             code: code.as_str().to_owned(),
             message: message.into(),
             param: None,
@@ -57,7 +58,10 @@ impl From<AppError> for ApiError {
         match &error {
             AppError::Store(inner) => {
                 tracing::error!(error = %inner, "storage failure");
-                ApiError::new(ErrorCode::InternalError, "the service failed to answer; it has been logged")
+                ApiError::new(
+                    ErrorCode::InternalError,
+                    "the service failed to answer; it has been logged",
+                )
             }
             AppError::TaskFailed(task_error) => ApiError {
                 status: StatusCode::INTERNAL_SERVER_ERROR,
@@ -66,6 +70,13 @@ impl From<AppError> for ApiError {
                 param: None,
                 retry_after: None,
             },
+            AppError::RateLimited {
+                retry_after_seconds,
+            } => {
+                let mut api = ApiError::new(ErrorCode::RateLimited, error.to_string());
+                api.retry_after = Some(*retry_after_seconds);
+                api
+            }
             _ => {
                 let mut api = ApiError::new(error.code(), error.to_string());
                 api.param = error.param();
@@ -77,7 +88,8 @@ impl From<AppError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message, "param": self.param}});
+        let body =
+            json!({"error": {"code": self.code, "message": self.message, "param": self.param}});
         let mut response = (self.status, Json(body)).into_response();
         let headers = response.headers_mut();
         if self.status == StatusCode::UNAUTHORIZED {

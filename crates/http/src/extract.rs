@@ -23,8 +23,12 @@ pub struct Authed(pub Caller);
 impl FromRequestParts<AppState> for Authed {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let unauthorized = || ApiError::new(ErrorCode::Unauthorized, "a valid bearer token is required");
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let unauthorized =
+            || ApiError::new(ErrorCode::Unauthorized, "a valid bearer token is required");
         let header = parts
             .headers
             .get(AUTHORIZATION)
@@ -34,7 +38,11 @@ impl FromRequestParts<AppState> for Authed {
             .strip_prefix("Bearer ")
             .or_else(|| header.strip_prefix("bearer "))
             .ok_or_else(unauthorized)?;
-        let caller = state.service.authenticate(token.trim()).await.map_err(ApiError::from)?;
+        let caller = state
+            .service
+            .authenticate(token.trim())
+            .await
+            .map_err(ApiError::from)?;
         Ok(Authed(caller))
     }
 }
@@ -59,15 +67,20 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 "the body must be application/json",
             ));
         }
-        let bytes = Bytes::from_request(request, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(ErrorCode::PayloadTooLarge, "the body is over 2 MiB")
-            } else {
-                ApiError::new(ErrorCode::InvalidRequest, "the body could not be read")
-            }
-        })?;
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(ErrorCode::PayloadTooLarge, "the body is over 2 MiB")
+                } else {
+                    ApiError::new(ErrorCode::InvalidRequest, "the body could not be read")
+                }
+            })?;
         let value = serde_json::from_slice(&bytes).map_err(|error| {
-            ApiError::new(ErrorCode::InvalidRequest, format!("the body is not valid JSON: {error}"))
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("the body is not valid JSON: {error}"),
+            )
         })?;
         Ok(JsonBody(value))
     }

@@ -32,7 +32,9 @@ pub struct AppState {
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppState").field("service", &self.service).finish_non_exhaustive()
+        f.debug_struct("AppState")
+            .field("service", &self.service)
+            .finish_non_exhaustive()
     }
 }
 
@@ -47,10 +49,21 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks/{id}", get(routes::get_task))
         .route("/v1/tasks/{id}/cancel", post(routes::cancel_task))
         .route("/v1/tasks/{id}/events", get(routes::task_events))
-        .route("/v1/models", get(routes::list_models).post(routes::create_model))
-        .route("/v1/models/{id}", get(routes::get_model).delete(routes::delete_model))
+        .route(
+            "/v1/models",
+            get(routes::list_models).post(routes::create_model),
+        )
+        .route(
+            "/v1/models/{id}",
+            get(routes::get_model).delete(routes::delete_model),
+        )
+        .route("/v1/pairings", post(routes::create_pairing))
+        .route("/v1/pair", post(routes::pair))
         .route("/v1/clients", get(routes::list_clients))
-        .route("/v1/clients/{id}", axum::routing::delete(routes::delete_client))
+        .route(
+            "/v1/clients/{id}",
+            axum::routing::delete(routes::delete_client),
+        )
         .fallback(routes::unknown_route)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))

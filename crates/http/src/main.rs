@@ -11,7 +11,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use lmsp_app::{LiveEvents, Service, Settings, SystemClock};
 use lmsp_domain::auth::{Scope, Scopes};
-use lmsp_domain::ports::{Clock, CommittedEvents, Engine, ModelFiles, Store};
+use lmsp_domain::ports::{
+    ClientStore, Clock, CommittedEvents, Engine, ModelFiles, ModelStore, Store,
+};
 use lmsp_domain::{ClientId, ModelId, ModelRecord, RestartPolicy};
 use lmsp_engine_openai::{OpenAiEngine, OpenAiSettings};
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
@@ -158,7 +160,9 @@ enum ModelsCommand {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => serve(args).await,
@@ -174,9 +178,16 @@ fn database_path(data_dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(data_dir.join("lmsp.db"))
 }
 
-fn open_store(data_dir: &Path, sync: SyncMode, hook: Option<Arc<dyn CommittedEvents>>) -> anyhow::Result<Arc<SqliteStore>> {
+fn open_store(
+    data_dir: &Path,
+    sync: SyncMode,
+    hook: Option<Arc<dyn CommittedEvents>>,
+) -> anyhow::Result<Arc<SqliteStore>> {
     let path = database_path(data_dir)?;
-    let options = SqliteOptions { sync, ..SqliteOptions::default() };
+    let options = SqliteOptions {
+        sync,
+        ..SqliteOptions::default()
+    };
     let store = match hook {
         Some(hook) => SqliteStore::open(&path, options, hook),
         None => SqliteStore::open_without_hook(&path, options),
@@ -188,7 +199,9 @@ fn open_store(data_dir: &Path, sync: SyncMode, hook: Option<Arc<dyn CommittedEve
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -203,13 +216,21 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         SyncFlag::Full => SyncMode::Full,
         SyncFlag::Normal => SyncMode::Normal,
     };
-    let store = open_store(&args.data.data_dir, sync, Some(live.clone() as Arc<dyn CommittedEvents>))?;
+    let store = open_store(
+        &args.data.data_dir,
+        sync,
+        Some(live.clone() as Arc<dyn CommittedEvents>),
+    )?;
     let models_dir = match &args.models_dir {
         Some(dir) => dir.clone(),
         None => args.data.data_dir.join("models"),
     };
-    std::fs::create_dir_all(&models_dir)
-        .with_context(|| format!("cannot create the models directory {}", models_dir.display()))?;
+    std::fs::create_dir_all(&models_dir).with_context(|| {
+        format!(
+            "cannot create the models directory {}",
+            models_dir.display()
+        )
+    })?;
     let model_files: Arc<dyn ModelFiles> = Arc::new(FsModelFiles::new(models_dir.clone()));
     let engine: Arc<dyn Engine> = match args.engine {
         EngineFlag::Reference => Arc::new(ReferenceEngine::new(ReferenceSettings {
@@ -233,15 +254,34 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let store_port: Arc<dyn Store> = store.clone();
     // Migrate (in open), then recover to completion (in start), then bind.
-    let service = Service::start(store_port.clone(), engine, model_files.clone(), clock.clone(), live, settings).await?;
+    let service = Service::start(
+        store_port.clone(),
+        engine,
+        model_files.clone(),
+        clock.clone(),
+        live,
+        settings,
+    )
+    .await?;
     if service.start_info().first_start {
-        let (client, token) = lmsp_app::new_client("admin", Scopes::new([Scope::Admin]), clock.now());
+        let (client, token) =
+            lmsp_app::new_client("admin", Scopes::new([Scope::Admin]), clock.now());
         store_port.insert_client(client).await?;
         eprintln!("admin token (shown once): {}", token.expose());
     }
     register_reference_model(&store_port, &args.data.data_dir, clock.as_ref()).await?;
-    register_models_dir(&store_port, model_files.as_ref(), &models_dir, clock.as_ref()).await;
-    let state = AppState { service: service.clone(), model_files, in_flight: Arc::new(IdempotencyLocks::default()) };
+    register_models_dir(
+        &store_port,
+        model_files.as_ref(),
+        &models_dir,
+        clock.as_ref(),
+    )
+    .await;
+    let state = AppState {
+        service: service.clone(),
+        model_files,
+        in_flight: Arc::new(IdempotencyLocks::default()),
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -251,7 +291,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     eprintln!("lmsp listening on http://{local}");
     let server = tokio::spawn(async move { axum::serve(listener, router(state)).await });
     shutdown_signal().await;
-    tracing::info!("shutting down: no new work; running tasks get {:?}", args.shutdown_grace);
+    tracing::info!(
+        "shutting down: no new work; running tasks get {:?}",
+        args.shutdown_grace
+    );
     service.begin_shutdown();
     let deadline = tokio::time::Instant::now() + args.shutdown_grace;
     while service.tasks_in_flight() > 0 && tokio::time::Instant::now() < deadline {
@@ -288,7 +331,11 @@ async fn shutdown_signal() {
 }
 
 /// Writes the built-in corpus to `DATA_DIR/models/reference.txt` and registers it, once.
-async fn register_reference_model(store: &Arc<dyn Store>, data_dir: &Path, clock: &dyn Clock) -> anyhow::Result<()> {
+async fn register_reference_model(
+    store: &Arc<dyn Store>,
+    data_dir: &Path,
+    clock: &dyn Clock,
+) -> anyhow::Result<()> {
     let id = ModelId::parse(ModelId::REFERENCE)?;
     if store.model(&id).await?.is_some() {
         return Ok(());
@@ -297,27 +344,50 @@ async fn register_reference_model(store: &Arc<dyn Store>, data_dir: &Path, clock
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("reference.txt");
     lmsp_models_fs::write_reference_corpus(&path)?;
-    let file = FsModelFiles::new(dir).fingerprint(&path.to_string_lossy()).await?;
+    let file = FsModelFiles::new(dir)
+        .fingerprint(&path.to_string_lossy())
+        .await?;
     store
-        .insert_model(ModelRecord { id, format: String::from("text"), file, created_at: clock.now() })
+        .insert_model(ModelRecord {
+            id,
+            format: String::from("text"),
+            file,
+            created_at: clock.now(),
+        })
         .await?;
     Ok(())
 }
 
 /// Registers every regular file of the models directory whose stem is a free, valid model id.
-async fn register_models_dir(store: &Arc<dyn Store>, files: &dyn ModelFiles, dir: &Path, clock: &dyn Clock) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+async fn register_models_dir(
+    store: &Arc<dyn Store>,
+    files: &dyn ModelFiles,
+    dir: &Path,
+    clock: &dyn Clock,
+) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
-        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else { continue };
-        let Ok(id) = ModelId::parse(stem) else { continue };
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        let Ok(id) = ModelId::parse(stem) else {
+            continue;
+        };
         if !path.is_file() || matches!(store.model(&id).await, Ok(Some(_))) {
             continue;
         }
         match files.fingerprint(&path.to_string_lossy()).await {
             Ok(file) => {
                 let format = lmsp_domain::model::format_of_path(&file.path);
-                let record = ModelRecord { id: id.clone(), format, file, created_at: clock.now() };
+                let record = ModelRecord {
+                    id: id.clone(),
+                    format,
+                    file,
+                    created_at: clock.now(),
+                };
                 if let Err(error) = store.insert_model(record).await {
                     tracing::warn!(model = %id, %error, "could not register model file");
                 }
@@ -331,7 +401,8 @@ async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
     match command {
         ClientsCommand::Add { name, scopes, data } => {
             let store = open_store(&data.data_dir, SyncMode::Full, None)?;
-            let (client, token) = lmsp_app::new_client(&name, Scopes::new(scopes), SystemClock.now());
+            let (client, token) =
+                lmsp_app::new_client(&name, Scopes::new(scopes), SystemClock.now());
             store.insert_client(client).await?;
             println!("{}", token.expose());
         }
@@ -339,12 +410,23 @@ async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
             let store = open_store(&data.data_dir, SyncMode::Full, None)?;
             for client in store.list_clients().await? {
                 let scopes: Vec<_> = client.scopes.iter().map(|s| s.as_str()).collect();
-                let state = if client.revoked_at.is_some() { "revoked" } else { "active" };
-                println!("{}\t{}\t{}\t{}", client.id, client.name, scopes.join(","), state);
+                let state = if client.revoked_at.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
+                println!(
+                    "{}\t{}\t{}\t{}",
+                    client.id,
+                    client.name,
+                    scopes.join(","),
+                    state
+                );
             }
         }
         ClientsCommand::Revoke { id, data } => {
-            let client_id = ClientId::parse(&id).map_err(|_| anyhow::anyhow!("`{id}` is not a client id"))?;
+            let client_id =
+                ClientId::parse(&id).map_err(|_| anyhow::anyhow!("`{id}` is not a client id"))?;
             let store = open_store(&data.data_dir, SyncMode::Full, None)?;
             if !store.revoke_client(client_id, SystemClock.now()).await? {
                 bail!("no active client {id}");
@@ -362,7 +444,8 @@ async fn models(command: ModelsCommand) -> anyhow::Result<()> {
     if store.model(&model_id).await?.is_some() {
         bail!("model `{id}` exists already");
     }
-    let canonical = std::fs::canonicalize(&path).with_context(|| format!("cannot open {}", path.display()))?;
+    let canonical =
+        std::fs::canonicalize(&path).with_context(|| format!("cannot open {}", path.display()))?;
     let total = std::fs::metadata(&canonical)?.len();
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
@@ -373,13 +456,23 @@ async fn models(command: ModelsCommand) -> anyhow::Result<()> {
     let progress = bar.clone();
     let hashed = canonical.clone();
     let file = tokio::task::spawn_blocking(move || {
-        lmsp_models_fs::hash_file_with_progress(&hashed, move |done, _total| progress.set_position(done))
+        lmsp_models_fs::hash_file_with_progress(&hashed, move |done, _total| {
+            progress.set_position(done)
+        })
     })
     .await??;
     bar.finish_and_clear();
     let format = lmsp_domain::model::format_of_path(&file.path);
-    let record = ModelRecord { id: model_id, format, file, created_at: SystemClock.now() };
-    println!("{}\t{}\t{}", record.id, record.file.digest, record.file.path);
+    let record = ModelRecord {
+        id: model_id,
+        format,
+        file,
+        created_at: SystemClock.now(),
+    };
+    println!(
+        "{}\t{}\t{}",
+        record.id, record.file.digest, record.file.path
+    );
     if !store.insert_model(record).await? {
         bail!("model `{id}` exists already");
     }

@@ -54,7 +54,9 @@ pub fn event_data(payload: &EventPayload) -> Value {
         EventPayload::Loading { model } => json!({"model": model.as_str()}),
         EventPayload::OutputTextDelta { delta } => json!({"delta": delta}),
         EventPayload::Queued { reason } => json!({"reason": reason}),
-        EventPayload::Resumed { from_sequence_number } => {
+        EventPayload::Resumed {
+            from_sequence_number,
+        } => {
             json!({"from_sequence_number": from_sequence_number})
         }
         EventPayload::Completed { response: done } => json!({"response": response(done)}),

@@ -1,1 +1,502 @@
-//! The SQLite storage adapter of the LMSP service.
+//! The SQLite storage adapter of the LMSP service: [`SqliteStore`] implements every storage port
+//! of `lmsp_domain::ports` (so it is a [`lmsp_domain::ports::Store`]).
+//!
+//! Writes go to one writer thread that commits every pending command in one `BEGIN IMMEDIATE`
+//! transaction with a savepoint per command (group commit, DESIGN.md §2) and only then answers the
+//! callers and tells the [`CommittedEvents`] hook. Reads use a small pool of read-only
+//! connections on tokio's blocking threads. All SQL of the service lives in this crate.
+
+pub mod contract;
+mod error;
+mod ops;
+pub mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lmsp_domain::auth::{Client, Pairing, SecretHash};
+use lmsp_domain::event::Event;
+use lmsp_domain::idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencyScope};
+use lmsp_domain::ids::{ClientId, ResponseId, TaskId};
+use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
+use lmsp_domain::ports::{
+    CancelOutcome, ClientStore, CommittedEvents, CreateOutcome, IdempotencyStore, ModelStore, Page,
+    PurgeReport, RecoveryReport, ServiceIdentity, ServiceStore, Snapshot, StartInfo, StepOutcome,
+    StoreError, TaskFilter, TaskStore,
+};
+use lmsp_domain::recovery::StartEpoch;
+use lmsp_domain::status::TaskStatus;
+use lmsp_domain::task::{Response, Task};
+use lmsp_domain::time::Timestamp;
+use lmsp_domain::transition::Step;
+use rusqlite::{Connection, OpenFlags};
+
+use crate::error::DbError;
+use crate::writer::{Command, Typed, Work};
+
+/// How hard a commit waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// `synchronous=FULL`: every commit is fsync'd (the default; survives power loss).
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: in WAL mode survives a process crash, may lose the last commits on
+    /// power loss.
+    Normal,
+}
+
+/// How the store is opened.
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// The `synchronous` pragma.
+    pub sync: SyncMode,
+    /// How many read-only connections are kept.
+    pub read_connections: usize,
+    /// How long a connection waits for a lock (`busy_timeout`).
+    pub busy_timeout: Duration,
+    /// Tasks per recovery transaction.
+    pub recovery_batch: usize,
+    /// Caps the database size (`PRAGMA max_page_count`); `None` leaves SQLite's default. Tests
+    /// use it to provoke a full disk.
+    pub max_page_count: Option<u32>,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            sync: SyncMode::Full,
+            read_connections: 4,
+            busy_timeout: Duration::from_secs(5),
+            recovery_batch: 1000,
+            max_page_count: None,
+        }
+    }
+}
+
+/// A hook that hears nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoHook;
+
+impl CommittedEvents for NoHook {
+    fn committed(&self, _events: &[Event]) {}
+}
+
+/// The read-only connections.
+#[derive(Debug)]
+struct ReadPool {
+    path: PathBuf,
+    busy_timeout: Duration,
+    keep: usize,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl ReadPool {
+    fn open_one(&self) -> Result<Connection, DbError> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_URI,
+        )?;
+        conn.busy_timeout(self.busy_timeout)?;
+        conn.set_prepared_statement_cache_capacity(64);
+        Ok(conn)
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, DbError>) -> Result<T, DbError> {
+        let taken = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let conn = match taken {
+            Some(conn) => conn,
+            None => self.open_one()?,
+        };
+        let result = f(&conn);
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < self.keep {
+                idle.push(conn);
+            }
+        }
+        result
+    }
+}
+
+/// The SQLite storage adapter.
+pub struct SqliteStore {
+    sender: Mutex<Option<Sender<Box<dyn Command>>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    reads: Arc<ReadPool>,
+    recovery_batch: usize,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.reads.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn configure_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), DbError> {
+    conn.busy_timeout(options.busy_timeout)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(DbError::Corrupt(format!("journal_mode is {mode}, not wal")));
+    }
+    let sync = match options.sync {
+        SyncMode::Full => "FULL",
+        SyncMode::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "wal_autocheckpoint", 1000)?;
+    conn.set_prepared_statement_cache_capacity(128);
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Opens (creating and migrating if needed) the database at `path`; committed events go to
+    /// `hook`.
+    pub fn open(
+        path: &Path,
+        options: SqliteOptions,
+        hook: Arc<dyn CommittedEvents>,
+    ) -> Result<SqliteStore, StoreError> {
+        let mut conn = Connection::open(path).map_err(DbError::from)?;
+        configure_writer(&conn, &options)?;
+        schema::migrate(&mut conn).map_err(DbError::from)?;
+        if let Some(pages) = options.max_page_count {
+            conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
+                .map_err(DbError::from)?;
+        }
+        let (sender, receiver) = std::sync::mpsc::channel::<Box<dyn Command>>();
+        let writer = std::thread::Builder::new()
+            .name(String::from("lmsp-sqlite-writer"))
+            .spawn(move || writer::run(conn, receiver, hook))
+            .map_err(|e| StoreError::Unavailable(format!("cannot start the writer: {e}")))?;
+        let reads = Arc::new(ReadPool {
+            path: path.to_path_buf(),
+            busy_timeout: options.busy_timeout,
+            keep: options.read_connections.max(1),
+            idle: Mutex::new(Vec::new()),
+        });
+        Ok(SqliteStore {
+            sender: Mutex::new(Some(sender)),
+            writer: Mutex::new(Some(writer)),
+            reads,
+            recovery_batch: options.recovery_batch.max(1),
+        })
+    }
+
+    /// Opens the store with a hook that hears nothing.
+    pub fn open_without_hook(
+        path: &Path,
+        options: SqliteOptions,
+    ) -> Result<SqliteStore, StoreError> {
+        Self::open(path, options, Arc::new(NoHook))
+    }
+
+    /// Stops the writer after the commands already queued; later writes fail as unavailable.
+    pub fn close(&self) {
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
+        let handle = self.writer.lock().ok().and_then(|mut writer| writer.take());
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
+
+    async fn write<T: Send + 'static>(&self, work: Work<T>) -> Result<T, StoreError> {
+        let (command, rx) = Typed::new(work);
+        {
+            let guard = self.sender.lock().map_err(|_| {
+                StoreError::Unavailable(String::from("the writer lock is poisoned"))
+            })?;
+            let sender = guard
+                .as_ref()
+                .ok_or_else(|| StoreError::Unavailable(String::from("the store is closed")))?;
+            sender
+                .send(Box::new(command))
+                .map_err(|_| StoreError::Unavailable(String::from("the writer has stopped")))?;
+        }
+        rx.await
+            .map_err(|_| StoreError::Unavailable(String::from("the writer dropped the command")))?
+    }
+
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
+    {
+        let reads = Arc::clone(&self.reads);
+        tokio::task::spawn_blocking(move || reads.with(f))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?
+            .map_err(StoreError::from)
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn no_events<T>(value: T) -> (T, Vec<Event>) {
+    (value, Vec::new())
+}
+
+#[async_trait]
+impl TaskStore for SqliteStore {
+    async fn create_task(
+        &self,
+        task: Task,
+        idempotency: Option<IdempotencyRecord>,
+    ) -> Result<CreateOutcome, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::create_task(conn, task, idempotency)
+        }))
+        .await
+    }
+
+    async fn append(
+        &self,
+        task_id: TaskId,
+        steps: Vec<Step>,
+        snapshot: Option<Snapshot>,
+        at: Timestamp,
+    ) -> Result<StepOutcome, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::append(conn, task_id, &steps, snapshot.as_ref(), at, false)
+        }))
+        .await
+    }
+
+    async fn finish(
+        &self,
+        task_id: TaskId,
+        step: Step,
+        at: Timestamp,
+    ) -> Result<StepOutcome, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::append(conn, task_id, std::slice::from_ref(&step), None, at, true)
+        }))
+        .await
+    }
+
+    async fn claim_next(&self, at: Timestamp) -> Result<Option<Task>, StoreError> {
+        self.write(Box::new(move |conn| ops::claim_next(conn, at)))
+            .await
+    }
+
+    async fn cancel(
+        &self,
+        task_id: TaskId,
+        client_id: Option<ClientId>,
+        at: Timestamp,
+    ) -> Result<CancelOutcome, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::cancel(conn, task_id, client_id, at)
+        }))
+        .await
+    }
+
+    async fn recover_leftovers(
+        &self,
+        start: StartEpoch,
+        at: Timestamp,
+    ) -> Result<RecoveryReport, StoreError> {
+        let mut report = RecoveryReport::default();
+        let mut after: Option<TaskId> = None;
+        let limit = self.recovery_batch;
+        loop {
+            let (part, last, full) = self
+                .write(Box::new(move |conn| {
+                    ops::recover_batch(conn, start, at, after, limit)
+                }))
+                .await?;
+            report.moved += part.moved;
+            report.untouched += part.untouched;
+            report.resumed.extend(part.resumed);
+            after = last;
+            if !full {
+                return Ok(report);
+            }
+        }
+    }
+
+    async fn purge_finished(
+        &self,
+        cutoff: Timestamp,
+        batch: usize,
+    ) -> Result<PurgeReport, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::purge_finished(conn, cutoff, batch).map(no_events)
+        }))
+        .await
+    }
+
+    async fn task(&self, task_id: TaskId) -> Result<Option<Task>, StoreError> {
+        self.read(move |conn| ops::load_task(conn, task_id)).await
+    }
+
+    async fn list_tasks(&self, filter: TaskFilter) -> Result<Page<Task>, StoreError> {
+        self.read(move |conn| ops::list_tasks(conn, &filter)).await
+    }
+
+    async fn events(
+        &self,
+        task_id: TaskId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Page<Event>, StoreError> {
+        self.read(move |conn| ops::events(conn, task_id, after, limit))
+            .await
+    }
+
+    async fn response(&self, response_id: ResponseId) -> Result<Option<Response>, StoreError> {
+        self.read(move |conn| ops::response(conn, response_id))
+            .await
+    }
+
+    async fn snapshot(&self, task_id: TaskId) -> Result<Option<Snapshot>, StoreError> {
+        self.read(move |conn| ops::snapshot(conn, task_id)).await
+    }
+
+    async fn count_by_status(&self) -> Result<Vec<(TaskStatus, u64)>, StoreError> {
+        self.read(ops::count_by_status).await
+    }
+}
+
+#[async_trait]
+impl ClientStore for SqliteStore {
+    async fn insert_client(&self, client: Client) -> Result<(), StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::insert_client(conn, &client).map(no_events)
+        }))
+        .await
+    }
+
+    async fn client_by_token_hash(&self, hash: SecretHash) -> Result<Option<Client>, StoreError> {
+        self.read(move |conn| ops::client_by_token_hash(conn, &hash))
+            .await
+    }
+
+    async fn list_clients(&self) -> Result<Vec<Client>, StoreError> {
+        self.read(ops::list_clients).await
+    }
+
+    async fn revoke_client(&self, client_id: ClientId, at: Timestamp) -> Result<bool, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::revoke_client(conn, client_id, at).map(no_events)
+        }))
+        .await
+    }
+
+    async fn insert_pairing(&self, pairing: Pairing) -> Result<(), StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::insert_pairing(conn, &pairing).map(no_events)
+        }))
+        .await
+    }
+
+    async fn take_pairing(
+        &self,
+        code_hash: SecretHash,
+        at: Timestamp,
+    ) -> Result<Option<Pairing>, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::take_pairing(conn, &code_hash, at).map(no_events)
+        }))
+        .await
+    }
+
+    async fn burn_pairings(&self) -> Result<u64, StoreError> {
+        self.write(Box::new(|conn| ops::burn_pairings(conn).map(no_events)))
+            .await
+    }
+}
+
+#[async_trait]
+impl ModelStore for SqliteStore {
+    async fn insert_model(&self, model: ModelRecord) -> Result<bool, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::insert_model(conn, &model).map(no_events)
+        }))
+        .await
+    }
+
+    async fn model(&self, model_id: &ModelId) -> Result<Option<ModelRecord>, StoreError> {
+        let model_id = model_id.clone();
+        self.read(move |conn| ops::model(conn, &model_id)).await
+    }
+
+    async fn list_models(&self) -> Result<Vec<ModelRecord>, StoreError> {
+        self.read(ops::list_models).await
+    }
+
+    async fn delete_model(&self, model_id: &ModelId) -> Result<bool, StoreError> {
+        let model_id = model_id.clone();
+        self.write(Box::new(move |conn| {
+            ops::delete_model(conn, &model_id).map(no_events)
+        }))
+        .await
+    }
+
+    async fn update_model_file(
+        &self,
+        model_id: &ModelId,
+        file: FileFingerprint,
+    ) -> Result<(), StoreError> {
+        let model_id = model_id.clone();
+        self.write(Box::new(move |conn| {
+            ops::update_model_file(conn, &model_id, &file).map(no_events)
+        }))
+        .await
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for SqliteStore {
+    async fn idempotency_record(
+        &self,
+        scope: &IdempotencyScope,
+        key: &IdempotencyKey,
+        at: Timestamp,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let (scope, key) = (scope.clone(), key.clone());
+        self.read(move |conn| ops::idempotency_record(conn, &scope, &key, at))
+            .await
+    }
+
+    async fn insert_idempotency_record(
+        &self,
+        record: IdempotencyRecord,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::insert_idempotency_record(conn, &record).map(no_events)
+        }))
+        .await
+    }
+
+    async fn purge_idempotency(&self, at: Timestamp, batch: usize) -> Result<u64, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::purge_idempotency(conn, at, batch).map(no_events)
+        }))
+        .await
+    }
+}
+
+#[async_trait]
+impl ServiceStore for SqliteStore {
+    async fn begin_start(&self, candidate: ServiceIdentity) -> Result<StartInfo, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::begin_start(conn, &candidate).map(no_events)
+        }))
+        .await
+    }
+}

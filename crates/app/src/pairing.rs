@@ -1,0 +1,148 @@
+//! Pairing (API.md §3): one-time codes that admins hand out and new clients exchange for a token.
+//!
+//! Codes are stored hashed, valid 10 minutes, usable once. After 5 wrong codes within 10 minutes
+//! every outstanding code is burnt and pairing answers `rate_limited` until that window passes.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
+
+use lmsp_domain::auth::{
+    Client, Pairing, Scope, Scopes, Secret, PAIRING_MAX_FAILURES, PAIRING_TTL_MILLIS,
+};
+use lmsp_domain::Timestamp;
+
+use crate::credentials::{generate_pairing_code, new_client};
+use crate::error::AppError;
+use crate::service::{Caller, Service};
+
+/// Recent wrong codes, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct PairingFailures(Mutex<VecDeque<Timestamp>>);
+
+impl PairingFailures {
+    /// When pairing opens again, if it is locked now.
+    fn locked_until(&self, now: Timestamp) -> Option<Timestamp> {
+        let mut failures = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        while failures
+            .front()
+            .is_some_and(|at| at.plus_millis(PAIRING_TTL_MILLIS) <= now)
+        {
+            failures.pop_front();
+        }
+        (failures.len() >= PAIRING_MAX_FAILURES).then(|| {
+            failures
+                .back()
+                .copied()
+                .unwrap_or(now)
+                .plus_millis(PAIRING_TTL_MILLIS)
+        })
+    }
+
+    /// Records a wrong code; `true` when that makes the limit.
+    fn record(&self, now: Timestamp) -> bool {
+        let mut failures = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        failures.push_back(now);
+        failures.len() >= PAIRING_MAX_FAILURES
+    }
+}
+
+/// A new pairing code, shown once.
+#[derive(Debug)]
+pub struct NewPairing {
+    /// The code, e.g. `483-921`.
+    pub code: Secret,
+    /// When it stops working.
+    pub expires_at: Timestamp,
+    /// The scopes it may grant.
+    pub scopes: Scopes,
+}
+
+/// A client created by pairing, with its token (shown once).
+#[derive(Debug)]
+pub struct Paired {
+    /// The new client.
+    pub client: Client,
+    /// Its token.
+    pub token: Secret,
+}
+
+impl Service {
+    /// `POST /v1/pairings` (admin): a one-time code valid 10 minutes.
+    pub async fn create_pairing(
+        &self,
+        caller: &Caller,
+        scopes: Scopes,
+    ) -> Result<NewPairing, AppError> {
+        caller.require(Scope::Admin)?;
+        let now = self.now();
+        let code = generate_pairing_code();
+        let pairing = Pairing {
+            code_hash: code.hash(),
+            scopes: scopes.clone(),
+            created_at: now,
+            expires_at: now.plus_millis(PAIRING_TTL_MILLIS),
+        };
+        let expires_at = pairing.expires_at;
+        self.inner.store.insert_pairing(pairing).await?;
+        Ok(NewPairing {
+            code,
+            expires_at,
+            scopes,
+        })
+    }
+
+    /// `POST /v1/pair` (no auth): exchanges a code for a new client.
+    pub async fn pair(&self, code: &str, name: &str, scopes: Scopes) -> Result<Paired, AppError> {
+        let now = self.now();
+        if let Some(until) = self.inner.pairing_failures.locked_until(now) {
+            return Err(AppError::RateLimited {
+                retry_after_seconds: seconds_until(now, until),
+            });
+        }
+        let hash = Secret::new(code).hash();
+        let Some(pairing) = self.inner.store.take_pairing(hash, now).await? else {
+            if self.inner.pairing_failures.record(now) {
+                let burnt = self.inner.store.burn_pairings().await?;
+                tracing::warn!(
+                    burnt,
+                    "too many wrong pairing codes: every outstanding code is burnt"
+                );
+            }
+            return Err(AppError::Unauthorized);
+        };
+        if !scopes.is_subset_of(&pairing.scopes) {
+            // The code stays usable with the scopes it grants.
+            self.inner.store.insert_pairing(pairing).await?;
+            return Err(AppError::Forbidden(
+                "a scope the pairing code does not grant",
+            ));
+        }
+        let (client, token) = new_client(name, scopes, now);
+        self.inner.store.insert_client(client.clone()).await?;
+        Ok(Paired { client, token })
+    }
+}
+
+fn seconds_until(now: Timestamp, until: Timestamp) -> u64 {
+    let millis = until.as_millis().saturating_sub(now.as_millis()).max(0) as u64;
+    millis.div_ceil(1000).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn five_failures_within_ten_minutes_lock_pairing_until_the_window_passes() {
+        let failures = PairingFailures::default();
+        let start = Timestamp::from_millis(1_000_000);
+        for i in 0..4 {
+            assert!(!failures.record(start.plus_millis(i)));
+            assert_eq!(failures.locked_until(start.plus_millis(i)), None);
+        }
+        assert!(failures.record(start.plus_millis(4)));
+        assert!(failures.locked_until(start.plus_millis(5)).is_some());
+        let later = start.plus_millis(PAIRING_TTL_MILLIS + 10);
+        assert_eq!(failures.locked_until(later), None);
+    }
+}

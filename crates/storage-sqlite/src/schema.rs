@@ -1,0 +1,106 @@
+//! The schema: versioned migrations applied in order, tracked in `PRAGMA user_version`.
+
+use rusqlite::Connection;
+
+/// The migrations, in order; migration `i` brings the database to `user_version = i + 1`.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE service_config (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE clients (
+    id         TEXT PRIMARY KEY,
+    name       TEXT NOT NULL,
+    token_hash TEXT NOT NULL UNIQUE,
+    scopes     TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    revoked_at INTEGER
+);
+
+CREATE TABLE pairings (
+    code_hash  TEXT PRIMARY KEY,
+    scopes     TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE models (
+    id              TEXT PRIMARY KEY,
+    format          TEXT NOT NULL,
+    path            TEXT NOT NULL,
+    size_bytes      INTEGER NOT NULL,
+    modified_millis INTEGER NOT NULL,
+    digest          TEXT NOT NULL,
+    created_at      INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE tasks (
+    id                   TEXT PRIMARY KEY,
+    client_id            TEXT NOT NULL,
+    status               TEXT NOT NULL,
+    created_at           INTEGER NOT NULL,
+    finished_at          INTEGER,
+    last_sequence_number INTEGER NOT NULL,
+    restarts             INTEGER NOT NULL,
+    recovered_in         INTEGER,
+    doc                  TEXT NOT NULL
+);
+CREATE INDEX tasks_queue ON tasks (status, id);
+CREATE INDEX tasks_client ON tasks (client_id, id);
+CREATE INDEX tasks_finished ON tasks (finished_at) WHERE finished_at IS NOT NULL;
+
+CREATE TABLE task_events (
+    task_id         TEXT NOT NULL REFERENCES tasks (id),
+    sequence_number INTEGER NOT NULL,
+    kind            TEXT NOT NULL,
+    created_at      INTEGER NOT NULL,
+    payload         TEXT NOT NULL,
+    PRIMARY KEY (task_id, sequence_number)
+) WITHOUT ROWID;
+
+CREATE TABLE responses (
+    id      TEXT PRIMARY KEY,
+    task_id TEXT NOT NULL UNIQUE REFERENCES tasks (id),
+    doc     TEXT NOT NULL
+);
+
+CREATE TABLE snapshots (
+    task_id         TEXT PRIMARY KEY REFERENCES tasks (id),
+    sequence_number INTEGER NOT NULL,
+    state           BLOB NOT NULL
+);
+
+CREATE TABLE idempotency_keys (
+    client_id  TEXT NOT NULL,
+    method     TEXT NOT NULL,
+    path       TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    task_id    TEXT REFERENCES tasks (id),
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    doc        TEXT NOT NULL,
+    PRIMARY KEY (client_id, method, path, key)
+) WITHOUT ROWID;
+CREATE INDEX idempotency_expiry ON idempotency_keys (expires_at);
+CREATE INDEX idempotency_task ON idempotency_keys (task_id) WHERE task_id IS NOT NULL;
+"#];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Applies every migration newer than the database's `user_version`, each in its own transaction.
+pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let current: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    for (index, script) in MIGRATIONS.iter().enumerate() {
+        let version = index as i64 + 1;
+        if version <= current {
+            continue;
+        }
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        tx.execute_batch(script)?;
+        tx.pragma_update(None, "user_version", version)?;
+        tx.commit()?;
+    }
+    Ok(())
+}

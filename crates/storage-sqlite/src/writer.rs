@@ -1,0 +1,166 @@
+//! The write path (DESIGN.md §2): one thread owns the write connection and commits every pending
+//! command in one `BEGIN IMMEDIATE` transaction with a savepoint per command (group commit). The
+//! hook hears the batch's events after the commit; callers are answered after the commit.
+
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+use lmsp_domain::event::Event;
+use lmsp_domain::ports::{CommittedEvents, StoreError};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::error::DbError;
+
+/// The most commands one transaction carries.
+pub const MAX_BATCH: usize = 256;
+
+/// A command's work inside its savepoint: its reply value and the events it wrote.
+pub type Work<T> = Box<dyn FnOnce(&Connection) -> Result<(T, Vec<Event>), DbError> + Send>;
+
+/// A command queued for the writer.
+pub trait Command: Send {
+    /// Runs the command inside its savepoint; returns the events it wrote (empty on failure).
+    fn run(&mut self, conn: &Connection) -> Vec<Event>;
+    /// The error the command failed with, if it failed.
+    fn failure(&self) -> Option<StoreError>;
+    /// Answers the caller once the batch's fate is known.
+    fn answer(self: Box<Self>, commit: Result<(), StoreError>);
+}
+
+/// A typed command: its work, its result and where the caller waits.
+pub struct Typed<T> {
+    work: Option<Work<T>>,
+    result: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T> std::fmt::Debug for Typed<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Typed").finish_non_exhaustive()
+    }
+}
+
+impl<T: Send> Typed<T> {
+    /// A command and the receiver its answer arrives on.
+    pub fn new(work: Work<T>) -> (Self, oneshot::Receiver<Result<T, StoreError>>) {
+        let (reply, rx) = oneshot::channel();
+        (
+            Self {
+                work: Some(work),
+                result: None,
+                reply,
+            },
+            rx,
+        )
+    }
+}
+
+impl<T: Send> Command for Typed<T> {
+    fn run(&mut self, conn: &Connection) -> Vec<Event> {
+        let Some(work) = self.work.take() else {
+            return Vec::new();
+        };
+        if let Err(error) = exec(conn, "SAVEPOINT cmd") {
+            self.result = Some(Err(DbError::from(error).into()));
+            return Vec::new();
+        }
+        match work(conn) {
+            Ok((value, events)) => match exec(conn, "RELEASE cmd") {
+                Ok(()) => {
+                    self.result = Some(Ok(value));
+                    events
+                }
+                Err(error) => {
+                    let _ = conn.execute_batch("ROLLBACK TO cmd; RELEASE cmd");
+                    self.result = Some(Err(DbError::from(error).into()));
+                    Vec::new()
+                }
+            },
+            Err(error) => {
+                let _ = conn.execute_batch("ROLLBACK TO cmd; RELEASE cmd");
+                self.result = Some(Err(error.into()));
+                Vec::new()
+            }
+        }
+    }
+
+    fn failure(&self) -> Option<StoreError> {
+        match &self.result {
+            Some(Err(error)) => Some(error.clone()),
+            _ => None,
+        }
+    }
+
+    fn answer(self: Box<Self>, commit: Result<(), StoreError>) {
+        let outcome = match (commit, self.result) {
+            (Err(error), _) => Err(error),
+            (Ok(()), Some(result)) => result,
+            (Ok(()), None) => Err(StoreError::Unavailable(String::from("command never ran"))),
+        };
+        let _ = self.reply.send(outcome);
+    }
+}
+
+/// Runs a cached, parameterless statement.
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
+}
+
+/// Commits between two passive WAL checkpoints.
+const CHECKPOINT_EVERY: u64 = 512;
+
+/// The writer loop: runs until every sender is gone.
+pub fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, hook: Arc<dyn CommittedEvents>) {
+    let mut commits: u64 = 0;
+    while let Ok(first) = rx.recv() {
+        let mut batch = Vec::with_capacity(16);
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        let (commit, events) = commit_batch(&conn, &mut batch);
+        if commit.is_ok() && !events.is_empty() {
+            hook.committed(&events);
+        }
+        for command in batch {
+            command.answer(commit.clone());
+        }
+        commits += 1;
+        if commits >= CHECKPOINT_EVERY {
+            commits = 0;
+            let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        }
+    }
+}
+
+fn commit_batch(
+    conn: &Connection,
+    batch: &mut [Box<dyn Command>],
+) -> (Result<(), StoreError>, Vec<Event>) {
+    if let Err(error) = exec(conn, "BEGIN IMMEDIATE") {
+        return (Err(DbError::from(error).into()), Vec::new());
+    }
+    let mut events = Vec::new();
+    for command in batch.iter_mut() {
+        events.extend(command.run(conn));
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (SQLITE_FULL, I/O error): nothing of the
+            // batch is written, so every caller of the batch gets the error.
+            let error = command.failure().unwrap_or_else(|| {
+                StoreError::Unavailable(String::from("the transaction was rolled back"))
+            });
+            return (Err(error), Vec::new());
+        }
+    }
+    match exec(conn, "COMMIT") {
+        Ok(()) => (Ok(()), events),
+        Err(error) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            (Err(DbError::from(error).into()), Vec::new())
+        }
+    }
+}
