@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -46,17 +46,23 @@ pub struct TestServer {
     _temp: Option<tempfile::TempDir>,
     /// An HTTP client.
     pub http: reqwest::Client,
+    /// Every line the server wrote to stderr after it printed its address.
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 /// Lines the server wrote to stderr, for start-up parsing.
-fn spawn_serve(data_dir: &Path, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
+fn spawn_serve(
+    data_dir: &Path,
+    extra: &[&str],
+    log_filter: &str,
+) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(lmsp_binary())
         .arg("serve")
         .arg("--data-dir")
         .arg(data_dir)
         .args(["--listen", "127.0.0.1:0"])
         .args(extra)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", log_filter)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -79,13 +85,23 @@ impl TestServer {
     pub fn start(extra: &[&str]) -> Self {
         let temp = tempfile::tempdir().expect("tempdir");
         let data_dir = temp.path().join("data");
-        let mut server = Self::start_in(&data_dir, String::new(), extra);
+        let mut server = Self::start_in(&data_dir, String::new(), extra, "warn");
         server._temp = Some(temp);
         server
     }
 
-    fn start_in(data_dir: &Path, admin_token: String, extra: &[&str]) -> Self {
-        let (child, lines) = spawn_serve(data_dir, extra);
+    /// Starts a server that logs at `info` (one line per request); read them with
+    /// [`TestServer::log_lines`].
+    pub fn start_logging(extra: &[&str]) -> Self {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let data_dir = temp.path().join("data");
+        let mut server = Self::start_in(&data_dir, String::new(), extra, "info");
+        server._temp = Some(temp);
+        server
+    }
+
+    fn start_in(data_dir: &Path, admin_token: String, extra: &[&str], log_filter: &str) -> Self {
+        let (child, lines) = spawn_serve(data_dir, extra, log_filter);
         let mut admin_token = admin_token;
         let deadline = Instant::now() + Duration::from_secs(60);
         let base = loop {
@@ -100,7 +116,13 @@ impl TestServer {
             }
         };
         // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || while lines.recv().is_ok() {});
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&log);
+        std::thread::spawn(move || {
+            while let Ok(line) = lines.recv() {
+                kept.lock().unwrap().push(line);
+            }
+        });
         Self {
             child: Some(child),
             base,
@@ -108,14 +130,20 @@ impl TestServer {
             data_dir: data_dir.to_path_buf(),
             _temp: None,
             http: reqwest::Client::new(),
+            log,
         }
+    }
+
+    /// The lines the server has written to stderr since it printed its address.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
     }
 
     /// SIGKILLs the server and starts it again on the same data directory.
     pub fn kill_and_restart(&mut self, extra: &[&str]) {
         self.kill();
         let temp = self._temp.take();
-        let mut next = Self::start_in(&self.data_dir, self.admin_token.clone(), extra);
+        let mut next = Self::start_in(&self.data_dir, self.admin_token.clone(), extra, "warn");
         next._temp = temp;
         std::mem::swap(self, &mut next);
         next._temp = None;

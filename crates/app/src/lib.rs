@@ -7,13 +7,15 @@
 mod credentials;
 mod error;
 mod live;
+mod metrics;
 mod pairing;
 mod service;
 mod worker;
 
 pub use credentials::{generate_pairing_code, generate_token, new_client};
 pub use error::AppError;
-pub use live::LiveEvents;
+pub use live::{CommitListeners, LiveEvents};
+pub use metrics::Metrics;
 pub use pairing::{NewPairing, Paired};
 pub use service::{Caller, Service, Settings, SubmitReply};
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::broadcast;
 
-use lmsp_domain::ports::CommittedEvents;
+use lmsp_domain::ports::{CommitStats, CommittedEvents};
 use lmsp_domain::{Event, TaskId};
 
 const CHANNEL_CAPACITY: usize = 256;
@@ -60,5 +60,38 @@ impl CommittedEvents for LiveEvents {
             }
         }
         channels.retain(|_, sender| sender.receiver_count() > 0);
+    }
+}
+
+/// Hands every commit to several listeners in turn (the live fan-out and the metrics), so the
+/// store needs only one hook.
+pub struct CommitListeners(Vec<Arc<dyn CommittedEvents>>);
+
+impl CommitListeners {
+    /// Listeners, told in this order.
+    pub fn new(listeners: Vec<Arc<dyn CommittedEvents>>) -> Arc<Self> {
+        Arc::new(Self(listeners))
+    }
+}
+
+impl std::fmt::Debug for CommitListeners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("CommitListeners")
+            .field(&self.0.len())
+            .finish()
+    }
+}
+
+impl CommittedEvents for CommitListeners {
+    fn committed(&self, events: &[Event]) {
+        for listener in &self.0 {
+            listener.committed(events);
+        }
+    }
+
+    fn transaction_measured(&self, stats: CommitStats) {
+        for listener in &self.0 {
+            listener.transaction_measured(stats);
+        }
     }
 }

@@ -23,6 +23,7 @@ use lmsp_domain::{
 
 use crate::error::AppError;
 use crate::live::LiveEvents;
+use crate::metrics::Metrics;
 use crate::worker;
 
 /// How the service behaves; built by `main` from flags and environment.
@@ -87,6 +88,7 @@ pub(crate) struct Inner {
     pub(crate) model_files: Arc<dyn ModelFiles>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) live: Arc<LiveEvents>,
+    pub(crate) metrics: Arc<Metrics>,
     pub(crate) settings: Settings,
     pub(crate) start: StartInfo,
     pub(crate) started_at: Timestamp,
@@ -146,12 +148,16 @@ impl std::fmt::Debug for Service {
 impl Service {
     /// Records the start, runs recovery to completion (P-7), and returns the service, ready to
     /// serve; call [`Service::spawn_background`] to start the workers and the purge job.
+    ///
+    /// `live` and `metrics` must be the listeners the store reports its commits to (see
+    /// [`crate::CommitListeners`]): `live` feeds event streams, `metrics` the `/metrics` counters.
     pub async fn start(
         store: Arc<dyn Store>,
         engine: Arc<dyn Engine>,
         model_files: Arc<dyn ModelFiles>,
         clock: Arc<dyn Clock>,
         live: Arc<LiveEvents>,
+        metrics: Arc<Metrics>,
         settings: Settings,
     ) -> Result<Self, AppError> {
         let now = clock.now();
@@ -167,12 +173,14 @@ impl Service {
             resumed = report.resumed.len(),
             "recovery finished"
         );
+        metrics.record_recovery(&report);
         let inner = Inner {
             store,
             engine,
             model_files,
             clock,
             live,
+            metrics,
             settings,
             start,
             started_at: now,
@@ -485,6 +493,13 @@ impl Service {
         } else {
             Err(AppError::NotFound)
         }
+    }
+
+    /// The metrics in the Prometheus text format (admin), with tasks by status as stored now.
+    pub async fn metrics_text(&self, caller: &Caller) -> Result<String, AppError> {
+        caller.require(Scope::Admin)?;
+        let counts = self.inner.store.count_by_status().await?;
+        Ok(self.inner.metrics.render(&counts))
     }
 
     /// The service's identity.

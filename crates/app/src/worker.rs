@@ -412,17 +412,25 @@ pub(crate) async fn purge_once(
 ) -> Result<u64, AppError> {
     let store = &service.inner.store;
     let mut purged = 0;
+    let metrics = &service.inner.metrics;
     loop {
         let report = store.purge_finished(cutoff, PURGE_BATCH).await?;
+        metrics.record_purge(report);
         purged += report.tasks;
-        if report.tasks < PURGE_BATCH as u64 {
+        if !report.more {
             break;
         }
         tokio::task::yield_now().await;
     }
-    while store.purge_idempotency(now, PURGE_BATCH).await? >= PURGE_BATCH as u64 {
+    loop {
+        let keys = store.purge_idempotency(now, PURGE_BATCH).await?;
+        metrics.record_purged_keys(keys);
+        if keys < PURGE_BATCH as u64 {
+            break;
+        }
         tokio::task::yield_now().await;
     }
+    metrics.record_purge_run();
     if purged > 0 {
         tracing::info!(purged, "purged finished tasks");
     }

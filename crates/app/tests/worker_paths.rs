@@ -8,7 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use mockall::mock;
 
-use lmsp_app::{Caller, LiveEvents, Service, Settings, SubmitReply, SystemClock};
+use lmsp_app::{
+    Caller, CommitListeners, LiveEvents, Metrics, Service, Settings, SubmitReply, SystemClock,
+};
 use lmsp_domain::auth::{Scope, Scopes};
 use lmsp_domain::ports::{
     CommittedEvents, Engine, EngineError, Generation, GenerationItem, GenerationJob,
@@ -82,11 +84,15 @@ struct Harness {
 async fn harness(engine: MockEngine, files: MockFiles) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let live = LiveEvents::new();
+    let metrics = Arc::new(Metrics::new());
     let store: Arc<dyn Store> = Arc::new(
         SqliteStore::open(
             &dir.path().join("lmsp.db"),
             SqliteOptions::default(),
-            live.clone() as Arc<dyn CommittedEvents>,
+            CommitListeners::new(vec![
+                live.clone() as Arc<dyn CommittedEvents>,
+                metrics.clone() as Arc<dyn CommittedEvents>,
+            ]),
         )
         .unwrap(),
     );
@@ -116,6 +122,7 @@ async fn harness(engine: MockEngine, files: MockFiles) -> Harness {
         Arc::new(files),
         Arc::new(SystemClock),
         live,
+        metrics,
         settings,
     )
     .await

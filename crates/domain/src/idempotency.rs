@@ -44,11 +44,52 @@ impl fmt::Debug for IdempotencyKey {
 pub struct RequestDigest(pub [u8; 32]);
 
 impl RequestDigest {
-    /// The digest of a parsed JSON body. `serde_json::Value` keeps object keys sorted, and
-    /// `to_string` writes no whitespace, so this is the canonical form.
+    /// The digest of a parsed JSON body, over its canonical form ([`canonical_json`]).
     pub fn of_json(body: &serde_json::Value) -> Self {
-        Self(Sha256::digest(body.to_string().as_bytes()).into())
+        Self(Sha256::digest(canonical_json(body).as_bytes()).into())
     }
+}
+
+/// The canonical JSON of a value: object keys sorted by their bytes, no
+/// insignificant whitespace, strings and numbers as `serde_json` writes them.
+///
+/// Written out here rather than left to `Value::to_string`, whose key order depends on whether
+/// any crate in the build turns on `serde_json`'s `preserve_order` feature.
+pub fn canonical_json(value: &serde_json::Value) -> String {
+    fn write(value: &serde_json::Value, out: &mut String) {
+        match value {
+            serde_json::Value::Object(fields) => {
+                let mut keys: Vec<&String> = fields.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (index, key) in keys.into_iter().enumerate() {
+                    if index > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::String(key.clone()).to_string());
+                    out.push(':');
+                    if let Some(field) = fields.get(key) {
+                        write(field, out);
+                    }
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(items) => {
+                out.push('[');
+                for (index, item) in items.iter().enumerate() {
+                    if index > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            leaf => out.push_str(&leaf.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(value, &mut out);
+    out
 }
 
 /// Which endpoint a key belongs to; a key is scoped to client, method and path.
@@ -130,5 +171,17 @@ mod tests {
         let c: serde_json::Value = serde_json::from_str(r#"{"a":[2,1],"b":1}"#).unwrap();
         assert_eq!(RequestDigest::of_json(&a), RequestDigest::of_json(&b));
         assert_ne!(RequestDigest::of_json(&a), RequestDigest::of_json(&c));
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_depth_and_drops_whitespace() {
+        let value: serde_json::Value = serde_json::from_str(
+            r#" {"z": {"y": "\u00e9\"", "x": null}, "a": [ {"d": 1.5, "c": true} ]} "#,
+        )
+        .unwrap();
+        assert_eq!(
+            canonical_json(&value),
+            r#"{"a":[{"c":true,"d":1.5}],"z":{"x":null,"y":"é\""}}"#
+        );
     }
 }

@@ -44,6 +44,23 @@ pub trait CommittedEvents: Send + Sync {
     /// Called once per commit with the events it made durable, in log order per task.
     /// Must not block: implementations hand the events on and return.
     fn committed(&self, events: &[Event]);
+
+    /// Called once per transaction the adapter tried to commit, with its size and how long it
+    /// took, whether or not it committed (for metrics). Must not block. Does nothing by default.
+    fn transaction_measured(&self, _stats: CommitStats) {}
+}
+
+/// One transaction of the storage adapter's write path, measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitStats {
+    /// The commands (port calls) the transaction carried (group commit).
+    pub commands: usize,
+    /// The events it made durable (0 when it did not commit).
+    pub events: usize,
+    /// From `BEGIN` to the end of `COMMIT` (or of the rollback).
+    pub duration: std::time::Duration,
+    /// Whether it committed.
+    pub committed: bool,
 }
 
 /// An engine's resumable state after some output, stored with the output it covers.
@@ -141,6 +158,8 @@ pub struct PurgeReport {
     pub tasks: u64,
     /// Events removed with them.
     pub events: u64,
+    /// Whether more tasks past the cut-off were left for a later batch.
+    pub more: bool,
 }
 
 /// Tasks, events, responses and snapshots.
@@ -198,8 +217,10 @@ pub trait TaskStore: Send + Sync {
         at: Timestamp,
     ) -> Result<RecoveryReport, StoreError>;
 
-    /// P-5, P-6, I-4: removes at most `batch` finished tasks with `finished_at < cutoff`, with their
-    /// events, response and snapshot, in one short transaction. Never touches an unfinished task.
+    /// P-5, P-6, I-4: removes at most `batch` finished tasks with `finished_at < cutoff`, oldest
+    /// first, with their events, response, snapshot and idempotency records, in one short
+    /// transaction. An adapter may take fewer to keep the transaction short (a bound on events);
+    /// [`PurgeReport::more`] says whether to call again. Never touches an unfinished task.
     async fn purge_finished(
         &self,
         cutoff: Timestamp,
@@ -395,7 +416,7 @@ pub struct GenerationJob {
     /// The model (loaded with [`Engine::load`]).
     pub model: ModelRecord,
     /// The task's input, budget and seed.
-    pub spec: TaskSpec,
+    pub spec: Arc<TaskSpec>,
     /// When resuming: the state of the snapshot and the text produced before it.
     pub resume: Option<ResumePoint>,
     /// The flag the engine checks between tokens.

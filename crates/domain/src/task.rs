@@ -1,6 +1,7 @@
 //! Tasks, the work they carry, and the responses they produce.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -126,8 +127,8 @@ pub struct Task {
     pub model: ModelId,
     /// What happens to it when the service restarts before it finishes.
     pub on_restart: RestartPolicy,
-    /// What it asks.
-    pub spec: TaskSpec,
+    /// What it asks; shared, since it never changes and may be large (an input up to 2 MiB).
+    pub spec: Arc<TaskSpec>,
     /// The client's metadata.
     pub metadata: Metadata,
     /// When it was accepted.
@@ -166,9 +167,35 @@ impl Task {
             status: TaskStatus::Queued,
             model,
             on_restart,
-            spec,
+            spec: Arc::new(spec),
             metadata,
             created_at,
+            started_at: None,
+            finished_at: None,
+            last_sequence_number: 1,
+            restarts: 0,
+            error: None,
+            response_id: None,
+            recovered_in: None,
+        }
+    }
+}
+
+impl Task {
+    /// The task as it was when it was created: the data of its `response.created` event.
+    ///
+    /// Only fields that never change are kept; every other field is at its initial value. So a
+    /// store may keep the creation event's task as a reference to the task instead of a copy.
+    pub fn as_created(&self) -> Task {
+        Task {
+            id: self.id,
+            client_id: self.client_id,
+            status: TaskStatus::Queued,
+            model: self.model.clone(),
+            on_restart: self.on_restart,
+            spec: Arc::clone(&self.spec),
+            metadata: self.metadata.clone(),
+            created_at: self.created_at,
             started_at: None,
             finished_at: None,
             last_sequence_number: 1,

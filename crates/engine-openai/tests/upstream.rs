@@ -50,11 +50,11 @@ fn job(resume: Option<ResumePoint>) -> GenerationJob {
             },
             created_at: Timestamp::from_millis(0),
         },
-        spec: TaskSpec {
+        spec: std::sync::Arc::new(TaskSpec {
             input: Input::Text("Once upon a time".into()),
             max_output_tokens: 10,
             seed: 1,
-        },
+        }),
         resume,
         cancel: CancelFlag::new(),
     }

@@ -41,11 +41,11 @@ fn job(
 ) -> GenerationJob {
     GenerationJob {
         model: model.clone(),
-        spec: TaskSpec {
+        spec: std::sync::Arc::new(TaskSpec {
             input: Input::Text(prompt.to_owned()),
             max_output_tokens: max,
             seed,
-        },
+        }),
         resume,
         cancel: CancelFlag::new(),
     }

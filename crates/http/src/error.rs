@@ -3,10 +3,45 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use lmsp_app::AppError;
 use lmsp_domain::ErrorCode;
+
+/// The body of every error reply: `{"error": {"code", "message", "param"}}`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorEnvelope {
+    /// What went wrong.
+    pub error: ErrorBody,
+}
+
+/// The inside of the error envelope.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// A stable snake_case code of API.md §2; a synchronous `POST /v1/responses` whose task
+    /// failed carries the task's error code instead.
+    #[schema(schema_with = crate::openapi::error_code)]
+    pub code: String,
+    /// Human text (never internals).
+    pub message: String,
+    /// The field (or header) at fault, or `null`.
+    #[schema(required = true)]
+    pub param: Option<String>,
+}
+
+impl ErrorEnvelope {
+    /// An envelope with this code and message and no `param`.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            error: ErrorBody {
+                code: code.into(),
+                message: message.into(),
+                param: None,
+            },
+        }
+    }
+}
 
 /// An error reply: `{"error": {"code", "message", "param"}}` with the status of its code.
 #[derive(Debug, Clone)]
@@ -45,6 +80,17 @@ impl ApiError {
     /// 404 `not_found`.
     pub fn not_found() -> Self {
         Self::new(ErrorCode::NotFound, "no such resource")
+    }
+
+    /// The body of this error.
+    pub fn envelope(&self) -> ErrorEnvelope {
+        ErrorEnvelope {
+            error: ErrorBody {
+                code: self.code.clone(),
+                message: self.message.clone(),
+                param: self.param.clone(),
+            },
+        }
     }
 
     /// 400 `invalid_request` for a field.
@@ -88,9 +134,7 @@ impl From<AppError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body =
-            json!({"error": {"code": self.code, "message": self.message, "param": self.param}});
-        let mut response = (self.status, Json(body)).into_response();
+        let mut response = (self.status, Json(self.envelope())).into_response();
         let headers = response.headers_mut();
         if self.status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

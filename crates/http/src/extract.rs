@@ -34,9 +34,11 @@ impl FromRequestParts<AppState> for Authed {
             .get(AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
             .ok_or_else(unauthorized)?;
+        // The scheme name is case-insensitive (RFC 9110 §11.1).
         let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
+            .split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token)
             .ok_or_else(unauthorized)?;
         let caller = state
             .service

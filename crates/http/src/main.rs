@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use lmsp_app::{LiveEvents, Service, Settings, SystemClock};
+use lmsp_app::{CommitListeners, LiveEvents, Metrics, Service, Settings, SystemClock};
 use lmsp_domain::auth::{Scope, Scopes};
 use lmsp_domain::ports::{
     ClientStore, Clock, CommittedEvents, Engine, ModelFiles, ModelStore, Store,
@@ -212,15 +212,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
     let ready_timer = std::time::Instant::now();
     let live = LiveEvents::new();
+    let metrics = Arc::new(Metrics::new());
     let sync = match args.sync {
         SyncFlag::Full => SyncMode::Full,
         SyncFlag::Normal => SyncMode::Normal,
     };
-    let store = open_store(
-        &args.data.data_dir,
-        sync,
-        Some(live.clone() as Arc<dyn CommittedEvents>),
-    )?;
+    let listeners = CommitListeners::new(vec![
+        live.clone() as Arc<dyn CommittedEvents>,
+        metrics.clone() as Arc<dyn CommittedEvents>,
+    ]);
+    let store = open_store(&args.data.data_dir, sync, Some(listeners))?;
     let models_dir = match &args.models_dir {
         Some(dir) => dir.clone(),
         None => args.data.data_dir.join("models"),
@@ -260,6 +261,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         model_files.clone(),
         clock.clone(),
         live,
+        metrics,
         settings,
     )
     .await?;

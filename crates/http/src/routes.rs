@@ -1,4 +1,8 @@
 //! The handlers: parse, call a use case, render. One function per route.
+//!
+//! Each handler's `#[utoipa::path]` is its OpenAPI operation: method, path, security, parameters,
+//! bodies, every status and header. The route table in `lib.rs` registers a handler through it,
+//! so a route cannot be served without being documented, nor documented without being served.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -11,8 +15,9 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::{Stream, StreamExt};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::IntoParams;
 
 use lmsp_app::{AppError, Caller, SubmitReply};
 use lmsp_domain::auth::Scope;
@@ -26,9 +31,18 @@ use lmsp_domain::{
     ResponseId, TaskId, TaskStatus,
 };
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorEnvelope};
 use crate::extract::{Authed, JsonBody};
-use crate::{wire, AppState};
+use crate::openapi::{
+    Forbidden, InternalError, PayloadTooLarge, RateLimited, ServiceUnavailable, Unauthorized,
+    UnsupportedMediaType,
+};
+use crate::wire::{
+    self, ClientList, CreateModelRequest, CreatePairingRequest, CreateResponseRequest, EventList,
+    HealthObject, ModelList, ModelObject, PairRequest, PairedObject, PairingObject, ResponseObject,
+    ServiceObject, TaskList, TaskObject,
+};
+use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -48,8 +62,13 @@ impl IdempotencyLocks {
     fn acquire(&self, scope: &IdempotencyScope, key: &IdempotencyKey) -> Option<KeyGuard<'_>> {
         let entry = (scope.client_id, scope.path.clone(), key.as_str().to_owned());
         let mut held = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        held.insert(entry.clone())
-            .then_some(KeyGuard { locks: self, entry })
+        // Build the guard only when the key was free: a guard dropped here would release the
+        // other request's hold (and lock this mutex again while it is held).
+        if held.insert(entry.clone()) {
+            Some(KeyGuard { locks: self, entry })
+        } else {
+            None
+        }
     }
 }
 
@@ -71,28 +90,86 @@ fn with_task_header(mut response: Response, task_id: TaskId) -> Response {
     response
 }
 
-fn json_reply(status: StatusCode, body: Value) -> Response {
+fn json_reply(status: StatusCode, body: impl Serialize) -> Response {
     (status, Json(body)).into_response()
 }
 
-/// `GET /v1/health`.
-pub async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+/// A reply body as JSON text (stored under an idempotency key).
+fn json_text(body: &impl Serialize) -> ApiResult<String> {
+    serde_json::to_string(body).map_err(|error| {
+        tracing::error!(%error, "a reply could not be rendered");
+        ApiError::new(
+            ErrorCode::InternalError,
+            "the service failed to answer; it has been logged",
+        )
+    })
 }
 
-/// `GET /v1/service` (any token).
-pub async fn service_info(State(state): State<AppState>, Authed(_caller): Authed) -> Json<Value> {
-    let service = &state.service;
-    let settings = service.settings();
-    Json(json!({
-        "object": "service",
-        "id": service.identity().id.to_string(),
-        "spec": "LMSP 1.0",
-        "version": settings.version,
-        "started_at": service.started_at().to_rfc3339(),
-        "retention_seconds": settings.retention.as_secs(),
-        "default_on_restart": settings.default_on_restart.as_str(),
-    }))
+/// Liveness.
+///
+/// Answers as soon as the listener is bound, which happens after recovery has finished.
+#[utoipa::path(
+    get,
+    path = "/v1/health",
+    tag = "service",
+    operation_id = "health",
+    responses((status = 200, description = "The service is up.", body = HealthObject))
+)]
+pub async fn health() -> Json<HealthObject> {
+    Json(wire::health())
+}
+
+/// This API's OpenAPI 3.1 document.
+///
+/// Generated from the route table and the wire types of the code that serves it.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "service",
+    operation_id = "openapi",
+    responses(
+        (status = 200, description = "The OpenAPI 3.1 document.", body = Object,
+            content_type = "application/json"),
+        (status = 500, response = InternalError)
+    )
+)]
+pub async fn openapi_json() -> ApiResult<Response> {
+    let text = crate::openapi::document_json().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InternalError,
+            "the OpenAPI document could not be rendered",
+        )
+    })?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// The service object.
+///
+/// Any valid token, whatever its scopes.
+#[utoipa::path(
+    get,
+    path = "/v1/service",
+    tag = "service",
+    operation_id = "getService",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The service and its settings.", body = ServiceObject),
+        (status = 401, response = Unauthorized),
+        (status = 500, response = InternalError)
+    )
+)]
+pub async fn service_info(
+    State(state): State<AppState>,
+    Authed(_caller): Authed,
+) -> Json<ServiceObject> {
+    Json(wire::service(&state.service))
 }
 
 /// Reads and checks an `Idempotency-Key` header.
@@ -200,16 +277,16 @@ fn key_in_use() -> ApiError {
 
 fn stored_reply_of(
     status: StatusCode,
-    body: &Value,
+    body: &impl Serialize,
     location: Option<String>,
     task_id: Option<TaskId>,
-) -> StoredReply {
-    StoredReply {
+) -> ApiResult<StoredReply> {
+    Ok(StoredReply {
         status: status.as_u16(),
-        body: body.to_string(),
+        body: json_text(body)?,
         location,
         task_id,
-    }
+    })
 }
 
 fn reply_from_stored(reply: &StoredReply) -> Response {
@@ -233,7 +310,66 @@ fn reply_from_stored(reply: &StoredReply) -> Response {
     }
 }
 
-/// `POST /v1/responses` (`responses:write`).
+/// Submit work.
+///
+/// Creates a task (validated before anything is stored: a rejected request creates no task) and
+/// answers, per `background` and `stream`: 202 with the task at once; 200 with the response
+/// once it completes (500 with the task's error code if it fails, 409 `task_cancelled` if it is
+/// cancelled meanwhile); or, with `stream: true`, 200 `text/event-stream` of the task's events
+/// from sequence 1 (see `GET /v1/tasks/{id}/events`). `Lmsp-Task-Id` names the task on each of
+/// these replies. With `Idempotency-Key`, the same key and body replay the first reply with
+/// `Idempotent-Replayed: true` (streams store no reply).
+#[utoipa::path(
+    post,
+    path = "/v1/responses",
+    tag = "responses",
+    operation_id = "createResponse",
+    security(("bearer" = ["responses:write"])),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
+            description = "1–255 visible ASCII characters; scoped to the client, method and path."),
+    ),
+    request_body(content = CreateResponseRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "`background: true`: the task, committed with its first \
+            event before this reply.", body = TaskObject,
+            headers(
+                ("Location" = String, description = "`/v1/tasks/{id}`."),
+                ("Lmsp-Task-Id" = String, description = "The task's id."),
+                ("Idempotent-Replayed" = String, description = "`true` on a replay.")
+            )),
+        (status = 200, description = "`background: false`: the response of the completed task; \
+            or, with `stream: true`, the task's events as Server-Sent Events (`id: <seq>`, \
+            `event: <type>`, `data: <event JSON>`), closing after the terminal event.",
+            content(
+                (ResponseObject = "application/json"),
+                (String = "text/event-stream")
+            ),
+            headers(
+                ("Lmsp-Task-Id" = String, description = "The task's id."),
+                ("Idempotent-Replayed" = String, description = "`true` on a replay.")
+            )),
+        (status = 400, description = "`invalid_request` (the body breaks a rule; `param` names \
+            the field) or `invalid_idempotency_key`.", body = ErrorEnvelope),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`model_not_found`: the request names an unknown model.",
+            body = ErrorEnvelope),
+        (status = 409, description = "`task_cancelled` (a waiting request's task was cancelled) \
+            or `idempotency_key_in_use` (the first request with this key is still being \
+            answered).", body = ErrorEnvelope,
+            headers(("Lmsp-Task-Id" = String, description = "The task's id (`task_cancelled`)."))),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, description = "`idempotency_key_reused`: the key was used with another \
+            body.", body = ErrorEnvelope),
+        (status = 500, description = "A waiting request's task failed: the envelope carries the \
+            task's error code (`model_unavailable`, `engine_error`, …); or `internal_error`.",
+            body = ErrorEnvelope,
+            headers(("Lmsp-Task-Id" = String, description = "The task's id, when one exists."))),
+        (status = 503, response = ServiceUnavailable)
+    )
+)]
 pub async fn create_response(
     State(state): State<AppState>,
     Authed(caller): Authed,
@@ -268,7 +404,7 @@ pub async fn create_response(
                 &wire::task(&task),
                 Some(location.clone()),
                 Some(task_id),
-            ),
+            )?,
         )),
         _ => None,
     };
@@ -283,7 +419,8 @@ pub async fn create_response(
                 IdempotencyDecision::Reused => Err(ApiError::new(
                     ErrorCode::IdempotencyKeyReused,
                     "this idempotency key was used with another request body",
-                )),
+                )
+                .with_param("Idempotency-Key")),
             }
         }
     };
@@ -303,7 +440,7 @@ pub async fn create_response(
     }
     // Synchronous: wait for the end, and remember the reply under the key, if any.
     let finished = state.service.wait_finished(task_id).await?;
-    let (status, reply_body) = match finished.status {
+    let reply = match finished.status {
         TaskStatus::Completed => {
             let response_id = finished.response_id.ok_or_else(|| {
                 ApiError::new(
@@ -312,14 +449,16 @@ pub async fn create_response(
                 )
             })?;
             let response = state.service.response(&caller, response_id).await?;
-            (StatusCode::OK, wire::response(&response))
+            stored_reply_of(
+                StatusCode::OK,
+                &wire::response(&response),
+                None,
+                Some(task_id),
+            )?
         }
         TaskStatus::Cancelled => {
             let error = ApiError::new(ErrorCode::TaskCancelled, "the task was cancelled");
-            (
-                error.status,
-                json!({"error": {"code": error.code, "message": error.message, "param": null}}),
-            )
+            stored_reply_of(error.status, &error.envelope(), None, Some(task_id))?
         }
         _ => {
             let error = finished
@@ -329,13 +468,14 @@ pub async fn create_response(
                     code: lmsp_domain::TaskErrorCode::EngineError,
                     message: "the task failed".into(),
                 });
-            (
+            stored_reply_of(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                json!({"error": {"code": error.code.as_str(), "message": error.message, "param": null}}),
-            )
+                &ErrorEnvelope::new(error.code.as_str(), error.message),
+                None,
+                Some(task_id),
+            )?
         }
     };
-    let reply = stored_reply_of(status, &reply_body, None, Some(task_id));
     if let Some(i) = &idempotent {
         let record = i.record(&state, reply.clone());
         state
@@ -352,7 +492,9 @@ fn sse_response(
     events: impl Stream<Item = Event> + Send + 'static,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>> + Send + 'static> {
     let stream = events.map(|event| {
-        let data = wire::event(&event).to_string();
+        // An event always renders; were it ever not to, the frame says so instead of panicking.
+        let data = serde_json::to_string(&wire::event(&event))
+            .unwrap_or_else(|_| String::from(r#"{"error": "unrenderable event"}"#));
         Ok(SseEvent::default()
             .id(event.sequence_number.to_string())
             .event(event.kind().wire_name())
@@ -361,23 +503,49 @@ fn sse_response(
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
 }
 
-/// `GET /v1/responses/{id}` (`responses:read`).
+/// A response.
+///
+/// Stored when its task completes; it goes when its task is purged. Another client's response
+/// is 404.
+#[utoipa::path(
+    get,
+    path = "/v1/responses/{id}",
+    tag = "responses",
+    operation_id = "getResponse",
+    security(("bearer" = ["responses:read"])),
+    params(("id" = String, Path, description = "A response id (`resp_…`).")),
+    responses(
+        (status = 200, description = "The response.", body = ResponseObject),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`not_found`: malformed, unknown, purged or another \
+            client's.", body = ErrorEnvelope),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn get_response(
     State(state): State<AppState>,
     Authed(caller): Authed,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ResponseObject>> {
     let response_id = ResponseId::parse(&id).map_err(|_| ApiError::not_found())?;
     let response = state.service.response(&caller, response_id).await?;
     Ok(Json(wire::response(&response)))
 }
 
-/// Query of `GET /v1/tasks`.
-#[derive(Debug, Deserialize)]
+/// Query of `GET /v1/tasks` (any other parameter is 400).
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Comma-separated statuses to keep, e.g. `queued,running`; every status when absent.
+    #[param(value_type = Option<String>, example = "queued,running")]
     status: Option<String>,
+    /// Tasks per page, 1…100 (default 20).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 100)]
     limit: Option<String>,
+    /// A task id: continue with the tasks older than it.
+    #[param(value_type = Option<String>)]
     after: Option<String>,
 }
 
@@ -394,12 +562,30 @@ fn parse_limit(text: Option<&str>, default: usize, max: usize) -> ApiResult<usiz
     }
 }
 
-/// `GET /v1/tasks` (`responses:read`): newest first.
+/// List tasks, newest first.
+///
+/// A client sees its own tasks; `admin` sees all.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks",
+    tag = "tasks",
+    operation_id = "listTasks",
+    security(("bearer" = ["responses:read"])),
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of tasks.", body = TaskList),
+        (status = 400, description = "`invalid_request`: a bad `status`, `limit` or `after`, or \
+            an unknown parameter.", body = ErrorEnvelope),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn list_tasks(
     State(state): State<AppState>,
     Authed(caller): Authed,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TaskList>> {
     let Query(query) =
         query.map_err(|e| ApiError::new(ErrorCode::InvalidRequest, e.body_text()))?;
     let limit = parse_limit(query.limit.as_deref(), 20, 100)?;
@@ -423,23 +609,66 @@ pub async fn list_tasks(
         .service
         .list_tasks(&caller, statuses, before, limit)
         .await?;
-    Ok(Json(wire::list(
+    Ok(Json(TaskList::new(
         page.items.iter().map(wire::task).collect(),
         page.has_more,
     )))
 }
 
-/// `GET /v1/tasks/{id}` (`responses:read`).
+/// A task.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}",
+    tag = "tasks",
+    operation_id = "getTask",
+    security(("bearer" = ["responses:read"])),
+    params(("id" = String, Path, description = "A task id (`task_…`).")),
+    responses(
+        (status = 200, description = "The task.", body = TaskObject),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`not_found`: malformed, unknown, purged or another \
+            client's.", body = ErrorEnvelope),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn get_task(
     State(state): State<AppState>,
     Authed(caller): Authed,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TaskObject>> {
     let task = state.service.task(&caller, parse_task_id(&id)?).await?;
     Ok(Json(wire::task(&task)))
 }
 
-/// `POST /v1/tasks/{id}/cancel` (`responses:write`): 200, 202 or 409 per API.md §4.
+/// Cancel a task, atomically.
+///
+/// `queued` → `cancelled` (200); `loading`/`running` → `cancelling`, and `cancelled` once the
+/// worker stops (202); `cancelling` → nothing new (202); `cancelled` → nothing new (200);
+/// `completed`/`failed` → 409 `task_not_cancellable`. Once answered 200 or 202, the task ends
+/// `cancelled`.
+#[utoipa::path(
+    post,
+    path = "/v1/tasks/{id}/cancel",
+    tag = "tasks",
+    operation_id = "cancelTask",
+    security(("bearer" = ["responses:write"])),
+    params(("id" = String, Path, description = "A task id (`task_…`).")),
+    responses(
+        (status = 200, description = "The task is `cancelled`.", body = TaskObject,
+            headers(("Lmsp-Task-Id" = String, description = "The task's id."))),
+        (status = 202, description = "The task is `cancelling`: its worker is stopping.",
+            body = TaskObject,
+            headers(("Lmsp-Task-Id" = String, description = "The task's id."))),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`not_found`: malformed, unknown, purged or another \
+            client's.", body = ErrorEnvelope),
+        (status = 409, description = "`task_not_cancellable`: the task is `completed` or \
+            `failed`.", body = ErrorEnvelope),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn cancel_task(
     State(state): State<AppState>,
     Authed(caller): Authed,
@@ -459,16 +688,60 @@ pub async fn cancel_task(
     ))
 }
 
-/// Query of `GET /v1/tasks/{id}/events`.
-#[derive(Debug, Deserialize)]
+/// Query of `GET /v1/tasks/{id}/events` (any other parameter is 400).
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
+    /// Events with a sequence number above this one (default 0); for a stream,
+    /// `Last-Event-ID` wins over it.
+    #[param(value_type = Option<u64>, minimum = 0)]
     after: Option<String>,
+    /// Events per page, 1…1000 (default 100); ignored by a stream.
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
+    /// `true` (or `1`): Server-Sent Events, as with `Accept: text/event-stream`.
+    #[param(value_type = Option<bool>)]
     stream: Option<String>,
 }
 
-/// `GET /v1/tasks/{id}/events` (`responses:read`): a JSON list, or SSE.
+/// A task's events: a JSON page, or a live stream.
+///
+/// JSON: the events with a sequence number above `after`, ascending. With
+/// `Accept: text/event-stream` or `stream=true`: Server-Sent Events (`id: <seq>`,
+/// `event: <type>`, `data: <event JSON>`) starting after `Last-Event-ID` (or `after`): what is
+/// stored, then live, closing after the terminal event; a comment keep-alive every 15 s. No
+/// event is sent before it is committed.
+#[utoipa::path(
+    get,
+    path = "/v1/tasks/{id}/events",
+    tag = "tasks",
+    operation_id = "listTaskEvents",
+    security(("bearer" = ["responses:read"])),
+    params(
+        ("id" = String, Path, description = "A task id (`task_…`)."),
+        EventsQuery,
+        ("Accept" = Option<String>, Header,
+            description = "`text/event-stream` asks for Server-Sent Events."),
+        ("Last-Event-ID" = Option<u64>, Header,
+            description = "For a stream: the last sequence number seen; the stream starts after it."),
+    ),
+    responses(
+        (status = 200, description = "A page of events (JSON), or the event stream.",
+            content(
+                (EventList = "application/json"),
+                (String = "text/event-stream")
+            ),
+            headers(("Lmsp-Task-Id" = String, description = "The task's id (streams)."))),
+        (status = 400, description = "`invalid_request`: a bad `after`, `limit`, `stream` or \
+            `Last-Event-ID`, or an unknown parameter.", body = ErrorEnvelope),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`not_found`: malformed, unknown, purged or another \
+            client's.", body = ErrorEnvelope),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn task_events(
     State(state): State<AppState>,
     Authed(caller): Authed,
@@ -484,9 +757,11 @@ pub async fn task_events(
             .parse::<u64>()
             .map_err(|_| ApiError::invalid(param, format!("`{param}` must be a sequence number")))
     };
+    // An explicit `stream` wins over the `Accept` header.
     let wants_stream = match query.stream.as_deref() {
         Some("true") | Some("1") => true,
-        Some("false") | Some("0") | None => headers
+        Some("false") | Some("0") => false,
+        None => headers
             .get(header::ACCEPT)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|accept| accept.contains("text/event-stream")),
@@ -514,20 +789,33 @@ pub async fn task_events(
     }
     let limit = parse_limit(query.limit.as_deref(), 100, 1000)?;
     let page = state.service.events(&caller, task_id, after, limit).await?;
-    Ok(Json(wire::list(
+    Ok(Json(EventList::new(
         page.items.iter().map(wire::event).collect(),
         page.has_more,
     ))
     .into_response())
 }
 
-/// `GET /v1/models` (`models:read`).
+/// List models.
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "models",
+    operation_id = "listModels",
+    security(("bearer" = ["models:read"])),
+    responses(
+        (status = 200, description = "Every registered model.", body = ModelList),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn list_models(
     State(state): State<AppState>,
     Authed(caller): Authed,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ModelList>> {
     let models = state.service.models(&caller).await?;
-    Ok(Json(wire::list(
+    Ok(Json(ModelList::new(
         models.iter().map(wire::model).collect(),
         false,
     )))
@@ -537,12 +825,27 @@ fn parse_model_id(text: &str) -> ApiResult<ModelId> {
     ModelId::parse(text).map_err(|_| ApiError::not_found())
 }
 
-/// `GET /v1/models/{id}` (`models:read`).
+/// A model.
+#[utoipa::path(
+    get,
+    path = "/v1/models/{id}",
+    tag = "models",
+    operation_id = "getModel",
+    security(("bearer" = ["models:read"])),
+    params(("id" = String, Path, description = "A model id.")),
+    responses(
+        (status = 200, description = "The model.", body = ModelObject),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`not_found`: no such model.", body = ErrorEnvelope),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn get_model(
     State(state): State<AppState>,
     Authed(caller): Authed,
     Path(id): Path<String>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ModelObject>> {
     caller.require(Scope::ModelsRead)?;
     let model_id = parse_model_id(&id)?;
     let model = state
@@ -555,7 +858,39 @@ pub async fn get_model(
     Ok(Json(wire::model(&model)))
 }
 
-/// `POST /v1/models` (`models:write`): hashes the file and registers it.
+/// Register a model file.
+///
+/// The service hashes the file (streaming) and stores its path, size and digest; the file stays
+/// where it is. With `Idempotency-Key`, the same key and body replay the first reply with
+/// `Idempotent-Replayed: true`.
+#[utoipa::path(
+    post,
+    path = "/v1/models",
+    tag = "models",
+    operation_id = "createModel",
+    security(("bearer" = ["models:write"])),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
+            description = "1–255 visible ASCII characters; scoped to the client, method and path."),
+    ),
+    request_body(content = CreateModelRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The registered model.", body = ModelObject,
+            headers(("Idempotent-Replayed" = String, description = "`true` on a replay."))),
+        (status = 400, description = "`invalid_request` (a bad field, or a path that does not \
+            resolve to a regular file inside `--models-dir`) or `invalid_idempotency_key`.",
+            body = ErrorEnvelope),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 409, description = "`already_exists` (the id is taken) or \
+            `idempotency_key_in_use`.", body = ErrorEnvelope),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 422, description = "`idempotency_key_reused`: the key was used with another \
+            body.", body = ErrorEnvelope),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn create_model(
     State(state): State<AppState>,
     Authed(caller): Authed,
@@ -644,7 +979,7 @@ pub async fn create_model(
     }
     let body = wire::model(&record);
     if let Some(i) = &idempotent {
-        let reply = stored_reply_of(StatusCode::CREATED, &body, None, None);
+        let reply = stored_reply_of(StatusCode::CREATED, &body, None, None)?;
         store
             .insert_idempotency_record(i.record(&state, reply))
             .await
@@ -653,7 +988,24 @@ pub async fn create_model(
     Ok(json_reply(StatusCode::CREATED, body))
 }
 
-/// `DELETE /v1/models/{id}` (`models:write`): the file itself is never touched.
+/// Unregister a model.
+///
+/// The file itself is never touched.
+#[utoipa::path(
+    delete,
+    path = "/v1/models/{id}",
+    tag = "models",
+    operation_id = "deleteModel",
+    security(("bearer" = ["models:write"])),
+    params(("id" = String, Path, description = "A model id.")),
+    responses(
+        (status = 204, description = "Unregistered."),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`not_found`: no such model.", body = ErrorEnvelope),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn delete_model(
     State(state): State<AppState>,
     Authed(caller): Authed,
@@ -674,19 +1026,53 @@ pub async fn delete_model(
     }
 }
 
-/// `GET /v1/clients` (admin): never with hashes.
+/// List clients.
+///
+/// Never with tokens or their hashes.
+#[utoipa::path(
+    get,
+    path = "/v1/clients",
+    tag = "clients",
+    operation_id = "listClients",
+    security(("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "Every client, revoked ones included.",
+            body = ClientList),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn list_clients(
     State(state): State<AppState>,
     Authed(caller): Authed,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ClientList>> {
     let clients = state.service.clients(&caller).await?;
-    Ok(Json(wire::list(
+    Ok(Json(ClientList::new(
         clients.iter().map(wire::client).collect(),
         false,
     )))
 }
 
-/// `DELETE /v1/clients/{id}` (admin): the token stops working at once.
+/// Revoke a client.
+///
+/// Its token stops working at once.
+#[utoipa::path(
+    delete,
+    path = "/v1/clients/{id}",
+    tag = "clients",
+    operation_id = "deleteClient",
+    security(("bearer" = ["admin"])),
+    params(("id" = String, Path, description = "A client id (`cli_…`).")),
+    responses(
+        (status = 204, description = "Revoked."),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`not_found`: malformed, unknown or already revoked.",
+            body = ErrorEnvelope),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn delete_client(
     State(state): State<AppState>,
     Authed(caller): Authed,
@@ -752,7 +1138,28 @@ fn only_fields(body: &Value, allowed: &[&str]) -> ApiResult<()> {
     }
 }
 
-/// `POST /v1/pairings` (admin): a one-time code valid 10 minutes.
+/// Create a pairing code.
+///
+/// A one-time code, valid 10 minutes, that a new client exchanges for a token at
+/// `POST /v1/pair`.
+#[utoipa::path(
+    post,
+    path = "/v1/pairings",
+    tag = "clients",
+    operation_id = "createPairing",
+    security(("bearer" = ["admin"])),
+    request_body(content = CreatePairingRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The code, shown once.", body = PairingObject),
+        (status = 400, description = "`invalid_request`: missing, empty or unknown scopes, or an \
+            unknown field.", body = ErrorEnvelope),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn create_pairing(
     State(state): State<AppState>,
     Authed(caller): Authed,
@@ -762,15 +1169,35 @@ pub async fn create_pairing(
     only_fields(&body, &["scopes"])?;
     let scopes = parse_scopes(body.get("scopes"))?;
     let pairing = state.service.create_pairing(&caller, scopes).await?;
-    let body = json!({
-        "code": pairing.code.expose(),
-        "expires_at": pairing.expires_at.to_rfc3339(),
-        "scopes": pairing.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
-    });
-    Ok(json_reply(StatusCode::CREATED, body))
+    Ok(json_reply(StatusCode::CREATED, wire::pairing(&pairing)))
 }
 
-/// `POST /v1/pair` (no auth): exchanges a code for a new client and its token.
+/// Pair a new client.
+///
+/// Exchanges a pairing code for a new client and its token (shown once). No token needed.
+/// After 5 wrong codes within 10 minutes every outstanding code is burnt and this answers 429
+/// until that window has passed.
+#[utoipa::path(
+    post,
+    path = "/v1/pair",
+    tag = "clients",
+    operation_id = "pair",
+    request_body(content = PairRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The new client and its token.", body = PairedObject),
+        (status = 400, description = "`invalid_request`: a missing or bad field, or an unknown \
+            one.", body = ErrorEnvelope),
+        (status = 401, description = "`unauthorized`: the code is wrong, used or expired.",
+            body = ErrorEnvelope,
+            headers(("WWW-Authenticate" = String, description = "Always `Bearer`."))),
+        (status = 403, description = "`forbidden`: the scopes asked for are not a subset of the \
+            code's.", body = ErrorEnvelope),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 429, response = RateLimited),
+        (status = 500, response = InternalError)
+    )
+)]
 pub async fn pair(State(state): State<AppState>, JsonBody(body): JsonBody) -> ApiResult<Response> {
     only_fields(&body, &["code", "name", "scopes"])?;
     let code = body
@@ -798,10 +1225,35 @@ pub async fn pair(State(state): State<AppState>, JsonBody(body): JsonBody) -> Ap
             ),
             other => ApiError::from(other),
         })?;
-    let body = json!({
-        "client_id": paired.client.id.to_string(),
-        "token": paired.token.expose(),
-        "scopes": paired.client.scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
-    });
-    Ok(json_reply(StatusCode::CREATED, body))
+    Ok(json_reply(StatusCode::CREATED, wire::paired(&paired)))
+}
+
+/// The content type of the OpenMetrics text format, which Prometheus scrapes.
+const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Prometheus metrics.
+///
+/// Tasks by status, events written, the commit latency histogram, purge and recovery counters,
+/// in the OpenMetrics text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "service",
+    operation_id = "metrics",
+    security(("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "The metrics.", body = String,
+            content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 500, response = InternalError)
+    )
+)]
+pub async fn metrics(State(state): State<AppState>, Authed(caller): Authed) -> ApiResult<Response> {
+    let text = state.service.metrics_text(&caller).await?;
+    Ok((
+        [(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS))],
+        text,
+    )
+        .into_response())
 }

@@ -6,6 +6,7 @@
 //! callers and tells the [`CommittedEvents`] hook. Reads use a small pool of read-only
 //! connections on tokio's blocking threads. All SQL of the service lives in this crate.
 
+pub mod ceilings;
 pub mod contract;
 mod error;
 mod ops;
@@ -61,6 +62,9 @@ pub struct SqliteOptions {
     pub busy_timeout: Duration,
     /// Tasks per recovery transaction.
     pub recovery_batch: usize,
+    /// Events one purge transaction removes at most (past its first task), so that writers
+    /// never wait long behind a purge (I-4).
+    pub purge_max_events: u64,
     /// Caps the database size (`PRAGMA max_page_count`); `None` leaves SQLite's default. Tests
     /// use it to provoke a full disk.
     pub max_page_count: Option<u32>,
@@ -73,6 +77,7 @@ impl Default for SqliteOptions {
             read_connections: 4,
             busy_timeout: Duration::from_secs(5),
             recovery_batch: 1000,
+            purge_max_events: 10_000,
             max_page_count: None,
         }
     }
@@ -130,6 +135,7 @@ pub struct SqliteStore {
     writer: Mutex<Option<JoinHandle<()>>>,
     reads: Arc<ReadPool>,
     recovery_batch: usize,
+    purge_max_events: u64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -188,6 +194,7 @@ impl SqliteStore {
             writer: Mutex::new(Some(writer)),
             reads,
             recovery_batch: options.recovery_batch.max(1),
+            purge_max_events: options.purge_max_events.max(1),
         })
     }
 
@@ -311,22 +318,20 @@ impl TaskStore for SqliteStore {
         at: Timestamp,
     ) -> Result<RecoveryReport, StoreError> {
         let mut report = RecoveryReport::default();
-        let mut after: Option<TaskId> = None;
+        let mut cursor = Some(ops::RecoveryCursor::START);
         let limit = self.recovery_batch;
-        loop {
-            let (part, last, full) = self
+        while let Some(from) = cursor {
+            let (part, next) = self
                 .write(Box::new(move |conn| {
-                    ops::recover_batch(conn, start, at, after, limit)
+                    ops::recover_batch(conn, start, at, from, limit)
                 }))
                 .await?;
             report.moved += part.moved;
             report.untouched += part.untouched;
             report.resumed.extend(part.resumed);
-            after = last;
-            if !full {
-                return Ok(report);
-            }
+            cursor = next;
         }
+        Ok(report)
     }
 
     async fn purge_finished(
@@ -334,8 +339,9 @@ impl TaskStore for SqliteStore {
         cutoff: Timestamp,
         batch: usize,
     ) -> Result<PurgeReport, StoreError> {
+        let max_events = self.purge_max_events;
         self.write(Box::new(move |conn| {
-            ops::purge_finished(conn, cutoff, batch).map(no_events)
+            ops::purge_finished(conn, cutoff, batch, max_events).map(no_events)
         }))
         .await
     }

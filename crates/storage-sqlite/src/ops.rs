@@ -1,9 +1,16 @@
 //! The SQL of every port method: plain functions over a connection, called by the writer thread
 //! (inside a savepoint) or by a pooled read connection.
+//!
+//! Task rows are decoded column by column; ids of tasks and clients are stored as the 16 bytes of
+//! their ULID. Events are stored in their shortest form (see [`EventCode`] and [`event_data`]) and
+//! rebuilt into domain [`Event`]s when read.
+
+use std::borrow::Cow;
+use std::sync::Arc;
 
 use lmsp_domain::auth::{Client, Pairing, Scopes, SecretHash};
 use lmsp_domain::cancel::decide_cancel;
-use lmsp_domain::event::{Event, EventKind, EventPayload};
+use lmsp_domain::event::{Event, EventKind, EventPayload, QueueReason};
 use lmsp_domain::idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencyScope};
 use lmsp_domain::ids::{ClientId, ResponseId, TaskId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
@@ -11,20 +18,28 @@ use lmsp_domain::ports::{
     CancelOutcome, CreateOutcome, Page, PurgeReport, RecoveryReport, ServiceIdentity, Snapshot,
     StartInfo, StepOutcome, TaskFilter,
 };
-use lmsp_domain::recovery::{recover, StartEpoch};
+use lmsp_domain::recovery::{recover, RestartPolicy, StartEpoch};
 use lmsp_domain::status::TaskStatus;
-use lmsp_domain::task::{Response, Task};
+use lmsp_domain::task::{Response, Task, TaskError};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::{advance, Step};
 use rusqlite::types::Value;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use ulid::Ulid;
 
 use crate::error::DbError;
 
 type Res<T> = Result<T, DbError>;
 
 const FINISHED_SQL: &str = "('completed','failed','cancelled')";
-const UNFINISHED_SQL: &str = "('queued','loading','running','cancelling')";
+
+/// The statuses recovery looks at (P-7), in the order it looks at them.
+const LEFTOVER_STATUSES: [TaskStatus; 4] = [
+    TaskStatus::Queued,
+    TaskStatus::Loading,
+    TaskStatus::Running,
+    TaskStatus::Cancelling,
+];
 
 fn to_i64(value: u64) -> Res<i64> {
     i64::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is out of range")))
@@ -38,73 +53,277 @@ fn hex_of(hash: &SecretHash) -> String {
     hash.to_hex()
 }
 
-/// Reads a task row inside the current transaction.
+fn corrupt(what: impl std::fmt::Display) -> DbError {
+    DbError::Corrupt(what.to_string())
+}
+
+/// The stored key of a task id: its ULID's 16 bytes.
+fn key(id: TaskId) -> [u8; 16] {
+    id.ulid().to_bytes()
+}
+
+fn client_key(id: ClientId) -> [u8; 16] {
+    id.ulid().to_bytes()
+}
+
+fn ulid_of(bytes: &[u8]) -> Res<Ulid> {
+    let bytes: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| corrupt(format!("an id of {} bytes", bytes.len())))?;
+    Ok(Ulid::from_bytes(bytes))
+}
+
+/// The code of each event kind in `task_events.kind`. Stored on disk: never renumber.
+#[derive(Debug, Clone, Copy)]
+struct EventCode;
+
+impl EventCode {
+    const KINDS: [(EventKind, i64); 10] = [
+        (EventKind::Created, 1),
+        (EventKind::Loading, 2),
+        (EventKind::InProgress, 3),
+        (EventKind::OutputTextDelta, 4),
+        (EventKind::Cancelling, 5),
+        (EventKind::Queued, 6),
+        (EventKind::Resumed, 7),
+        (EventKind::Completed, 8),
+        (EventKind::Failed, 9),
+        (EventKind::Cancelled, 10),
+    ];
+
+    fn of(kind: EventKind) -> i64 {
+        Self::KINDS
+            .iter()
+            .find(|(known, _)| *known == kind)
+            .map_or(0, |(_, code)| *code)
+    }
+
+    fn kind(code: i64) -> Res<EventKind> {
+        Self::KINDS
+            .iter()
+            .find(|(_, known)| *known == code)
+            .map(|(kind, _)| *kind)
+            .ok_or_else(|| corrupt(format!("unknown event code {code}")))
+    }
+}
+
+/// An event's data in its stored form: the shortest text that, with the task's own rows, gives
+/// the payload back. The task of `response.created` and the response of `response.completed` are
+/// not copied: [`read_payload`] rebuilds them from `tasks`/`task_specs` and `responses`.
+fn event_data(payload: &EventPayload) -> Res<Cow<'_, str>> {
+    Ok(match payload {
+        EventPayload::Created { .. }
+        | EventPayload::InProgress {}
+        | EventPayload::Cancelling {}
+        | EventPayload::Completed { .. }
+        | EventPayload::Cancelled {} => Cow::Borrowed(""),
+        EventPayload::Loading { model } => Cow::Borrowed(model.as_str()),
+        EventPayload::OutputTextDelta { delta } => Cow::Borrowed(delta.as_str()),
+        EventPayload::Queued { reason } => Cow::Owned(serde_json::to_string(reason)?),
+        EventPayload::Resumed {
+            from_sequence_number,
+        } => Cow::Owned(from_sequence_number.to_string()),
+        EventPayload::Failed { error } => Cow::Owned(serde_json::to_string(error)?),
+    })
+}
+
+/// Rebuilds a payload from its stored form; `task` and `response` are asked for only by the
+/// creation and completion events.
+fn read_payload(
+    kind: EventKind,
+    data: String,
+    task: &mut impl FnMut() -> Res<Task>,
+    response: &mut impl FnMut() -> Res<Response>,
+) -> Res<EventPayload> {
+    Ok(match kind {
+        EventKind::Created => EventPayload::Created {
+            task: Box::new(task()?.as_created()),
+        },
+        EventKind::Loading => EventPayload::Loading {
+            model: ModelId::parse(&data).map_err(corrupt)?,
+        },
+        EventKind::InProgress => EventPayload::InProgress {},
+        EventKind::OutputTextDelta => EventPayload::OutputTextDelta { delta: data },
+        EventKind::Cancelling => EventPayload::Cancelling {},
+        EventKind::Queued => EventPayload::Queued {
+            reason: serde_json::from_str::<QueueReason>(&data)?,
+        },
+        EventKind::Resumed => EventPayload::Resumed {
+            from_sequence_number: data.parse().map_err(corrupt)?,
+        },
+        EventKind::Completed => EventPayload::Completed {
+            response: Box::new(response()?),
+        },
+        EventKind::Failed => EventPayload::Failed {
+            error: serde_json::from_str::<TaskError>(&data)?,
+        },
+        EventKind::Cancelled => EventPayload::Cancelled {},
+    })
+}
+
+/// The columns [`task_of_row`] reads, in order (`t` is `tasks`, `s` is `task_specs`).
+const TASK_COLUMNS: &str = "t.id, t.client_id, t.status, t.model, t.on_restart, t.created_at, \
+     t.started_at, t.finished_at, t.last_sequence_number, t.restarts, t.recovered_in, t.error, \
+     t.response_id, s.spec, s.metadata";
+
+/// `tasks` joined with its spec, for `SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE …`.
+const TASK_FROM: &str = "tasks t JOIN task_specs s ON s.task_id = t.id";
+
+/// A task row as SQLite hands it over; [`RawTask::decode`] checks and converts it.
+struct RawTask {
+    id: Vec<u8>,
+    client_id: Vec<u8>,
+    status: String,
+    model: String,
+    on_restart: String,
+    created_at: i64,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+    last_sequence_number: i64,
+    restarts: i64,
+    recovered_in: Option<i64>,
+    error: Option<String>,
+    response_id: Option<String>,
+    spec: String,
+    metadata: String,
+}
+
+fn task_of_row(row: &Row<'_>) -> rusqlite::Result<RawTask> {
+    Ok(RawTask {
+        id: row.get(0)?,
+        client_id: row.get(1)?,
+        status: row.get(2)?,
+        model: row.get(3)?,
+        on_restart: row.get(4)?,
+        created_at: row.get(5)?,
+        started_at: row.get(6)?,
+        finished_at: row.get(7)?,
+        last_sequence_number: row.get(8)?,
+        restarts: row.get(9)?,
+        recovered_in: row.get(10)?,
+        error: row.get(11)?,
+        response_id: row.get(12)?,
+        spec: row.get(13)?,
+        metadata: row.get(14)?,
+    })
+}
+
+impl RawTask {
+    fn decode(self) -> Res<Task> {
+        Ok(Task {
+            id: TaskId::from_ulid(ulid_of(&self.id)?),
+            client_id: ClientId::from_ulid(ulid_of(&self.client_id)?),
+            status: TaskStatus::parse(&self.status).map_err(corrupt)?,
+            model: ModelId::parse(&self.model).map_err(corrupt)?,
+            on_restart: RestartPolicy::parse(&self.on_restart).map_err(corrupt)?,
+            spec: Arc::new(serde_json::from_str(&self.spec)?),
+            metadata: serde_json::from_str(&self.metadata)?,
+            created_at: Timestamp::from_millis(self.created_at),
+            started_at: self.started_at.map(Timestamp::from_millis),
+            finished_at: self.finished_at.map(Timestamp::from_millis),
+            last_sequence_number: from_i64(self.last_sequence_number)?,
+            restarts: u32::try_from(self.restarts).map_err(corrupt)?,
+            recovered_in: self
+                .recovered_in
+                .map(|epoch| from_i64(epoch).map(StartEpoch))
+                .transpose()?,
+            error: self
+                .error
+                .map(|error| serde_json::from_str(&error))
+                .transpose()?,
+            response_id: self
+                .response_id
+                .map(|id| ResponseId::parse(&id).map_err(corrupt))
+                .transpose()?,
+        })
+    }
+}
+
+/// Reads a task inside the current transaction.
 pub fn load_task(conn: &Connection, id: TaskId) -> Res<Option<Task>> {
-    let doc: Option<String> = conn
-        .prepare_cached("SELECT doc FROM tasks WHERE id = ?1")?
-        .query_row([id.to_string()], |row| row.get(0))
-        .optional()?;
-    doc.map(|doc| serde_json::from_str(&doc).map_err(DbError::from))
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = ?1");
+    conn.prepare_cached(&sql)?
+        .query_row([key(id)], task_of_row)
+        .optional()?
+        .map(RawTask::decode)
         .transpose()
 }
 
-fn insert_task_row(conn: &Connection, task: &Task) -> Res<()> {
+fn error_json(task: &Task) -> Res<Option<String>> {
+    Ok(task.error.as_ref().map(serde_json::to_string).transpose()?)
+}
+
+fn insert_task_rows(conn: &Connection, task: &Task) -> Res<()> {
     conn.prepare_cached(
-        "INSERT INTO tasks (id, client_id, status, created_at, finished_at, last_sequence_number, \
-         restarts, recovered_in, doc) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, started_at, \
+         finished_at, last_sequence_number, restarts, recovered_in, error, response_id) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?
     .execute(params![
-        task.id.to_string(),
-        task.client_id.to_string(),
+        key(task.id),
+        client_key(task.client_id),
         task.status.as_str(),
+        task.model.as_str(),
+        task.on_restart.as_str(),
         task.created_at.as_millis(),
+        task.started_at.map(Timestamp::as_millis),
         task.finished_at.map(Timestamp::as_millis),
         to_i64(task.last_sequence_number)?,
         task.restarts,
         task.recovered_in.map(|e| to_i64(e.0)).transpose()?,
-        serde_json::to_string(task)?,
+        error_json(task)?,
+        task.response_id.map(|id| id.to_string()),
     ])?;
+    conn.prepare_cached("INSERT INTO task_specs (task_id, spec, metadata) VALUES (?1, ?2, ?3)")?
+        .execute(params![
+            key(task.id),
+            serde_json::to_string(task.spec.as_ref())?,
+            serde_json::to_string(&task.metadata)?,
+        ])?;
     Ok(())
 }
 
 fn insert_events(conn: &Connection, events: &[Event]) -> Res<()> {
     let mut stmt = conn.prepare_cached(
-        "INSERT INTO task_events (task_id, sequence_number, kind, created_at, payload) \
+        "INSERT INTO task_events (task_id, sequence_number, kind, created_at, data) \
          VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     for event in events {
         stmt.execute(params![
-            event.task_id.to_string(),
+            key(event.task_id),
             to_i64(event.sequence_number)?,
-            event.kind().wire_name(),
+            EventCode::of(event.kind()),
             event.created_at.as_millis(),
-            serde_json::to_string(&event.payload)?,
+            event_data(&event.payload)?.as_ref(),
         ])?;
     }
     Ok(())
 }
 
-/// Writes a task after a decided step: compare-and-set on status and last sequence number.
+/// Writes a task after a decided step: compare-and-set on status and last sequence number, so a
+/// row that moved under the transaction is never overwritten.
 fn write_advanced(conn: &Connection, old: &Task, new: &Task, events: &[Event]) -> Res<()> {
     let changed = conn
         .prepare_cached(
-            "UPDATE tasks SET status = ?1, finished_at = ?2, last_sequence_number = ?3, \
-             restarts = ?4, recovered_in = ?5, doc = ?6 \
-             WHERE id = ?7 AND status = ?8 AND last_sequence_number = ?9",
+            "UPDATE tasks SET status = ?1, started_at = ?2, finished_at = ?3, \
+             last_sequence_number = ?4, restarts = ?5, recovered_in = ?6, error = ?7, \
+             response_id = ?8 WHERE id = ?9 AND status = ?10 AND last_sequence_number = ?11",
         )?
         .execute(params![
             new.status.as_str(),
+            new.started_at.map(Timestamp::as_millis),
             new.finished_at.map(Timestamp::as_millis),
             to_i64(new.last_sequence_number)?,
             new.restarts,
             new.recovered_in.map(|e| to_i64(e.0)).transpose()?,
-            serde_json::to_string(new)?,
-            old.id.to_string(),
+            error_json(new)?,
+            new.response_id.map(|id| id.to_string()),
+            key(old.id),
             old.status.as_str(),
             to_i64(old.last_sequence_number)?,
         ])?;
     if changed != 1 {
-        return Err(DbError::Corrupt(format!(
+        return Err(corrupt(format!(
             "task {} moved under its transaction",
             old.id
         )));
@@ -114,7 +333,7 @@ fn write_advanced(conn: &Connection, old: &Task, new: &Task, events: &[Event]) -
 
 fn delete_snapshot(conn: &Connection, id: TaskId) -> Res<()> {
     conn.prepare_cached("DELETE FROM snapshots WHERE task_id = ?1")?
-        .execute([id.to_string()])?;
+        .execute([key(id)])?;
     Ok(())
 }
 
@@ -162,7 +381,7 @@ fn put_idempotency(
         record.scope.method,
         record.scope.path,
         record.key.as_str(),
-        record.reply.task_id.map(|id| id.to_string()),
+        record.reply.task_id.map(key),
         record.created_at.as_millis(),
         record.expires_at.as_millis(),
         serde_json::to_string(record)?,
@@ -183,8 +402,7 @@ pub fn create_task(
             }
         }
     }
-    let mut task = task;
-    task.last_sequence_number = 1;
+    let task = task.as_created();
     let event = Event {
         task_id: task.id,
         sequence_number: 1,
@@ -193,13 +411,35 @@ pub fn create_task(
             task: Box::new(task.clone()),
         },
     };
-    insert_task_row(conn, &task)?;
+    insert_task_rows(conn, &task)?;
     let events = vec![event];
     insert_events(conn, &events)?;
     if let Some(record) = &idempotency {
         put_idempotency(conn, record)?;
     }
     Ok((CreateOutcome::Created(task), events))
+}
+
+fn insert_response(conn: &Connection, response: &Response) -> Res<()> {
+    conn.prepare_cached("INSERT OR REPLACE INTO responses (id, task_id, doc) VALUES (?1, ?2, ?3)")?
+        .execute(params![
+            response.id.to_string(),
+            key(response.task_id),
+            serde_json::to_string(response)?,
+        ])?;
+    Ok(())
+}
+
+fn put_snapshot(conn: &Connection, task_id: TaskId, snapshot: &Snapshot) -> Res<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO snapshots (task_id, sequence_number, state) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![
+        key(task_id),
+        to_i64(snapshot.sequence_number)?,
+        snapshot.state,
+    ])?;
+    Ok(())
 }
 
 /// P-3, I-2: folds the steps through the domain, all or nothing.
@@ -215,7 +455,7 @@ pub fn append(
         return Ok((StepOutcome::NotFound, Vec::new()));
     };
     let mut current = old.clone();
-    let mut events = Vec::new();
+    let mut events = Vec::with_capacity(steps.len());
     for step in steps {
         match advance(&current, step, at) {
             Ok(advanced) => {
@@ -230,27 +470,13 @@ pub fn append(
     write_advanced(conn, &old, &current, &events)?;
     for step in steps {
         if let Step::Complete { response } = step {
-            conn.prepare_cached(
-                "INSERT OR REPLACE INTO responses (id, task_id, doc) VALUES (?1, ?2, ?3)",
-            )?
-            .execute(params![
-                response.id.to_string(),
-                task_id.to_string(),
-                serde_json::to_string(response.as_ref())?,
-            ])?;
+            insert_response(conn, response)?;
         }
     }
     if finishing || current.status.is_finished() {
         delete_snapshot(conn, task_id)?;
     } else if let Some(snapshot) = snapshot {
-        conn.prepare_cached(
-            "INSERT OR REPLACE INTO snapshots (task_id, sequence_number, state) VALUES (?1, ?2, ?3)",
-        )?
-        .execute(params![
-            task_id.to_string(),
-            to_i64(snapshot.sequence_number)?,
-            snapshot.state,
-        ])?;
+        put_snapshot(conn, task_id, snapshot)?;
     }
     Ok((
         StepOutcome::Applied {
@@ -263,19 +489,22 @@ pub fn append(
 
 /// Claims the oldest queued task.
 pub fn claim_next(conn: &Connection, at: Timestamp) -> Res<(Option<Task>, Vec<Event>)> {
-    let doc: Option<String> = conn
-        .prepare_cached("SELECT doc FROM tasks WHERE status = 'queued' ORDER BY id LIMIT 1")?
-        .query_row([], |row| row.get(0))
-        .optional()?;
-    let Some(doc) = doc else {
+    let sql = format!(
+        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.status = 'queued' ORDER BY t.id LIMIT 1"
+    );
+    let Some(raw) = conn
+        .prepare_cached(&sql)?
+        .query_row([], task_of_row)
+        .optional()?
+    else {
         return Ok((None, Vec::new()));
     };
-    let old: Task = serde_json::from_str(&doc)?;
+    let old = raw.decode()?;
     let step = Step::ClaimForLoading {
         model: old.model.clone(),
     };
     let advanced = advance(&old, &step, at)
-        .map_err(|refusal| DbError::Corrupt(format!("queued task refused a claim: {refusal}")))?;
+        .map_err(|refusal| corrupt(format!("queued task refused a claim: {refusal}")))?;
     write_advanced(conn, &old, &advanced.task, &advanced.events)?;
     delete_snapshot(conn, old.id)?;
     Ok((Some(advanced.task), advanced.events))
@@ -305,7 +534,7 @@ pub fn cancel(
         ));
     }
     let advanced = advance(&old, &Step::RequestCancel, at)
-        .map_err(|refusal| DbError::Corrupt(format!("cancel refused: {refusal}")))?;
+        .map_err(|refusal| corrupt(format!("cancel refused: {refusal}")))?;
     write_advanced(conn, &old, &advanced.task, &advanced.events)?;
     if advanced.task.status.is_finished() {
         delete_snapshot(conn, task_id)?;
@@ -319,41 +548,63 @@ pub fn cancel(
     ))
 }
 
-/// What one recovery batch did: its part of the report, the last id looked at, and whether the
-/// batch was full (more may follow).
-pub type RecoveryStep = (RecoveryReport, Option<TaskId>, bool);
+/// Where a recovery pass has got to: the status it is looking at, and the last task id of that
+/// status it looked at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryCursor {
+    status_index: usize,
+    after: Option<TaskId>,
+}
 
-/// One recovery batch: the tasks after `after` (id order). Returns the report part, the last id
-/// looked at and whether the batch was full.
+impl RecoveryCursor {
+    /// The start of a pass.
+    pub const START: RecoveryCursor = RecoveryCursor {
+        status_index: 0,
+        after: None,
+    };
+}
+
+/// What one recovery batch did, and where the next one starts (`None`: the pass is complete).
+pub type RecoveryStep = (RecoveryReport, Option<RecoveryCursor>);
+
+/// One recovery batch (P-7…P-11, I-5): up to `limit` leftover tasks from `cursor` on, each moved
+/// per [`recover`] with its one event. Returns the batch's part of the report and where the next
+/// batch starts, or `None` when the pass is complete.
 pub fn recover_batch(
     conn: &Connection,
     start: StartEpoch,
     at: Timestamp,
-    after: Option<TaskId>,
+    cursor: RecoveryCursor,
     limit: usize,
 ) -> Res<(RecoveryStep, Vec<Event>)> {
+    let Some(status) = LEFTOVER_STATUSES.get(cursor.status_index) else {
+        return Ok(((RecoveryReport::default(), None), Vec::new()));
+    };
     let sql = format!(
-        "SELECT t.doc, s.sequence_number FROM tasks t LEFT JOIN snapshots s ON s.task_id = t.id \
-         WHERE t.status IN {UNFINISHED_SQL} AND (t.recovered_in IS NULL OR t.recovered_in != ?1) \
-         AND t.id > ?2 ORDER BY t.id LIMIT ?3"
+        "SELECT {TASK_COLUMNS}, n.sequence_number FROM {TASK_FROM} \
+         LEFT JOIN snapshots n ON n.task_id = t.id \
+         WHERE t.status = ?1 AND t.id > ?2 AND (t.recovered_in IS NULL OR t.recovered_in != ?3) \
+         ORDER BY t.id LIMIT ?4"
     );
-    let rows: Vec<(String, Option<i64>)> = conn
+    let after = cursor.after.map(key).unwrap_or_default();
+    let rows: Vec<(RawTask, Option<i64>)> = conn
         .prepare_cached(&sql)?
         .query_map(
             params![
+                status.as_str(),
+                after.as_slice(),
                 to_i64(start.0)?,
-                after.map(|id| id.to_string()).unwrap_or_default(),
                 to_i64(limit as u64)?
             ],
-            |row| Ok((row.get(0)?, row.get(1)?)),
+            |row| Ok((task_of_row(row)?, row.get(15)?)),
         )?
         .collect::<Result<_, _>>()?;
     let full = rows.len() >= limit;
     let mut report = RecoveryReport::default();
-    let mut last = after;
+    let mut last = cursor.after;
     let mut all_events = Vec::new();
-    for (doc, snapshot_seq) in rows {
-        let task: Task = serde_json::from_str(&doc)?;
+    for (raw, snapshot_seq) in rows {
+        let task = raw.decode()?;
         last = Some(task.id);
         let covers = snapshot_seq.map(from_i64).transpose()?;
         match recover(&task, start, covers, at) {
@@ -375,46 +626,77 @@ pub fn recover_batch(
             }
         }
     }
-    Ok(((report, last, full), all_events))
+    let next = if full {
+        RecoveryCursor {
+            status_index: cursor.status_index,
+            after: last,
+        }
+    } else {
+        RecoveryCursor {
+            status_index: cursor.status_index + 1,
+            after: None,
+        }
+    };
+    let next = (next.status_index < LEFTOVER_STATUSES.len()).then_some(next);
+    Ok(((report, next), all_events))
 }
 
-/// P-5, P-6, I-4: one bounded purge batch of finished tasks.
-pub fn purge_finished(conn: &Connection, cutoff: Timestamp, batch: usize) -> Res<PurgeReport> {
+/// P-5, P-6, I-4: one bounded purge batch: finished tasks with `finished_at < cutoff`, oldest
+/// first, at most `max_tasks` of them and, past the first, no more than `max_events` events in
+/// all, so one transaction stays short whatever the tasks' sizes.
+pub fn purge_finished(
+    conn: &Connection,
+    cutoff: Timestamp,
+    max_tasks: usize,
+    max_events: u64,
+) -> Res<PurgeReport> {
     let sql = format!(
-        "SELECT id FROM tasks WHERE status IN {FINISHED_SQL} AND finished_at IS NOT NULL \
-         AND finished_at < ?1 ORDER BY finished_at LIMIT ?2"
+        "SELECT id, last_sequence_number FROM tasks WHERE finished_at IS NOT NULL \
+         AND finished_at < ?1 AND status IN {FINISHED_SQL} ORDER BY finished_at LIMIT ?2"
     );
-    let ids: Vec<String> = conn
+    let candidates: Vec<(Vec<u8>, i64)> = conn
         .prepare_cached(&sql)?
-        .query_map(params![cutoff.as_millis(), to_i64(batch as u64)?], |row| {
-            row.get(0)
-        })?
+        .query_map(
+            params![cutoff.as_millis(), to_i64(max_tasks as u64 + 1)?],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )?
         .collect::<Result<_, _>>()?;
     let mut report = PurgeReport::default();
-    for id in ids {
-        let events = conn
+    let mut budget_used: u64 = 0;
+    for (index, (id, events)) in candidates.iter().enumerate() {
+        let events = from_i64(*events)?;
+        let over_budget = index > 0 && budget_used + events > max_events;
+        if index >= max_tasks || over_budget {
+            report.more = true;
+            break;
+        }
+        budget_used += events;
+        let id = id.as_slice();
+        let deleted = conn
             .prepare_cached("DELETE FROM task_events WHERE task_id = ?1")?
-            .execute([&id])?;
-        conn.prepare_cached("DELETE FROM responses WHERE task_id = ?1")?
-            .execute([&id])?;
-        conn.prepare_cached("DELETE FROM snapshots WHERE task_id = ?1")?
-            .execute([&id])?;
-        conn.prepare_cached("DELETE FROM idempotency_keys WHERE task_id = ?1")?
-            .execute([&id])?;
+            .execute([id])?;
+        for sql in [
+            "DELETE FROM responses WHERE task_id = ?1",
+            "DELETE FROM snapshots WHERE task_id = ?1",
+            "DELETE FROM idempotency_keys WHERE task_id = ?1",
+            "DELETE FROM task_specs WHERE task_id = ?1",
+        ] {
+            conn.prepare_cached(sql)?.execute([id])?;
+        }
         let sql = format!("DELETE FROM tasks WHERE id = ?1 AND status IN {FINISHED_SQL}");
-        report.tasks += conn.prepare_cached(&sql)?.execute([&id])? as u64;
-        report.events += events as u64;
+        report.tasks += conn.prepare_cached(&sql)?.execute([id])? as u64;
+        report.events += deleted as u64;
     }
     Ok(report)
 }
 
 /// Tasks, newest first.
 pub fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Res<Page<Task>> {
-    let mut sql = String::from("SELECT doc FROM tasks WHERE 1 = 1");
+    let mut sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE 1 = 1");
     let mut values: Vec<Value> = Vec::new();
     if let Some(client) = filter.client_id {
-        values.push(Value::Text(client.to_string()));
-        sql.push_str(&format!(" AND client_id = ?{}", values.len()));
+        values.push(Value::Blob(client_key(client).to_vec()));
+        sql.push_str(&format!(" AND t.client_id = ?{}", values.len()));
     }
     if !filter.statuses.is_empty() {
         let mut marks = Vec::new();
@@ -422,54 +704,61 @@ pub fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Res<Page<Task>> {
             values.push(Value::Text(status.as_str().to_owned()));
             marks.push(format!("?{}", values.len()));
         }
-        sql.push_str(&format!(" AND status IN ({})", marks.join(",")));
+        sql.push_str(&format!(" AND t.status IN ({})", marks.join(",")));
     }
     if let Some(before) = filter.before {
-        values.push(Value::Text(before.to_string()));
-        sql.push_str(&format!(" AND id < ?{}", values.len()));
+        values.push(Value::Blob(key(before).to_vec()));
+        sql.push_str(&format!(" AND t.id < ?{}", values.len()));
     }
     values.push(Value::Integer(to_i64(filter.limit as u64 + 1)?));
-    sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", values.len()));
-    let docs: Vec<String> = conn
+    sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ?{}", values.len()));
+    let raws: Vec<RawTask> = conn
         .prepare_cached(&sql)?
-        .query_map(rusqlite::params_from_iter(values), |row| row.get(0))?
+        .query_map(rusqlite::params_from_iter(values), task_of_row)?
         .collect::<Result<_, _>>()?;
-    let mut items = docs
-        .iter()
-        .map(|doc| serde_json::from_str(doc).map_err(DbError::from))
+    let mut items = raws
+        .into_iter()
+        .map(RawTask::decode)
         .collect::<Res<Vec<Task>>>()?;
     let has_more = items.len() > filter.limit;
     items.truncate(filter.limit);
     Ok(Page { items, has_more })
 }
 
+fn response_of_task(conn: &Connection, task_id: TaskId) -> Res<Response> {
+    let doc: Option<String> = conn
+        .prepare_cached("SELECT doc FROM responses WHERE task_id = ?1")?
+        .query_row([key(task_id)], |row| row.get(0))
+        .optional()?;
+    let doc = doc.ok_or_else(|| corrupt(format!("task {task_id} completed without a response")))?;
+    Ok(serde_json::from_str(&doc)?)
+}
+
 /// Events after `after`, ascending.
 pub fn events(conn: &Connection, task_id: TaskId, after: u64, limit: usize) -> Res<Page<Event>> {
-    let rows: Vec<(i64, i64, String)> = conn
+    let rows: Vec<(i64, i64, i64, String)> = conn
         .prepare_cached(
-            "SELECT sequence_number, created_at, payload FROM task_events \
+            "SELECT sequence_number, kind, created_at, data FROM task_events \
              WHERE task_id = ?1 AND sequence_number > ?2 ORDER BY sequence_number LIMIT ?3",
         )?
         .query_map(
-            params![
-                task_id.to_string(),
-                to_i64(after)?,
-                to_i64(limit as u64 + 1)?
-            ],
-            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            params![key(task_id), to_i64(after)?, to_i64(limit as u64 + 1)?],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
         )?
         .collect::<Result<_, _>>()?;
-    let mut items = Vec::with_capacity(rows.len());
-    for (seq, created_at, payload) in rows {
+    let has_more = rows.len() > limit;
+    let mut task =
+        || load_task(conn, task_id)?.ok_or_else(|| corrupt(format!("events of no task {task_id}")));
+    let mut response = || response_of_task(conn, task_id);
+    let mut items = Vec::with_capacity(rows.len().min(limit));
+    for (seq, code, created_at, data) in rows.into_iter().take(limit) {
         items.push(Event {
             task_id,
             sequence_number: from_i64(seq)?,
             created_at: Timestamp::from_millis(created_at),
-            payload: serde_json::from_str(&payload)?,
+            payload: read_payload(EventCode::kind(code)?, data, &mut task, &mut response)?,
         });
     }
-    let has_more = items.len() > limit;
-    items.truncate(limit);
     Ok(Page { items, has_more })
 }
 
@@ -487,7 +776,7 @@ pub fn response(conn: &Connection, id: ResponseId) -> Res<Option<Response>> {
 pub fn snapshot(conn: &Connection, task_id: TaskId) -> Res<Option<Snapshot>> {
     let row: Option<(i64, Vec<u8>)> = conn
         .prepare_cached("SELECT sequence_number, state FROM snapshots WHERE task_id = ?1")?
-        .query_row([task_id.to_string()], |row| Ok((row.get(0)?, row.get(1)?)))
+        .query_row([key(task_id)], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?;
     row.map(|(seq, state)| {
         Ok(Snapshot {
@@ -506,8 +795,7 @@ pub fn count_by_status(conn: &Connection) -> Res<Vec<(TaskStatus, u64)>> {
         .collect::<Result<_, _>>()?;
     rows.into_iter()
         .map(|(status, count)| {
-            let status = TaskStatus::parse(&status)
-                .map_err(|e| DbError::Corrupt(format!("bad status: {e}")))?;
+            let status = TaskStatus::parse(&status).map_err(corrupt)?;
             Ok((status, from_i64(count)?))
         })
         .collect()

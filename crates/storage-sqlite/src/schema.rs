@@ -35,48 +35,66 @@ CREATE TABLE models (
     created_at      INTEGER NOT NULL
 ) WITHOUT ROWID;
 
+-- Tasks are keyed by the 16 bytes of their ULID (`task_…` without its prefix), so key order is
+-- creation order. The row holds only what changes or is small: the spec (input, budget, seed) and
+-- metadata are written once into `task_specs`, so an append rewrites a short row whatever the size
+-- of the input.
 CREATE TABLE tasks (
-    id                   TEXT PRIMARY KEY,
-    client_id            TEXT NOT NULL,
+    id                   BLOB PRIMARY KEY,
+    client_id            BLOB NOT NULL,
     status               TEXT NOT NULL,
+    model                TEXT NOT NULL,
+    on_restart           TEXT NOT NULL,
     created_at           INTEGER NOT NULL,
+    started_at           INTEGER,
     finished_at          INTEGER,
     last_sequence_number INTEGER NOT NULL,
     restarts             INTEGER NOT NULL,
     recovered_in         INTEGER,
-    doc                  TEXT NOT NULL
-);
-CREATE INDEX tasks_queue ON tasks (status, id);
+    error                TEXT,
+    response_id          TEXT
+) WITHOUT ROWID;
+CREATE INDEX tasks_status ON tasks (status, id);
 CREATE INDEX tasks_client ON tasks (client_id, id);
 CREATE INDEX tasks_finished ON tasks (finished_at) WHERE finished_at IS NOT NULL;
 
+CREATE TABLE task_specs (
+    task_id  BLOB PRIMARY KEY REFERENCES tasks (id),
+    spec     TEXT NOT NULL,
+    metadata TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- One row per event. `kind` is a small code (see `ops::EventCode`) and `data` the event's data in
+-- its shortest form: a delta's text as is; nothing for `response.created` and
+-- `response.completed`, whose task and response are rebuilt from `tasks`/`task_specs` and
+-- `responses` when read, so no text is stored twice.
 CREATE TABLE task_events (
-    task_id         TEXT NOT NULL REFERENCES tasks (id),
+    task_id         BLOB NOT NULL REFERENCES tasks (id),
     sequence_number INTEGER NOT NULL,
-    kind            TEXT NOT NULL,
+    kind            INTEGER NOT NULL,
     created_at      INTEGER NOT NULL,
-    payload         TEXT NOT NULL,
+    data            TEXT NOT NULL,
     PRIMARY KEY (task_id, sequence_number)
 ) WITHOUT ROWID;
 
 CREATE TABLE responses (
     id      TEXT PRIMARY KEY,
-    task_id TEXT NOT NULL UNIQUE REFERENCES tasks (id),
+    task_id BLOB NOT NULL UNIQUE REFERENCES tasks (id),
     doc     TEXT NOT NULL
 );
 
 CREATE TABLE snapshots (
-    task_id         TEXT PRIMARY KEY REFERENCES tasks (id),
+    task_id         BLOB PRIMARY KEY REFERENCES tasks (id),
     sequence_number INTEGER NOT NULL,
     state           BLOB NOT NULL
-);
+) WITHOUT ROWID;
 
 CREATE TABLE idempotency_keys (
     client_id  TEXT NOT NULL,
     method     TEXT NOT NULL,
     path       TEXT NOT NULL,
     key        TEXT NOT NULL,
-    task_id    TEXT REFERENCES tasks (id),
+    task_id    BLOB REFERENCES tasks (id),
     created_at INTEGER NOT NULL,
     expires_at INTEGER NOT NULL,
     doc        TEXT NOT NULL,

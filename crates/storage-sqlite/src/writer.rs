@@ -4,9 +4,10 @@
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
+use std::time::Instant;
 
 use lmsp_domain::event::Event;
-use lmsp_domain::ports::{CommittedEvents, StoreError};
+use lmsp_domain::ports::{CommitStats, CommittedEvents, StoreError};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
@@ -122,7 +123,14 @@ pub fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, hook: Arc<dyn Commi
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
+        let started = Instant::now();
         let (commit, events) = commit_batch(&conn, &mut batch);
+        hook.transaction_measured(CommitStats {
+            commands: batch.len(),
+            events: events.len(),
+            duration: started.elapsed(),
+            committed: commit.is_ok(),
+        });
         if commit.is_ok() && !events.is_empty() {
             hook.committed(&events);
         }

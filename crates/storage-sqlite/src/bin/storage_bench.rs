@@ -3,84 +3,21 @@
 //! update — at 64 per commit) and then the adapter's `create_task` and `append` rates at 1, 16,
 //! 64 and 256 concurrent callers, each with its ratio to the matching ceiling.
 //!
+//! The ceilings themselves are defined once, in `lmsp_storage_sqlite::ceilings`; the
+//! service-level harness (`crates/bench`) measures the same ones.
+//!
 //! Run: `cargo run --release -p lmsp-storage-sqlite --bin storage-bench [-- --quick]`.
 
 use std::error::Error;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lmsp_domain::ports::TaskStore;
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::transition::Step;
-use lmsp_storage_sqlite::{contract, SqliteOptions, SqliteStore, SyncMode};
-use rusqlite::{params, Connection};
+use lmsp_storage_sqlite::{ceilings, contract, SqliteOptions, SqliteStore, SyncMode};
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
-
-fn raw_connection(path: &Path) -> Res<Connection> {
-    let conn = Connection::open(path)?;
-    conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS rows (id INTEGER PRIMARY KEY, task TEXT, body TEXT);
-         CREATE TABLE IF NOT EXISTS t (id TEXT PRIMARY KEY, lsn INTEGER, doc TEXT);
-         CREATE TABLE IF NOT EXISTS e (task_id TEXT, seq INTEGER, payload TEXT,
-             PRIMARY KEY (task_id, seq)) WITHOUT ROWID;",
-    )?;
-    Ok(conn)
-}
-
-/// Rows per second when committing `per_commit` rows per transaction for `duration`.
-fn raw_rows(conn: &Connection, per_commit: usize, duration: Duration) -> Res<f64> {
-    let body = "x".repeat(200);
-    let start = Instant::now();
-    let mut rows = 0usize;
-    while start.elapsed() < duration {
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        {
-            let mut stmt = conn.prepare_cached("INSERT INTO rows (task, body) VALUES (?1, ?2)")?;
-            for _ in 0..per_commit {
-                stmt.execute(params!["task", body])?;
-            }
-        }
-        conn.execute_batch("COMMIT")?;
-        rows += per_commit;
-    }
-    Ok(rows as f64 / start.elapsed().as_secs_f64())
-}
-
-/// Event appends per second (event insert + task update), 64 per commit.
-fn raw_event_append(conn: &Connection, duration: Duration) -> Res<f64> {
-    let body = "x".repeat(200);
-    for i in 0..64 {
-        conn.execute(
-            "INSERT OR REPLACE INTO t (id, lsn, doc) VALUES (?1, 0, ?2)",
-            params![format!("task{i}"), body],
-        )?;
-    }
-    let start = Instant::now();
-    let mut appends = 0usize;
-    let mut seq: i64 = 0;
-    while start.elapsed() < duration {
-        seq += 1;
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        {
-            let mut insert =
-                conn.prepare_cached("INSERT INTO e (task_id, seq, payload) VALUES (?1, ?2, ?3)")?;
-            let mut update =
-                conn.prepare_cached("UPDATE t SET lsn = ?1, doc = ?2 WHERE id = ?3 AND lsn = ?4")?;
-            for i in 0..64 {
-                let id = format!("task{i}");
-                insert.execute(params![id, seq, body])?;
-                update.execute(params![seq, body, id, seq - 1])?;
-            }
-        }
-        conn.execute_batch("COMMIT")?;
-        appends += 64;
-    }
-    Ok(appends as f64 / start.elapsed().as_secs_f64())
-}
 
 async fn adapter_create(store: &Arc<SqliteStore>, callers: usize, duration: Duration) -> Res<f64> {
     let start = Instant::now();
@@ -154,11 +91,10 @@ async fn main() -> Res<()> {
     let dir = std::env::temp_dir().join(format!("lmsp-storage-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
 
-    let raw = raw_connection(&dir.join("raw.db"))?;
-    let single = raw_rows(&raw, 1, duration)?;
-    let batched = raw_rows(&raw, 64, duration)?;
-    let events = raw_event_append(&raw, duration)?;
-    drop(raw);
+    let raw = dir.join("raw.db");
+    let single = ceilings::single_row_commits(&raw, duration)?.per_second();
+    let batched = ceilings::rows_per_commit(&raw, 64, duration)?.per_second();
+    let events = ceilings::event_appends(&raw, 64, duration)?.per_second();
     println!("raw SQLite ceilings (WAL, synchronous=FULL):");
     println!("  single-row commits/s           {single:>10.0}");
     println!("  rows/s at 64 rows per commit   {batched:>10.0}");

@@ -1,0 +1,635 @@
+//! `lmsp-bench`: the service-level benchmark harness (DESIGN.md §4).
+//!
+//! It starts the real `lmsp` binary on temp data directories (or targets `--url`), measures the
+//! figures of DESIGN.md §4 — background submits per second and their latency at 1, 16, 64 and
+//! 256 clients, persisted events per second with 256 tasks streaming, startup recovery of
+//! 100 000 leftovers, writers' p99 commit latency while a purge of 1 000 000 events runs, RSS
+//! idle and with 10 000 open SSE streams — each over several repetitions, measures the matching
+//! raw SQLite ceilings in the same run (`lmsp_storage_sqlite::ceilings`), compares LMSP with a
+//! peer job queue (apalis + SQLite) on the same workload, and prints a table of
+//! figure | measured (min / median / max) | ceiling | ratio | target | met?.
+//!
+//! `--quick` runs a small version in seconds (CI's smoke test: it asserts the harness works,
+//! never speeds). `--chart PATH` draws submit throughput and p99 against concurrency (PNG).
+
+mod chart;
+mod client;
+mod events;
+mod peer;
+mod purge;
+mod raw;
+mod recovery;
+mod report;
+mod rss;
+mod server;
+mod stats;
+mod submit;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::raw::Ceilings;
+use crate::server::{find_lmsp, CpuMeter, Server};
+use crate::stats::Spread;
+use crate::submit::Request;
+
+/// Measures the LMSP service against DESIGN.md §4 and the raw SQLite ceilings.
+#[derive(Debug, Parser)]
+#[command(name = "lmsp-bench", version, about)]
+struct Cli {
+    /// A small version that runs in seconds (CI's smoke test; asserts nothing about speed).
+    #[arg(long)]
+    quick: bool,
+    /// Repetitions of each figure (default 3, 1 with --quick).
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Only these figures (comma-separated): submit, events, recovery, purge, rss, peer.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<Figure>,
+    /// The `lmsp` binary (default: next to this executable; also env LMSP_BIN).
+    #[arg(long)]
+    lmsp_bin: Option<PathBuf>,
+    /// The peer example binary (default: examples/apalis_peer next to this executable; also env
+    /// LMSP_BENCH_PEER_BIN).
+    #[arg(long)]
+    peer_bin: Option<PathBuf>,
+    /// Target a running service instead of starting one (skips recovery and RSS).
+    #[arg(long, requires = "token")]
+    url: Option<String>,
+    /// An admin token of the service given by --url.
+    #[arg(long, env = "LMSP_TOKEN")]
+    token: Option<String>,
+    /// Where temp data directories go (default: the system temp directory).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Draw the submit chart (PNG) here.
+    #[arg(long)]
+    chart: Option<PathBuf>,
+    /// A TrueType font for the chart (default: DejaVu Sans or Liberation Sans if present).
+    #[arg(long)]
+    chart_font: Option<PathBuf>,
+    /// Leftover tasks for the recovery figure.
+    #[arg(long)]
+    leftovers: Option<usize>,
+    /// Events to purge for the writer-latency figure.
+    #[arg(long)]
+    purge_events: Option<u64>,
+    /// Open SSE streams for the RSS figure.
+    #[arg(long)]
+    streams: Option<usize>,
+    /// SSE streams per task for the RSS figure (default 1: one task per stream).
+    #[arg(long, default_value_t = 1)]
+    streams_per_task: usize,
+    /// Seconds of each submit run.
+    #[arg(long)]
+    submit_seconds: Option<f64>,
+}
+
+/// A figure family that `--only` can pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+enum Figure {
+    Submit,
+    Events,
+    Recovery,
+    Purge,
+    Rss,
+    Peer,
+}
+
+/// The sizes of a run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    quick: bool,
+    external: bool,
+    reps: usize,
+    ceiling_duration: Duration,
+    submit_levels: Vec<usize>,
+    submit_duration: Duration,
+    warmup: Duration,
+    stream_tasks: usize,
+    stream_tokens: u32,
+    leftovers: usize,
+    purge_events: u64,
+    events_per_task: u64,
+    writers: usize,
+    writers_alone: Duration,
+    sse_streams: usize,
+    streams_per_task: usize,
+    peer_jobs: usize,
+    peer_workers: usize,
+    peer_pushers: usize,
+}
+
+impl Plan {
+    fn new(cli: &Cli) -> Self {
+        let quick = cli.quick;
+        let mut plan = if quick {
+            Plan {
+                quick,
+                external: cli.url.is_some(),
+                reps: 1,
+                ceiling_duration: Duration::from_millis(300),
+                submit_levels: vec![1, 16, 64, 256],
+                submit_duration: Duration::from_millis(400),
+                warmup: Duration::from_millis(100),
+                stream_tasks: 32,
+                stream_tokens: 16,
+                leftovers: 2_000,
+                purge_events: 20_000,
+                events_per_task: 260,
+                writers: 16,
+                writers_alone: Duration::from_millis(300),
+                sse_streams: 100,
+                streams_per_task: 1,
+                peer_jobs: 100,
+                peer_workers: 4,
+                peer_pushers: 16,
+            }
+        } else {
+            Plan {
+                quick,
+                external: cli.url.is_some(),
+                reps: 3,
+                ceiling_duration: Duration::from_secs(2),
+                submit_levels: vec![1, 16, 64, 256],
+                submit_duration: Duration::from_secs(4),
+                warmup: Duration::from_secs(1),
+                stream_tasks: 256,
+                stream_tokens: 1000,
+                leftovers: 100_000,
+                purge_events: 1_000_000,
+                events_per_task: 260,
+                writers: 16,
+                writers_alone: Duration::from_secs(4),
+                sse_streams: 10_000,
+                streams_per_task: 1,
+                peer_jobs: 2_000,
+                peer_workers: 4,
+                peer_pushers: 16,
+            }
+        };
+        if let Some(reps) = cli.reps {
+            plan.reps = reps.max(1);
+        }
+        if let Some(n) = cli.leftovers {
+            plan.leftovers = n;
+        }
+        if let Some(n) = cli.purge_events {
+            plan.purge_events = n;
+        }
+        if let Some(n) = cli.streams {
+            plan.sse_streams = n;
+        }
+        plan.streams_per_task = cli.streams_per_task.max(1);
+        if let Some(s) = cli.submit_seconds {
+            plan.submit_duration = Duration::from_secs_f64(s.max(0.05));
+        }
+        plan
+    }
+}
+
+/// Everything measured.
+#[derive(Debug, Default)]
+pub struct Results {
+    ceilings: Ceilings,
+    /// Per concurrency: submits/s, p50 ms, p99 ms, errors.
+    submit: BTreeMap<usize, (Spread, Spread, Spread, u64)>,
+    /// Per concurrency: the HTTP floor (`GET /v1/health`) per second, p50 ms, p99 ms, errors.
+    health: BTreeMap<usize, (Spread, Spread, Spread, u64)>,
+    half_peak_rate: Spread,
+    half_peak_p99: Spread,
+    half_peak_errors: u64,
+    events_per_s: Spread,
+    events_delay_p50: Spread,
+    events_delay_p99: Spread,
+    recovery_s: Spread,
+    writer_alone_p99: Spread,
+    writer_purging_p99: Spread,
+    purged_events: u64,
+    purge_seconds: Spread,
+    rss_idle: Spread,
+    /// Spawn → listening on an empty data directory (the RSS phase's starts), ms.
+    fresh_start_s: Spread,
+    rss_streams: Spread,
+    peer_lmsp: Spread,
+    peer_apalis: Spread,
+    /// Figure family → why it did not run or failed.
+    problems: BTreeMap<&'static str, String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let failed = runtime.block_on(run(cli))?;
+    if failed {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn wants(cli: &Cli, figure: Figure) -> bool {
+    cli.only.is_empty() || cli.only.contains(&figure)
+}
+
+async fn run(cli: Cli) -> anyhow::Result<bool> {
+    let started = Instant::now();
+    let plan = Plan::new(&cli);
+    let fds = rss::raise_fd_limit();
+    let lmsp = match &cli.url {
+        Some(_) => None,
+        None => Some(find_lmsp(cli.lmsp_bin.as_deref())?),
+    };
+    let base_dir = match &cli.work_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            dir.clone()
+        }
+        None => std::env::temp_dir(),
+    };
+    let work = tempfile::Builder::new()
+        .prefix("lmsp-bench-")
+        .tempdir_in(&base_dir)
+        .context("cannot create the work directory")?;
+    let work_dir = work.path().to_path_buf();
+
+    report::header(&plan, lmsp.as_deref(), cli.url.as_deref(), fds);
+    let mut results = Results::default();
+
+    eprintln!("== raw SQLite ceilings");
+    for rep in 0..plan.reps {
+        results
+            .ceilings
+            .measure_once(
+                &work_dir.join(format!("raw-{rep}")),
+                plan.ceiling_duration,
+                plan.leftovers,
+            )
+            .await?;
+    }
+
+    let target = cli
+        .url
+        .as_deref()
+        .zip(cli.token.as_deref())
+        .map(|(url, token)| Arc::new(Server::external(url, token)));
+    let phases = Phases {
+        plan: &plan,
+        lmsp: lmsp.as_deref(),
+        target: target.as_ref(),
+        work_dir: &work_dir,
+        peer_bin: cli.peer_bin.as_deref(),
+    };
+    if wants(&cli, Figure::Submit) {
+        record(&mut results, "submit", phases.submit_phase().await);
+    }
+    if wants(&cli, Figure::Events) {
+        record(&mut results, "events", phases.events_phase().await);
+    }
+    if wants(&cli, Figure::Recovery) {
+        record(&mut results, "recovery", phases.recovery_phase().await);
+    }
+    if wants(&cli, Figure::Purge) {
+        record(&mut results, "purge", phases.purge_phase().await);
+    }
+    if wants(&cli, Figure::Rss) {
+        record(&mut results, "rss", phases.rss_phase().await);
+    }
+    if wants(&cli, Figure::Peer) {
+        record(&mut results, "peer", phases.peer_phase().await);
+    }
+
+    let failed = results
+        .problems
+        .values()
+        .any(|problem| problem.starts_with("failed"));
+    report::tables(&plan, &results);
+    if let Some(path) = &cli.chart {
+        let points = report::chart_points(&results);
+        let note = report::chart_note(&plan);
+        match chart::draw(path, cli.chart_font.as_deref(), &points, &note) {
+            Ok(()) => println!("\nchart written to {}", path.display()),
+            Err(error) => println!("\nchart not written: {error:#}"),
+        }
+    }
+    println!(
+        "\nharness finished in {:.1} s; load average after the run: {}",
+        started.elapsed().as_secs_f64(),
+        report::load_average()
+    );
+    drop(work);
+    Ok(failed)
+}
+
+/// What one phase returns: its part of the results, or why it did not run.
+enum Outcome {
+    Done(Box<dyn FnOnce(&mut Results) + Send>),
+    Skipped(String),
+}
+
+fn record(results: &mut Results, name: &'static str, outcome: anyhow::Result<Outcome>) {
+    match outcome {
+        Ok(Outcome::Done(apply)) => apply(results),
+        Ok(Outcome::Skipped(why)) => {
+            println!("\n[{name}] skipped: {why}");
+            results.problems.insert(name, format!("skipped: {why}"));
+        }
+        Err(error) => {
+            println!("\n[{name}] FAILED: {error:#}");
+            results.problems.insert(name, format!("failed: {error:#}"));
+        }
+    }
+}
+
+/// The shared context of the phases.
+struct Phases<'a> {
+    plan: &'a Plan,
+    lmsp: Option<&'a Path>,
+    target: Option<&'a Arc<Server>>,
+    work_dir: &'a Path,
+    peer_bin: Option<&'a Path>,
+}
+
+impl Phases<'_> {
+    /// The service for one repetition: the given one, or a fresh `lmsp serve` on a new data dir.
+    fn server(&self, name: &str, flags: &[&str]) -> anyhow::Result<Arc<Server>> {
+        if let Some(target) = self.target {
+            return Ok(Arc::clone(target));
+        }
+        let lmsp = self.lmsp.ok_or_else(|| anyhow::anyhow!("no lmsp binary"))?;
+        let dir = self.work_dir.join(format!("{name}-{}", ulid_like()));
+        Ok(Arc::new(Server::start(lmsp, &dir, flags)?))
+    }
+
+    async fn submit_phase(&self) -> anyhow::Result<Outcome> {
+        let plan = self.plan;
+        eprintln!("== background submits");
+        let mut levels: BTreeMap<usize, (Spread, Spread, Spread, u64)> = BTreeMap::new();
+        let mut health: BTreeMap<usize, (Spread, Spread, Spread, u64)> = BTreeMap::new();
+        let (mut half_rate, mut half_p99, mut half_errors) = (Spread::new(), Spread::new(), 0);
+        println!("\n[submit] lmsp serve {} (the one worker sits in a 1 h model load, so only submits use the writer)", submit::SERVE_FLAGS.join(" "));
+        for rep in 0..plan.reps {
+            let server = self.server("submit", submit::SERVE_FLAGS)?;
+            let http = client::http_client()?;
+            submit::closed_loop(&http, &server, 16, plan.warmup, Request::Submit).await?;
+            for clients in [1, 64] {
+                let cpu = CpuMeter::start(&server);
+                let run = submit::closed_loop(
+                    &http,
+                    &server,
+                    clients,
+                    plan.submit_duration,
+                    Request::Health,
+                )
+                .await?;
+                println!(
+                    "  rep {rep}: HTTP floor, GET /v1/health, {clients:>3} clients: {:>8.0}/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {}",
+                    run.per_s, run.p50_ms, run.p99_ms, run.errors, cpu.report(&server)
+                );
+                let entry = health.entry(clients).or_default();
+                entry.0.push(run.per_s);
+                entry.1.push(run.p50_ms);
+                entry.2.push(run.p99_ms);
+                entry.3 += run.errors;
+            }
+            let mut peak: f64 = 0.0;
+            for &clients in &plan.submit_levels {
+                let cpu = CpuMeter::start(&server);
+                let run = submit::closed_loop(
+                    &http,
+                    &server,
+                    clients,
+                    plan.submit_duration,
+                    Request::Submit,
+                )
+                .await?;
+                println!(
+                    "  rep {rep}: {clients:>3} clients: {:>8.0} submits/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {}",
+                    run.per_s, run.p50_ms, run.p99_ms, run.errors, cpu.report(&server)
+                );
+                let entry = levels.entry(clients).or_default();
+                entry.0.push(run.per_s);
+                entry.1.push(run.p50_ms);
+                entry.2.push(run.p99_ms);
+                entry.3 += run.errors;
+                peak = peak.max(run.per_s);
+            }
+            let cpu = CpuMeter::start(&server);
+            let half = submit::paced(&http, &server, peak / 2.0, plan.submit_duration, 256).await?;
+            println!(
+                "  rep {rep}: paced at {:.0}/s (half the peak {:.0}/s): achieved {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, errors {}; {}",
+                half.target_per_s, peak, half.per_s, half.p50_ms, half.p99_ms, half.errors, cpu.report(&server)
+            );
+            half_rate.push(half.target_per_s);
+            half_p99.push(half.p99_ms);
+            half_errors += half.errors;
+        }
+        Ok(Outcome::Done(Box::new(move |r: &mut Results| {
+            r.submit = levels;
+            r.health = health;
+            r.half_peak_rate = half_rate;
+            r.half_peak_p99 = half_p99;
+            r.half_peak_errors = half_errors;
+        })))
+    }
+
+    async fn events_phase(&self) -> anyhow::Result<Outcome> {
+        let plan = self.plan;
+        eprintln!("== persisted events");
+        let flags = events::serve_flags(plan.stream_tasks);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        println!(
+            "\n[events] lmsp serve {} (reference engine, zero delays); {} tasks × max_output_tokens {} posted with stream: true",
+            flags.join(" "),
+            plan.stream_tasks,
+            plan.stream_tokens
+        );
+        let (mut per_s, mut p50, mut p99) = (Spread::new(), Spread::new(), Spread::new());
+        for rep in 0..plan.reps {
+            let server = self.server("events", &flags)?;
+            let http = client::http_client()?;
+            let cpu = CpuMeter::start(&server);
+            let run = events::run(&http, &server, plan.stream_tasks, plan.stream_tokens).await?;
+            println!(
+                "  rep {rep}: {} events in {:.2} s = {:.0} events/s; {} received over SSE; created_at → arrival p50 {:.1} ms, p99 {:.1} ms; {}",
+                run.events, run.seconds, run.per_s, run.received, run.delay_p50_ms, run.delay_p99_ms, cpu.report(&server)
+            );
+            per_s.push(run.per_s);
+            p50.push(run.delay_p50_ms);
+            p99.push(run.delay_p99_ms);
+        }
+        Ok(Outcome::Done(Box::new(move |r: &mut Results| {
+            r.events_per_s = per_s;
+            r.events_delay_p50 = p50;
+            r.events_delay_p99 = p99;
+        })))
+    }
+
+    async fn recovery_phase(&self) -> anyhow::Result<Outcome> {
+        let plan = self.plan;
+        let Some(lmsp) = self.lmsp else {
+            return Ok(Outcome::Skipped(String::from(
+                "needs to start the process itself (--url given)",
+            )));
+        };
+        eprintln!("== recovery");
+        let template = self.work_dir.join("recovery-template");
+        let prepared = Instant::now();
+        recovery::prepare(&template, plan.leftovers).await?;
+        println!(
+            "\n[recovery] {} leftovers prepared through SqliteStore in {:.1} s (queued/loading/running/cancelling × fail/retry/resume); timing lmsp serve from spawn to \"listening\"",
+            plan.leftovers,
+            prepared.elapsed().as_secs_f64()
+        );
+        let http = client::http_client()?;
+        let mut seconds = Spread::new();
+        for rep in 0..plan.reps {
+            let dir = self.work_dir.join(format!("recovery-{rep}"));
+            let ready = recovery::time_start(lmsp, &template, &dir, &http).await?;
+            println!("  rep {rep}: ready after {:.3} s", ready.as_secs_f64());
+            seconds.push(ready.as_secs_f64());
+        }
+        let _ = std::fs::remove_dir_all(&template);
+        Ok(Outcome::Done(Box::new(move |r: &mut Results| {
+            r.recovery_s = seconds;
+        })))
+    }
+
+    async fn purge_phase(&self) -> anyhow::Result<Outcome> {
+        let plan = self.plan;
+        eprintln!("== writers with and without purge");
+        let template = self.work_dir.join("purge-template");
+        let prepared = Instant::now();
+        let events = purge::prepare(&template, plan.purge_events, plan.events_per_task).await?;
+        println!(
+            "\n[purge] {events} events in finished tasks of {} events each prepared through SqliteStore in {:.1} s; {} writers append one delta per call (synchronous=FULL), {:.1} s alone, then while purge_finished(cutoff, {}) runs to the end",
+            plan.events_per_task,
+            prepared.elapsed().as_secs_f64(),
+            plan.writers,
+            plan.writers_alone.as_secs_f64(),
+            purge::PURGE_BATCH
+        );
+        let (mut alone, mut purging, mut purge_s) = (Spread::new(), Spread::new(), Spread::new());
+        let mut purged = 0;
+        for rep in 0..plan.reps {
+            let dir = self.work_dir.join(format!("purge-{rep}"));
+            let run = purge::measure(&template, &dir, plan.writers, plan.writers_alone).await?;
+            println!(
+                "  rep {rep}: alone p50 {:.2} ms p99 {:.2} ms ({} appends); purging p50 {:.2} ms p99 {:.2} ms ({} appends); purged {} events in {:.2} s",
+                run.alone_p50_ms, run.alone_p99_ms, run.appends.0, run.purging_p50_ms, run.purging_p99_ms, run.appends.1, run.purged_events, run.purge_seconds
+            );
+            alone.push(run.alone_p99_ms);
+            purging.push(run.purging_p99_ms);
+            purge_s.push(run.purge_seconds);
+            purged = run.purged_events;
+        }
+        let _ = std::fs::remove_dir_all(&template);
+        Ok(Outcome::Done(Box::new(move |r: &mut Results| {
+            r.writer_alone_p99 = alone;
+            r.writer_purging_p99 = purging;
+            r.purge_seconds = purge_s;
+            r.purged_events = purged;
+        })))
+    }
+
+    async fn rss_phase(&self) -> anyhow::Result<Outcome> {
+        let plan = self.plan;
+        if self.target.is_some() {
+            return Ok(Outcome::Skipped(String::from(
+                "needs the process id of a service it started (--url given)",
+            )));
+        }
+        eprintln!("== RSS");
+        println!(
+            "\n[rss] lmsp serve {}; VmRSS 0.5 s after ready, then with {} SSE streams open on queued tasks ({} per task)",
+            rss::SERVE_FLAGS.join(" "),
+            plan.sse_streams,
+            plan.streams_per_task
+        );
+        let (mut idle, mut streams, mut fresh) = (Spread::new(), Spread::new(), Spread::new());
+        for rep in 0..plan.reps {
+            let server = self.server("rss", rss::SERVE_FLAGS)?;
+            let http = client::http_client()?;
+            fresh.push(server.ready_after.as_secs_f64() * 1000.0);
+            let idle_mib = rss::idle(&server).await?;
+            let (streams_mib, open) =
+                rss::with_streams(&http, &server, plan.sse_streams, plan.streams_per_task).await?;
+            println!(
+                "  rep {rep}: idle {idle_mib:.1} MiB; {open} open SSE streams {streams_mib:.1} MiB"
+            );
+            idle.push(idle_mib);
+            streams.push(streams_mib);
+            drop(http);
+        }
+        Ok(Outcome::Done(Box::new(move |r: &mut Results| {
+            r.rss_idle = idle;
+            r.rss_streams = streams;
+            r.fresh_start_s = fresh;
+        })))
+    }
+
+    async fn peer_phase(&self) -> anyhow::Result<Outcome> {
+        let plan = self.plan;
+        eprintln!("== peer comparison");
+        let flags = peer::serve_flags(plan.peer_workers);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        println!(
+            "\n[peer] {} jobs pushed by {} concurrent clients, {} workers completing each; LMSP: lmsp serve {} (max_output_tokens 1); apalis 0.6 + SQLite (WAL, synchronous=FULL, 5 ms polls)",
+            plan.peer_jobs,
+            plan.peer_pushers,
+            plan.peer_workers,
+            flags.join(" ")
+        );
+        let peer_bin = peer::find_peer(self.peer_bin);
+        let (mut lmsp_rate, mut apalis_rate) = (Spread::new(), Spread::new());
+        for rep in 0..plan.reps {
+            let server = self.server("peer", &flags)?;
+            let http = client::http_client()?;
+            let lmsp = peer::lmsp(&http, &server, plan.peer_jobs, plan.peer_pushers).await?;
+            drop(server);
+            lmsp_rate.push(lmsp);
+            let apalis = match &peer_bin {
+                Some(bin) => {
+                    let db = self.work_dir.join(format!("apalis-{rep}.db"));
+                    let rate = peer::apalis(
+                        bin,
+                        &db,
+                        plan.peer_jobs,
+                        plan.peer_workers,
+                        plan.peer_pushers,
+                    )
+                    .await?;
+                    apalis_rate.push(rate);
+                    format!("{rate:.0} jobs/s")
+                }
+                None => String::from(
+                    "not run (build the example: cargo build --release -p lmsp-bench --examples)",
+                ),
+            };
+            println!("  rep {rep}: LMSP {lmsp:.0} jobs/s; apalis {apalis}");
+        }
+        Ok(Outcome::Done(Box::new(move |r: &mut Results| {
+            r.peer_lmsp = lmsp_rate;
+            r.peer_apalis = apalis_rate;
+            if peer_bin.is_none() {
+                r.problems.insert(
+                    "peer",
+                    format!("skipped: no {} binary found", peer::PEER_EXAMPLE),
+                );
+            }
+        })))
+    }
+}
+
+/// A short unique suffix for directory names.
+fn ulid_like() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}

@@ -1,0 +1,642 @@
+//! `GET /v1/openapi.json` against the router that serves the API: the document is OpenAPI 3.1,
+//! every route the router serves is documented and every documented operation is served, every
+//! `$ref` resolves, and real replies have exactly the documented shapes.
+//!
+//! The router is driven with `oneshot` over a real service (SQLite in a temp dir, the reference
+//! engine), without binding a port.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use lmsp_app::{CommitListeners, LiveEvents, Metrics, Service, Settings, SystemClock};
+use lmsp_domain::auth::{Scope, Scopes};
+use lmsp_domain::ports::{Clock, CommittedEvents, Engine, ModelFiles, Store};
+use lmsp_domain::{ModelId, ModelRecord, RestartPolicy};
+use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
+use lmsp_http::{router, AppState, IdempotencyLocks};
+use lmsp_models_fs::FsModelFiles;
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
+
+/// A service over a fresh data directory, its router, and an admin token.
+struct TestApp {
+    router: Router,
+    admin_token: String,
+    workers: Vec<tokio::task::JoinHandle<()>>,
+    _data_dir: tempfile::TempDir,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        for worker in &self.workers {
+            worker.abort();
+        }
+    }
+}
+
+async fn test_app() -> TestApp {
+    let data_dir = tempfile::tempdir().unwrap();
+    let models_dir = data_dir.path().join("models");
+    std::fs::create_dir_all(&models_dir).unwrap();
+    let live = LiveEvents::new();
+    let metrics = Arc::new(Metrics::new());
+    let listeners = CommitListeners::new(vec![
+        live.clone() as Arc<dyn CommittedEvents>,
+        metrics.clone() as Arc<dyn CommittedEvents>,
+    ]);
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(
+            &data_dir.path().join("lmsp.db"),
+            SqliteOptions::default(),
+            listeners,
+        )
+        .unwrap(),
+    );
+    let model_files: Arc<dyn ModelFiles> = Arc::new(FsModelFiles::new(models_dir.clone()));
+    let engine: Arc<dyn Engine> = Arc::new(ReferenceEngine::new(ReferenceSettings {
+        load_delay: Duration::ZERO,
+        token_delay: Duration::ZERO,
+        cancel_delay: Duration::ZERO,
+    }));
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let settings = Settings {
+        workers: 2,
+        retention: Duration::from_secs(3600),
+        purge_interval: Duration::from_secs(3600),
+        idempotency_ttl: Duration::from_secs(3600),
+        default_on_restart: RestartPolicy::Fail,
+        version: String::from("test"),
+    };
+    let service = Service::start(
+        store.clone(),
+        engine,
+        model_files.clone(),
+        clock.clone(),
+        live,
+        metrics,
+        settings,
+    )
+    .await
+    .unwrap();
+    let (client, token) = lmsp_app::new_client("admin", Scopes::new([Scope::Admin]), clock.now());
+    store.insert_client(client).await.unwrap();
+    let corpus = models_dir.join("reference.txt");
+    lmsp_models_fs::write_reference_corpus(&corpus).unwrap();
+    let file = model_files
+        .fingerprint(&corpus.to_string_lossy())
+        .await
+        .unwrap();
+    store
+        .insert_model(ModelRecord {
+            id: ModelId::parse(ModelId::REFERENCE).unwrap(),
+            format: String::from("text"),
+            file,
+            created_at: clock.now(),
+        })
+        .await
+        .unwrap();
+    let workers = service.spawn_background();
+    let state = AppState {
+        service,
+        model_files,
+        in_flight: Arc::new(IdempotencyLocks::default()),
+    };
+    TestApp {
+        router: router(state),
+        admin_token: token.expose().to_owned(),
+        workers,
+        _data_dir: data_dir,
+    }
+}
+
+/// A reply: status, headers, body as JSON (`Null` when empty or not JSON).
+struct Reply {
+    status: StatusCode,
+    content_type: String,
+    body: Value,
+}
+
+async fn send(router: &Router, request: Request<Body>) -> Reply {
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Reply {
+        status,
+        content_type,
+        body,
+    }
+}
+
+fn request(method: Method, path: &str, token: Option<&str>, body: Option<Value>) -> Request<Body> {
+    let mut builder = Request::builder().method(method).uri(path);
+    if let Some(token) = token {
+        builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    match body {
+        Some(body) => builder
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap(),
+        None => builder.body(Body::empty()).unwrap(),
+    }
+}
+
+async fn document(app: &TestApp) -> Value {
+    let reply = send(
+        &app.router,
+        request(Method::GET, "/v1/openapi.json", None, None),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    reply.body
+}
+
+const METHODS: [&str; 8] = [
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
+
+/// Every (method, path) of the document.
+fn documented_operations(document: &Value) -> BTreeSet<(String, String)> {
+    let paths = document["paths"].as_object().expect("paths");
+    paths
+        .iter()
+        .flat_map(|(path, item)| {
+            METHODS
+                .iter()
+                .filter(|method| item.get(**method).is_some())
+                .map(move |method| (method.to_uppercase(), path.clone()))
+        })
+        .collect()
+}
+
+/// A concrete URI for a templated path (any id will do: the route must answer, not the id).
+fn concrete(path: &str) -> String {
+    path.replace("{id}", "x")
+}
+
+/// Whether the router serves (method, uri): anything but its 404 fallback and its 405.
+async fn served(router: &Router, method: &str, uri: &str) -> bool {
+    let method = Method::from_bytes(method.as_bytes()).unwrap();
+    let reply = send(router, request(method, uri, None, None)).await;
+    let fallback =
+        reply.status == StatusCode::NOT_FOUND && reply.body["error"]["message"] == "no such route";
+    !fallback && reply.status != StatusCode::METHOD_NOT_ALLOWED
+}
+
+/// Every path of API.md, whether documented yet or not: the reverse check probes these.
+const API_PATHS: [&str; 16] = [
+    "/v1/health",
+    "/v1/openapi.json",
+    "/v1/service",
+    "/v1/responses",
+    "/v1/responses/{id}",
+    "/v1/tasks",
+    "/v1/tasks/{id}",
+    "/v1/tasks/{id}/cancel",
+    "/v1/tasks/{id}/events",
+    "/v1/models",
+    "/v1/models/{id}",
+    "/v1/pairings",
+    "/v1/pair",
+    "/v1/clients",
+    "/v1/clients/{id}",
+    "/metrics",
+];
+
+#[tokio::test]
+async fn the_document_is_openapi_3_1_and_needs_no_token() {
+    let app = test_app().await;
+    let reply = send(
+        &app.router,
+        request(Method::GET, "/v1/openapi.json", None, None),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.content_type.starts_with("application/json"));
+    let version = reply.body["openapi"].as_str().expect("openapi field");
+    assert!(version.starts_with("3.1."), "openapi is {version}");
+    assert!(reply.body["info"]["title"].is_string());
+    assert!(reply.body["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+#[tokio::test]
+async fn every_documented_operation_is_served() {
+    let app = test_app().await;
+    let document = document(&app).await;
+    let operations = documented_operations(&document);
+    assert!(operations.len() >= 17, "{operations:?}");
+    for (method, path) in &operations {
+        assert!(
+            served(&app.router, method, &concrete(path)).await,
+            "{method} {path} is documented but not served"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_served_route_is_documented() {
+    let app = test_app().await;
+    let document = document(&app).await;
+    let operations = documented_operations(&document);
+    let mut paths: BTreeSet<String> = API_PATHS.iter().map(|p| (*p).to_owned()).collect();
+    paths.extend(operations.iter().map(|(_, path)| path.clone()));
+    for path in &paths {
+        for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
+            let is_served = served(&app.router, method, &concrete(path)).await;
+            let is_documented = operations.contains(&(method.to_owned(), path.clone()));
+            assert_eq!(
+                is_served, is_documented,
+                "{method} {path}: served {is_served}, documented {is_documented}"
+            );
+        }
+    }
+    for path in API_PATHS {
+        assert!(
+            operations.iter().any(|(_, documented)| documented == path),
+            "{path} of API.md is not documented"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_operation_documents_its_security_and_errors() {
+    let app = test_app().await;
+    let document = document(&app).await;
+    let public: BTreeSet<(String, String)> = [
+        ("GET", "/v1/health"),
+        ("GET", "/v1/openapi.json"),
+        ("POST", "/v1/pair"),
+    ]
+    .iter()
+    .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+    .collect();
+    for (method, path) in documented_operations(&document) {
+        let operation = &document["paths"][&path][method.to_lowercase()];
+        let responses = operation["responses"].as_object().expect("responses");
+        if public.contains(&(method.clone(), path.clone())) {
+            assert!(
+                operation.get("security").is_none(),
+                "{method} {path} is public"
+            );
+        } else {
+            let security = operation["security"].as_array().expect("security");
+            assert!(
+                security.iter().any(|s| s.get("bearer").is_some()),
+                "{method} {path} needs a bearer token"
+            );
+            assert!(responses.contains_key("401"), "{method} {path}: 401");
+        }
+        assert!(
+            responses.keys().any(|status| status.starts_with('2')),
+            "{method} {path}: no success status"
+        );
+        if path != "/v1/health" {
+            assert!(responses.contains_key("500"), "{method} {path}: 500");
+        }
+        if operation.get("requestBody").is_some() {
+            for status in ["400", "413", "415"] {
+                assert!(responses.contains_key(status), "{method} {path}: {status}");
+            }
+        }
+    }
+    let submit = &document["paths"]["/v1/responses"]["post"];
+    for status in [
+        "200", "202", "400", "401", "403", "404", "409", "413", "415", "422", "500", "503",
+    ] {
+        assert!(
+            submit["responses"].get(status).is_some(),
+            "submit: {status}"
+        );
+    }
+    let accepted = &submit["responses"]["202"]["headers"];
+    assert!(accepted.get("Location").is_some() && accepted.get("Lmsp-Task-Id").is_some());
+    assert!(submit["responses"]["200"]["content"]
+        .get("text/event-stream")
+        .is_some());
+}
+
+/// Every `$ref` in `value`.
+fn refs(value: &Value, found: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(target)) = map.get("$ref") {
+                found.push(target.clone());
+            }
+            map.values().for_each(|v| refs(v, found));
+        }
+        Value::Array(items) => items.iter().for_each(|v| refs(v, found)),
+        _ => {}
+    }
+}
+
+fn resolve<'a>(document: &'a Value, reference: &str) -> Option<&'a Value> {
+    let pointer = reference.strip_prefix('#')?;
+    document.pointer(pointer)
+}
+
+#[tokio::test]
+async fn every_reference_in_the_document_resolves() {
+    let app = test_app().await;
+    let document = document(&app).await;
+    let mut found = Vec::new();
+    refs(&document, &mut found);
+    assert!(!found.is_empty());
+    for reference in found {
+        assert!(
+            resolve(&document, &reference).is_some(),
+            "{reference} does not resolve"
+        );
+    }
+}
+
+/// Whether `value` has exactly the shape of `schema`: every object's keys are its documented
+/// properties, all of them (every property of this API is always present, `null` or not).
+fn conforms(document: &Value, schema: &Value, value: &Value) -> Result<(), String> {
+    if let Some(Value::String(reference)) = schema.get("$ref") {
+        let target = resolve(document, reference).ok_or(format!("{reference} unresolved"))?;
+        return conforms(document, target, value);
+    }
+    if let Some(Value::Array(variants)) = schema.get("oneOf") {
+        let fits = variants
+            .iter()
+            .filter(|variant| conforms(document, variant, value).is_ok())
+            .count();
+        return if fits == 1 {
+            Ok(())
+        } else {
+            Err(format!("{value} fits {fits} variants of a oneOf"))
+        };
+    }
+    if let Some(Value::Array(parts)) = schema.get("allOf") {
+        // Merge the parts' properties (a struct with a flattened tagged enum).
+        let object = value
+            .as_object()
+            .ok_or(format!("{value} is not an object"))?;
+        let mut rest = object.clone();
+        for part in parts {
+            let part = match part.get("$ref").and_then(Value::as_str) {
+                Some(reference) => resolve(document, reference).ok_or("unresolved")?,
+                None => part,
+            };
+            let keys = property_keys(document, part, value)?;
+            let own: serde_json::Map<String, Value> = object
+                .iter()
+                .filter(|(k, _)| keys.contains(*k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            conforms(document, part, &Value::Object(own))?;
+            rest.retain(|k, _| !keys.contains(k));
+        }
+        return if rest.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("undocumented fields {:?}", rest.keys()))
+        };
+    }
+    if let Some(Value::Array(allowed)) = schema.get("enum") {
+        return if allowed.contains(value) {
+            Ok(())
+        } else {
+            Err(format!("{value} is not one of {allowed:?}"))
+        };
+    }
+    if let Some(Value::Object(properties)) = schema.get("properties") {
+        let object = value
+            .as_object()
+            .ok_or(format!("{value} is not an object"))?;
+        let documented: BTreeSet<&String> = properties.keys().collect();
+        let sent: BTreeSet<&String> = object.keys().collect();
+        if documented != sent {
+            return Err(format!("sent {sent:?}, documented {documented:?}"));
+        }
+        let required: BTreeSet<&str> = schema["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        for (key, property) in properties {
+            if !required.contains(key.as_str()) {
+                return Err(format!("`{key}` is always sent but not required"));
+            }
+            if !(object[key].is_null() && nullable(property)) {
+                conforms(document, property, &object[key]).map_err(|e| format!("{key}: {e}"))?;
+            }
+        }
+        return Ok(());
+    }
+    if let Some(items) = schema.get("items") {
+        let array = value.as_array().ok_or(format!("{value} is not an array"))?;
+        for item in array {
+            conforms(document, items, item)?;
+        }
+        return Ok(());
+    }
+    if value.is_null() && !nullable(schema) {
+        return Err(String::from("null where the schema allows none"));
+    }
+    Ok(())
+}
+
+/// The property names an object schema (or a oneOf of them, by the variant `value` fits) has.
+fn property_keys(document: &Value, schema: &Value, value: &Value) -> Result<Vec<String>, String> {
+    if let Some(Value::Object(properties)) = schema.get("properties") {
+        return Ok(properties.keys().cloned().collect());
+    }
+    if let Some(Value::Array(variants)) = schema.get("oneOf") {
+        for variant in variants {
+            let variant = match variant.get("$ref").and_then(Value::as_str) {
+                Some(reference) => resolve(document, reference).ok_or("unresolved")?,
+                None => variant,
+            };
+            let keys = property_keys(document, variant, value)?;
+            let own: serde_json::Map<String, Value> = value
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| keys.contains(*k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if conforms(document, variant, &Value::Object(own)).is_ok() {
+                return Ok(keys);
+            }
+        }
+        return Err(format!("{value} fits no variant"));
+    }
+    Err(String::from("not an object schema"))
+}
+
+fn nullable(schema: &Value) -> bool {
+    match &schema["type"] {
+        Value::Array(types) => types.iter().any(|t| t == "null"),
+        Value::String(t) => t == "null",
+        _ => schema["oneOf"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|s| s["type"] == "null")),
+    }
+}
+
+/// The JSON schema an operation documents for `status`.
+fn documented_schema<'a>(document: &'a Value, method: &str, path: &str, status: &str) -> &'a Value {
+    let mut response = &document["paths"][path][method]["responses"][status];
+    if let Some(reference) = response.get("$ref").and_then(Value::as_str) {
+        response = resolve(document, reference).expect("response ref");
+    }
+    &response["content"]["application/json"]["schema"]
+}
+
+fn assert_conforms(document: &Value, method: &str, path: &str, reply: &Reply) {
+    let status = reply.status.as_str();
+    let schema = documented_schema(document, method, path, status);
+    assert!(
+        !schema.is_null(),
+        "{method} {path}: status {status} is not documented with a JSON body"
+    );
+    if let Err(error) = conforms(document, schema, &reply.body) {
+        panic!("{method} {path} {status}: {error}\n{}", reply.body);
+    }
+}
+
+#[tokio::test]
+async fn replies_have_exactly_the_documented_shapes() {
+    let app = test_app().await;
+    let document = document(&app).await;
+    let token = Some(app.admin_token.as_str());
+    let router = &app.router;
+
+    let reply = send(router, request(Method::GET, "/v1/health", None, None)).await;
+    assert_conforms(&document, "get", "/v1/health", &reply);
+    let reply = send(router, request(Method::GET, "/v1/service", token, None)).await;
+    assert_conforms(&document, "get", "/v1/service", &reply);
+    let reply = send(router, request(Method::GET, "/v1/models", token, None)).await;
+    assert_conforms(&document, "get", "/v1/models", &reply);
+    let reply = send(
+        router,
+        request(Method::GET, "/v1/models/reference", token, None),
+    )
+    .await;
+    assert_conforms(&document, "get", "/v1/models/{id}", &reply);
+    let reply = send(router, request(Method::GET, "/v1/clients", token, None)).await;
+    assert_conforms(&document, "get", "/v1/clients", &reply);
+
+    // Synchronous: the response object.
+    let body = json!({"model": "reference", "input": "Once upon a time", "max_output_tokens": 8,
+        "seed": 7, "metadata": {"k": "v"}});
+    let reply = send(
+        router,
+        request(Method::POST, "/v1/responses", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_conforms(&document, "post", "/v1/responses", &reply);
+    let response_id = reply.body["id"].as_str().unwrap().to_owned();
+    let task_id = reply.body["task_id"].as_str().unwrap().to_owned();
+    let reply = send(
+        router,
+        request(
+            Method::GET,
+            &format!("/v1/responses/{response_id}"),
+            token,
+            None,
+        ),
+    )
+    .await;
+    assert_conforms(&document, "get", "/v1/responses/{id}", &reply);
+
+    // A finished task and its whole log: created, loading, in_progress, deltas, completed.
+    let reply = send(
+        router,
+        request(Method::GET, &format!("/v1/tasks/{task_id}"), token, None),
+    )
+    .await;
+    assert_conforms(&document, "get", "/v1/tasks/{id}", &reply);
+    let reply = send(
+        router,
+        request(
+            Method::GET,
+            &format!("/v1/tasks/{task_id}/events"),
+            token,
+            None,
+        ),
+    )
+    .await;
+    assert_conforms(&document, "get", "/v1/tasks/{id}/events", &reply);
+    let types: BTreeSet<&str> = reply.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    assert!(types.contains("response.created") && types.contains("response.completed"));
+    let reply = send(router, request(Method::GET, "/v1/tasks", token, None)).await;
+    assert_conforms(&document, "get", "/v1/tasks", &reply);
+
+    // Background: 202 with the task; cancel; a finished task's cancel is a 409 envelope.
+    let body = json!({"model": "reference", "input": [{"role": "user", "content": "hi"}],
+        "background": true, "on_restart": "resume"});
+    let reply = send(
+        router,
+        request(Method::POST, "/v1/responses", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED);
+    assert_conforms(&document, "post", "/v1/responses", &reply);
+    let reply = send(
+        router,
+        request(
+            Method::POST,
+            &format!("/v1/tasks/{task_id}/cancel"),
+            token,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CONFLICT);
+    assert_conforms(&document, "post", "/v1/tasks/{id}/cancel", &reply);
+
+    // Pairing, and the error envelopes of 400, 401, 404.
+    let body = json!({"scopes": ["responses:read"]});
+    let reply = send(
+        router,
+        request(Method::POST, "/v1/pairings", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    assert_conforms(&document, "post", "/v1/pairings", &reply);
+    let code = reply.body["code"].as_str().unwrap().to_owned();
+    let body = json!({"code": code, "name": "laptop", "scopes": ["responses:read"]});
+    let reply = send(router, request(Method::POST, "/v1/pair", None, Some(body))).await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    assert_conforms(&document, "post", "/v1/pair", &reply);
+    let body = json!({"model": "reference", "input": "x", "colour": "blue"});
+    let reply = send(
+        router,
+        request(Method::POST, "/v1/responses", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_conforms(&document, "post", "/v1/responses", &reply);
+    let reply = send(router, request(Method::GET, "/v1/tasks", None, None)).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert_conforms(&document, "get", "/v1/tasks", &reply);
+    let reply = send(
+        router,
+        request(Method::GET, "/v1/tasks/task_nope", token, None),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_conforms(&document, "get", "/v1/tasks/{id}", &reply);
+}

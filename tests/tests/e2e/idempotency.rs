@@ -1,0 +1,194 @@
+//! Idempotency keys (API.md §6, I-8): replay of the first reply, key reuse, a key in use, scope
+//! per client and path, canonical digests, expiry, and `POST /v1/models`.
+
+use std::time::{Duration, Instant};
+
+use lmsp_tests::TestServer;
+use serde_json::{json, Value};
+
+async fn post_with_key(
+    server: &TestServer,
+    token: &str,
+    path: &str,
+    key: &str,
+    body: &str,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let response = server
+        .request(reqwest::Method::POST, path, token)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+async fn task_count(server: &TestServer) -> usize {
+    server.get("/v1/tasks?limit=100").await.1["data"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+/// I-8: the same key with the same body — in any key order or spacing — replays the first reply
+/// (status, body, headers) and creates nothing; another body is 422; another client or path is
+/// another key; a malformed key is 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_replays_its_first_reply_for_the_same_canonical_body_i8() {
+    let server = TestServer::start(&["--workers", "1", "--reference-load-delay", "60s"]);
+    let admin = server.admin_token.clone();
+    let body = r#"{"model": "reference", "input": "hi", "background": true, "seed": 5}"#;
+    let (status, headers, first) =
+        post_with_key(&server, &admin, "/v1/responses", "k-1", body).await;
+    assert_eq!(status, 202, "{first}");
+    assert!(headers.get("idempotent-replayed").is_none());
+    let reordered = r#"{ "seed":5,"background" :true, "input":"hi","model":"reference" }"#;
+    let (status, replay_headers, replayed) =
+        post_with_key(&server, &admin, "/v1/responses", "k-1", reordered).await;
+    assert_eq!(status, 202);
+    assert_eq!(replay_headers["idempotent-replayed"], "true");
+    assert_eq!(replayed, first, "the same body");
+    assert_eq!(replay_headers["location"], headers["location"]);
+    assert_eq!(replay_headers["lmsp-task-id"], headers["lmsp-task-id"]);
+    assert_eq!(task_count(&server).await, 1);
+
+    let other_body = r#"{"model": "reference", "input": "other", "background": true}"#;
+    let (status, _, reused) =
+        post_with_key(&server, &admin, "/v1/responses", "k-1", other_body).await;
+    assert_eq!(
+        (status, reused["error"]["code"].as_str()),
+        (422, Some("idempotency_key_reused"))
+    );
+
+    let other_client = server.add_client("other", &["responses:write", "responses:read"]);
+    let (status, _, theirs) =
+        post_with_key(&server, &other_client, "/v1/responses", "k-1", body).await;
+    assert_eq!(status, 202, "a key is scoped to its client");
+    assert_ne!(theirs["id"], first["id"]);
+
+    for bad in [&"k".repeat(256), "with space", "tab\there"] {
+        let (status, _, reply) = post_with_key(&server, &admin, "/v1/responses", bad, body).await;
+        assert_eq!(
+            (status, reply["error"]["code"].as_str()),
+            (400, Some("invalid_idempotency_key")),
+            "{bad:?}"
+        );
+    }
+    let (status, _, _) =
+        post_with_key(&server, &admin, "/v1/responses", &"k".repeat(255), body).await;
+    assert_eq!(status, 202, "255 visible characters are a key");
+    assert_eq!(task_count(&server).await, 3);
+}
+
+/// API.md §6: while the first request with a key is still being answered (a synchronous request
+/// waiting for its task), the same key is 409 `idempotency_key_in_use`; afterwards it replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_in_use_while_its_first_request_is_answered() {
+    let server = TestServer::start(&["--reference-token-delay", "50ms"]);
+    let admin = server.admin_token.clone();
+    let body = r#"{"model": "reference", "input": "hi", "max_output_tokens": 30, "seed": 1}"#;
+    let first = {
+        let request = server
+            .request(reqwest::Method::POST, "/v1/responses", &admin)
+            .header("idempotency-key", "sync-1")
+            .header("content-type", "application/json")
+            .body(body);
+        tokio::spawn(async move { request.send().await.unwrap() })
+    };
+    // Poll until the first request's task exists, then send the same key again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while task_count(&server).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the first request never created its task"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, _, busy) = post_with_key(&server, &admin, "/v1/responses", "sync-1", body).await;
+    assert_eq!(
+        (status, busy["error"]["code"].as_str()),
+        (409, Some("idempotency_key_in_use"))
+    );
+    let first = first.await.unwrap();
+    assert_eq!(first.status().as_u16(), 200);
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(first["object"], "response");
+    let (status, headers, replayed) =
+        post_with_key(&server, &admin, "/v1/responses", "sync-1", body).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(replayed, first);
+    assert_eq!(task_count(&server).await, 1);
+}
+
+/// API.md §6: keys expire after `--idempotency-ttl`; the purge job removes them, and the same key
+/// then starts a new task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_expire_after_the_ttl_and_are_purged() {
+    let server = TestServer::start(&["--idempotency-ttl", "1s", "--purge-interval", "200ms"]);
+    let admin = server.admin_token.clone();
+    let body =
+        r#"{"model": "reference", "input": "hi", "background": true, "max_output_tokens": 2}"#;
+    let (_, _, first) = post_with_key(&server, &admin, "/v1/responses", "ttl", body).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = server
+            .request(reqwest::Method::GET, "/metrics", &admin)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let purged = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("lmsp_purged_idempotency_keys_total")?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0);
+        if purged >= 1.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the key was never purged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, headers, second) =
+        post_with_key(&server, &admin, "/v1/responses", "ttl", body).await;
+    assert_eq!(status, 202);
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_ne!(second["id"], first["id"]);
+}
+
+/// API.md §6: `POST /v1/models` takes a key too: the same body replays the 201, another is 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_registration_is_idempotent_with_a_key() {
+    let server = TestServer::start(&[]);
+    let admin = server.admin_token.clone();
+    let path = server.data_dir.join("models").join("m.bin");
+    std::fs::write(&path, b"weights").unwrap();
+    let body = json!({"id": "m", "path": path.to_string_lossy()}).to_string();
+    let (status, _, first) = post_with_key(&server, &admin, "/v1/models", "model-1", &body).await;
+    assert_eq!(status, 201, "{first}");
+    let (status, headers, again) =
+        post_with_key(&server, &admin, "/v1/models", "model-1", &body).await;
+    assert_eq!((status, &again), (201, &first));
+    assert_eq!(headers["idempotent-replayed"], "true");
+    let other = json!({"id": "m2", "path": path.to_string_lossy()}).to_string();
+    let (status, _, reused) = post_with_key(&server, &admin, "/v1/models", "model-1", &other).await;
+    assert_eq!(
+        (status, reused["error"]["code"].as_str()),
+        (422, Some("idempotency_key_reused"))
+    );
+    assert_eq!(server.get("/v1/models/m2").await.0, 404);
+}
