@@ -11,6 +11,8 @@ use lmsp_domain::auth::{
 };
 use lmsp_domain::Timestamp;
 
+use lmsp_domain::ports::Redemption;
+
 use crate::credentials::{generate_pairing_code, new_client};
 use crate::error::AppError;
 use crate::service::{Caller, Service};
@@ -99,27 +101,29 @@ impl Service {
                 retry_after_seconds: seconds_until(now, until),
             });
         }
-        let hash = Secret::new(code).hash();
-        let Some(pairing) = self.inner.store.take_pairing(hash, now).await? else {
-            if self.inner.pairing_failures.record(now) {
-                let burnt = self.inner.store.burn_pairings().await?;
-                tracing::warn!(
-                    burnt,
-                    "too many wrong pairing codes: every outstanding code is burnt"
-                );
-            }
-            return Err(AppError::Unauthorized);
-        };
-        if !scopes.is_subset_of(&pairing.scopes) {
-            // The code stays usable with the scopes it grants.
-            self.inner.store.insert_pairing(pairing).await?;
-            return Err(AppError::Forbidden(
-                "a scope the pairing code does not grant",
-            ));
-        }
         let (client, token) = new_client(name, scopes, now);
-        self.inner.store.insert_client(client.clone()).await?;
-        Ok(Paired { client, token })
+        match self
+            .inner
+            .store
+            .redeem_pairing(Secret::new(code).hash(), client.clone(), now)
+            .await?
+        {
+            Redemption::Paired => Ok(Paired { client, token }),
+            // The code stays usable with the scopes it grants.
+            Redemption::ScopesNotGranted => Err(AppError::Forbidden(
+                "a scope the pairing code does not grant",
+            )),
+            Redemption::NoSuchCode => {
+                if self.inner.pairing_failures.record(now) {
+                    let burnt = self.inner.store.burn_pairings().await?;
+                    tracing::warn!(
+                        burnt,
+                        "too many wrong pairing codes: every outstanding code is burnt"
+                    );
+                }
+                Err(AppError::Unauthorized)
+            }
+        }
     }
 }
 

@@ -17,8 +17,8 @@ use lmsp_domain::ports::{
 };
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::{
-    CancelDecision, ClientId, Event, ModelRecord, Response, ResponseId, ServiceId, SubmitRequest,
-    Task, TaskId, TaskSpec, TaskStatus, Timestamp,
+    CancelDecision, ClientId, Event, ModelId, ModelRecord, Response, ResponseId, ServiceId,
+    SubmitRequest, Task, TaskId, TaskSpec, TaskStatus, Timestamp,
 };
 
 use crate::error::AppError;
@@ -468,6 +468,57 @@ impl Service {
     pub async fn models(&self, caller: &Caller) -> Result<Vec<ModelRecord>, AppError> {
         caller.require(Scope::ModelsRead)?;
         Ok(self.inner.store.list_models().await?)
+    }
+
+    /// A registered model.
+    pub async fn model(
+        &self,
+        caller: &Caller,
+        model_id: &ModelId,
+    ) -> Result<ModelRecord, AppError> {
+        caller.require(Scope::ModelsRead)?;
+        self.inner
+            .store
+            .model(model_id)
+            .await?
+            .ok_or(AppError::NotFound)
+    }
+
+    /// P-1: registers the file at `path` (inside the models directory, links followed) as model
+    /// `model_id`, hashing it as a stream; the database keeps only its metadata and digest.
+    pub async fn register_model(
+        &self,
+        caller: &Caller,
+        model_id: ModelId,
+        path: &str,
+    ) -> Result<ModelRecord, AppError> {
+        caller.require(Scope::ModelsWrite)?;
+        // Checked first so a taken id costs no hashing; the insert checks again atomically.
+        if self.inner.store.model(&model_id).await?.is_some() {
+            return Err(AppError::AlreadyExists(model_id.to_string()));
+        }
+        let file = self.inner.model_files.fingerprint(path).await?;
+        let record = ModelRecord {
+            id: model_id,
+            format: lmsp_domain::model::format_of_path(&file.path),
+            file,
+            created_at: self.now(),
+        };
+        if self.inner.store.insert_model(record.clone()).await? {
+            Ok(record)
+        } else {
+            Err(AppError::AlreadyExists(record.id.to_string()))
+        }
+    }
+
+    /// Forgets a model; its file is never touched (P-1).
+    pub async fn delete_model(&self, caller: &Caller, model_id: &ModelId) -> Result<(), AppError> {
+        caller.require(Scope::ModelsWrite)?;
+        if self.inner.store.delete_model(model_id).await? {
+            Ok(())
+        } else {
+            Err(AppError::NotFound)
+        }
     }
 
     /// Every client (admin).

@@ -251,6 +251,17 @@ pub trait TaskStore: Send + Sync {
     async fn count_by_status(&self) -> Result<Vec<(TaskStatus, u64)>, StoreError>;
 }
 
+/// How redeeming a pairing code ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redemption {
+    /// The code was used up and the client stored.
+    Paired,
+    /// The code exists but does not grant every requested scope; nothing changed.
+    ScopesNotGranted,
+    /// No unexpired code has this hash (wrong, used or expired); nothing changed.
+    NoSuchCode,
+}
+
 /// Paired clients and pairing codes.
 #[async_trait]
 pub trait ClientStore: Send + Sync {
@@ -264,12 +275,15 @@ pub trait ClientStore: Send + Sync {
     async fn revoke_client(&self, client_id: ClientId, at: Timestamp) -> Result<bool, StoreError>;
     /// Stores a pairing code (hashed).
     async fn insert_pairing(&self, pairing: Pairing) -> Result<(), StoreError>;
-    /// Deletes and returns the unexpired pairing with this hash, if any (one use).
-    async fn take_pairing(
+    /// Redeems a pairing code in one transaction: when an unexpired code with this hash exists
+    /// and grants every scope `client` asks for, deletes the code (one use) and stores the
+    /// client. A code that does not grant the scopes stays usable.
+    async fn redeem_pairing(
         &self,
         code_hash: SecretHash,
+        client: Client,
         at: Timestamp,
-    ) -> Result<Option<Pairing>, StoreError>;
+    ) -> Result<Redemption, StoreError>;
     /// Deletes every outstanding pairing code (after too many wrong tries).
     async fn burn_pairings(&self) -> Result<u64, StoreError>;
 }

@@ -21,7 +21,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use lmsp_app::Service;
-use lmsp_domain::ports::ModelFiles;
 
 type Request = axum::http::Request<axum::body::Body>;
 type Response = axum::http::Response<axum::body::Body>;
@@ -33,8 +32,6 @@ pub use routes::IdempotencyLocks;
 pub struct AppState {
     /// The use cases.
     pub service: Service,
-    /// Model files (registration).
-    pub model_files: Arc<dyn ModelFiles>,
     /// Idempotency keys whose first request is still being answered.
     pub in_flight: Arc<IdempotencyLocks>,
 }

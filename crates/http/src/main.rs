@@ -281,7 +281,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await;
     let state = AppState {
         service: service.clone(),
-        model_files,
         in_flight: Arc::new(IdempotencyLocks::default()),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -27,8 +27,7 @@ use lmsp_domain::idempotency::{
 };
 use lmsp_domain::validation::validate_submit;
 use lmsp_domain::{
-    model::format_of_path, CancelReply, ClientId, ErrorCode, Event, ModelId, ModelRecord,
-    ResponseId, TaskId, TaskStatus,
+    CancelReply, ClientId, ErrorCode, Event, ModelId, ResponseId, TaskId, TaskStatus,
 };
 
 use crate::error::{ApiError, ErrorEnvelope};
@@ -847,14 +846,7 @@ pub async fn get_model(
     Path(id): Path<String>,
 ) -> ApiResult<Json<ModelObject>> {
     caller.require(Scope::ModelsRead)?;
-    let model_id = parse_model_id(&id)?;
-    let model = state
-        .service
-        .store()
-        .model(&model_id)
-        .await
-        .map_err(AppError::from)?
-        .ok_or_else(ApiError::not_found)?;
+    let model = state.service.model(&caller, &parse_model_id(&id)?).await?;
     Ok(Json(wire::model(&model)))
 }
 
@@ -947,40 +939,13 @@ pub async fn create_model(
         ),
         None => None,
     };
-    let store = state.service.store();
-    if store.model(&id).await.map_err(AppError::from)?.is_some() {
-        return Err(ApiError::new(
-            ErrorCode::AlreadyExists,
-            format!("model `{id}` exists already"),
-        )
-        .with_param("id"));
-    }
-    let file = state
-        .model_files
-        .fingerprint(&path)
-        .await
-        .map_err(|e| ApiError::invalid("path", e.to_string()))?;
-    let record = ModelRecord {
-        id: id.clone(),
-        format: format_of_path(&file.path),
-        file,
-        created_at: state.service.now(),
-    };
-    if !store
-        .insert_model(record.clone())
-        .await
-        .map_err(AppError::from)?
-    {
-        return Err(ApiError::new(
-            ErrorCode::AlreadyExists,
-            format!("model `{id}` exists already"),
-        )
-        .with_param("id"));
-    }
+    let record = state.service.register_model(&caller, id, &path).await?;
     let body = wire::model(&record);
     if let Some(i) = &idempotent {
         let reply = stored_reply_of(StatusCode::CREATED, &body, None, None)?;
-        store
+        state
+            .service
+            .store()
             .insert_idempotency_record(i.record(&state, reply))
             .await
             .map_err(AppError::from)?;
@@ -1012,18 +977,11 @@ pub async fn delete_model(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     caller.require(Scope::ModelsWrite)?;
-    let model_id = parse_model_id(&id)?;
-    if state
+    state
         .service
-        .store()
-        .delete_model(&model_id)
-        .await
-        .map_err(AppError::from)?
-    {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found())
-    }
+        .delete_model(&caller, &parse_model_id(&id)?)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// List clients.

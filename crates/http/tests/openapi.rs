@@ -106,7 +106,6 @@ async fn test_app() -> TestApp {
     let workers = service.spawn_background();
     let state = AppState {
         service,
-        model_files,
         in_flight: Arc::new(IdempotencyLocks::default()),
     };
     TestApp {

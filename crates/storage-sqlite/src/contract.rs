@@ -18,7 +18,8 @@ use lmsp_domain::idempotency::{
 use lmsp_domain::ids::{ClientId, ResponseId, ServiceId, TaskId};
 use lmsp_domain::model::{Digest, FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
-    CancelOutcome, CreateOutcome, ServiceIdentity, Snapshot, StepOutcome, Store, TaskFilter,
+    CancelOutcome, CreateOutcome, Redemption, ServiceIdentity, Snapshot, StepOutcome, Store,
+    TaskFilter,
 };
 use lmsp_domain::recovery::{RestartPolicy, StartEpoch};
 use lmsp_domain::status::TaskStatus;
@@ -756,7 +757,22 @@ pub async fn list_and_count_tasks<S: Store + ?Sized>(store: &S) {
     );
 }
 
-/// Clients (only token hashes stored), pairing codes (one use, expiry), revocation.
+/// A client with these scopes and a fresh token, and that token.
+pub fn new_client_with(scopes: Scopes) -> (Client, Secret) {
+    let token = Secret::new(format!("lmsp_token-{}", next()));
+    let client = Client {
+        id: client_id(),
+        name: String::from("paired"),
+        scopes,
+        token_hash: token.hash(),
+        created_at: T0,
+        revoked_at: None,
+    };
+    (client, token)
+}
+
+/// Clients (only token hashes stored), pairing codes (redeemed atomically, once, before they
+/// expire, only for the scopes they grant), revocation.
 pub async fn clients_and_pairings<S: Store + ?Sized>(store: &S) {
     let secret = Secret::new("lmsp_secret-token");
     let client = Client {
@@ -794,28 +810,67 @@ pub async fn clients_and_pairings<S: Store + ?Sized>(store: &S) {
         expires_at: T0.plus_millis(1000),
     };
     store.insert_pairing(pairing.clone()).await.expect("insert");
-    assert!(
+    let (asks_admin, _) = new_client_with(Scopes::new([Scope::Admin]));
+    assert_eq!(
         store
-            .take_pairing(code.hash(), T0.plus_millis(1000))
+            .redeem_pairing(code.hash(), asks_admin.clone(), T0.plus_millis(1000))
             .await
-            .expect("take")
-            .is_none(),
+            .expect("redeem"),
+        Redemption::NoSuchCode,
         "expired"
     );
+    let (asks_more, _) = new_client_with(Scopes::new([Scope::Admin, Scope::ModelsRead]));
+    let narrow = Pairing {
+        code_hash: Secret::new("654-321").hash(),
+        scopes: Scopes::new([Scope::ModelsRead]),
+        ..pairing.clone()
+    };
+    store.insert_pairing(narrow.clone()).await.expect("insert");
     assert_eq!(
-        store.take_pairing(code.hash(), T0).await.expect("take"),
-        Some(pairing.clone())
+        store
+            .redeem_pairing(narrow.code_hash, asks_more.clone(), T0)
+            .await
+            .expect("redeem"),
+        Redemption::ScopesNotGranted,
+        "a wider scope than granted"
     );
     assert!(
         store
-            .take_pairing(code.hash(), T0)
+            .client_by_token_hash(asks_more.token_hash)
             .await
-            .expect("take")
+            .expect("read")
             .is_none(),
+        "nothing stored for a refused redemption"
+    );
+    assert_eq!(
+        store
+            .redeem_pairing(code.hash(), asks_admin.clone(), T0)
+            .await
+            .expect("redeem"),
+        Redemption::Paired
+    );
+    assert_eq!(
+        store
+            .client_by_token_hash(asks_admin.token_hash)
+            .await
+            .expect("read"),
+        Some(asks_admin.clone()),
+        "the client is stored with the redemption"
+    );
+    let (again, _) = new_client_with(Scopes::new([Scope::Admin]));
+    assert_eq!(
+        store
+            .redeem_pairing(code.hash(), again, T0)
+            .await
+            .expect("redeem"),
+        Redemption::NoSuchCode,
         "one use"
     );
-    store.insert_pairing(pairing).await.expect("insert");
-    assert_eq!(store.burn_pairings().await.expect("burn"), 1);
+    assert_eq!(
+        store.burn_pairings().await.expect("burn"),
+        1,
+        "the narrow code"
+    );
 }
 
 /// P-1: models are metadata only (path, size, mtime, digest, format).

@@ -27,8 +27,8 @@ use lmsp_domain::ids::{ClientId, ResponseId, TaskId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
     CancelOutcome, ClientStore, CommittedEvents, CreateOutcome, IdempotencyStore, ModelStore, Page,
-    PurgeReport, RecoveryReport, ServiceIdentity, ServiceStore, Snapshot, StartInfo, StepOutcome,
-    StoreError, TaskFilter, TaskStore,
+    PurgeReport, RecoveryReport, Redemption, ServiceIdentity, ServiceStore, Snapshot, StartInfo,
+    StepOutcome, StoreError, TaskFilter, TaskStore,
 };
 use lmsp_domain::recovery::StartEpoch;
 use lmsp_domain::status::TaskStatus;
@@ -410,13 +410,14 @@ impl ClientStore for SqliteStore {
         .await
     }
 
-    async fn take_pairing(
+    async fn redeem_pairing(
         &self,
         code_hash: SecretHash,
+        client: Client,
         at: Timestamp,
-    ) -> Result<Option<Pairing>, StoreError> {
+    ) -> Result<Redemption, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::take_pairing(conn, &code_hash, at).map(no_events)
+            ops::redeem_pairing(conn, &code_hash, &client, at).map(no_events)
         }))
         .await
     }

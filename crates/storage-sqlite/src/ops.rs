@@ -15,8 +15,8 @@ use lmsp_domain::idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencySco
 use lmsp_domain::ids::{ClientId, ResponseId, TaskId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
-    CancelOutcome, CreateOutcome, Page, PurgeReport, RecoveryReport, ServiceIdentity, Snapshot,
-    StartInfo, StepOutcome, TaskFilter,
+    CancelOutcome, CreateOutcome, Page, PurgeReport, RecoveryReport, Redemption, ServiceIdentity,
+    Snapshot, StartInfo, StepOutcome, TaskFilter,
 };
 use lmsp_domain::recovery::{recover, RestartPolicy, StartEpoch};
 use lmsp_domain::status::TaskStatus;
@@ -903,28 +903,29 @@ pub fn insert_pairing(conn: &Connection, pairing: &Pairing) -> Res<()> {
     Ok(())
 }
 
-/// Takes an unexpired pairing (one use).
-pub fn take_pairing(conn: &Connection, hash: &SecretHash, at: Timestamp) -> Res<Option<Pairing>> {
-    let row: Option<(String, i64, i64)> = conn
-        .prepare_cached(
-            "SELECT scopes, created_at, expires_at FROM pairings \
-             WHERE code_hash = ?1 AND expires_at > ?2",
-        )?
-        .query_row(params![hex_of(hash), at.as_millis()], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-        })
+/// Redeems a pairing code: the client is stored and the code deleted only when the code is
+/// unexpired and grants every scope the client asks for.
+pub fn redeem_pairing(
+    conn: &Connection,
+    hash: &SecretHash,
+    client: &Client,
+    at: Timestamp,
+) -> Res<Redemption> {
+    let scopes: Option<String> = conn
+        .prepare_cached("SELECT scopes FROM pairings WHERE code_hash = ?1 AND expires_at > ?2")?
+        .query_row(params![hex_of(hash), at.as_millis()], |row| row.get(0))
         .optional()?;
-    let Some((scopes, created_at, expires_at)) = row else {
-        return Ok(None);
+    let Some(scopes) = scopes else {
+        return Ok(Redemption::NoSuchCode);
     };
+    let granted: Scopes = serde_json::from_str(&scopes)?;
+    if !client.scopes.is_subset_of(&granted) {
+        return Ok(Redemption::ScopesNotGranted);
+    }
     conn.prepare_cached("DELETE FROM pairings WHERE code_hash = ?1")?
         .execute([hex_of(hash)])?;
-    Ok(Some(Pairing {
-        code_hash: *hash,
-        scopes: serde_json::from_str(&scopes)?,
-        created_at: Timestamp::from_millis(created_at),
-        expires_at: Timestamp::from_millis(expires_at),
-    }))
+    insert_client(conn, client)?;
+    Ok(Redemption::Paired)
 }
 
 /// Deletes every pairing.

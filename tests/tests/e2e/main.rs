@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 mod idempotency;
 mod models;
+mod pairing;
 
 fn prompt(seed: u64, tokens: u64, policy: &str) -> Value {
     json!({"model": "reference", "input": "Once upon a time", "seed": seed,

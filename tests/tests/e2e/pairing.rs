@@ -1,0 +1,180 @@
+//! Pairing and clients (API.md §3): bad input to the pairing endpoints is refused with the
+//! envelope and creates nothing; the client list never shows a secret.
+
+use lmsp_tests::TestServer;
+use serde_json::{json, Value};
+
+async fn client_count(server: &TestServer) -> usize {
+    server.get("/v1/clients").await.1["data"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+/// I-9: each bad request to `/v1/pairings` or `/v1/pair` gets its 4xx and creates no code and no
+/// client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_pairing_requests_are_refused_and_create_nothing_i9() {
+    let server = TestServer::start(&[]);
+    let reader = server.add_client("reader", &["responses:read"]);
+    let before = client_count(&server).await;
+    let admin = server.admin_token.clone();
+    let pairings: Vec<(&str, &str, Value, u16, &str)> = vec![
+        (
+            "not an admin",
+            reader.as_str(),
+            json!({"scopes": ["responses:read"]}),
+            403,
+            "forbidden",
+        ),
+        ("no scopes", &admin, json!({}), 400, "invalid_request"),
+        (
+            "empty scopes",
+            &admin,
+            json!({"scopes": []}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown scope",
+            &admin,
+            json!({"scopes": ["root"]}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "scopes not a list",
+            &admin,
+            json!({"scopes": "admin"}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown field",
+            &admin,
+            json!({"scopes": ["admin"], "ttl": 5}),
+            400,
+            "invalid_request",
+        ),
+    ];
+    for (name, token, body, status, code) in pairings {
+        let (got, _, reply) = server.post_as(token, "/v1/pairings", body).await;
+        assert_eq!(
+            (got, reply["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{name}: {reply}"
+        );
+    }
+    let (_, _, pairing) = server
+        .post("/v1/pairings", json!({"scopes": ["responses:read"]}))
+        .await;
+    let code = pairing["code"].as_str().unwrap();
+    let pair = |body: Value| server.http.post(server.url("/v1/pair")).json(&body).send();
+    let pairs: Vec<(&str, Value, u16, &str)> = vec![
+        (
+            "no code",
+            json!({"name": "x", "scopes": ["responses:read"]}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "code not a string",
+            json!({"code": 483921, "name": "x", "scopes": ["responses:read"]}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "empty name",
+            json!({"code": code, "name": "", "scopes": ["responses:read"]}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown scope",
+            json!({"code": code, "name": "x", "scopes": ["everything"]}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown field",
+            json!({"code": code, "name": "x", "scopes": ["responses:read"], "admin": true}),
+            400,
+            "invalid_request",
+        ),
+        (
+            "a scope the code does not grant",
+            json!({"code": code, "name": "x", "scopes": ["models:write"]}),
+            403,
+            "forbidden",
+        ),
+    ];
+    for (name, body, status, code) in pairs {
+        let response = pair(body).await.unwrap();
+        let got = response.status().as_u16();
+        let reply: Value = response.json().await.unwrap();
+        assert_eq!(
+            (got, reply["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{name}: {reply}"
+        );
+    }
+    let unsupported = server
+        .http
+        .post(server.url("/v1/pair"))
+        .body(json!({"code": code, "name": "x", "scopes": ["responses:read"]}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsupported.status().as_u16(), 415);
+    assert_eq!(client_count(&server).await, before, "no client was created");
+    let paired = pair(json!({"code": code, "name": "phone", "scopes": ["responses:read"]}))
+        .await
+        .unwrap();
+    assert_eq!(
+        paired.status().as_u16(),
+        201,
+        "the code survived every refusal"
+    );
+    assert_eq!(client_count(&server).await, before + 1);
+}
+
+/// I-7: the client list shows ids, names, scopes and dates — never a token or a hash; deleting an
+/// unknown or malformed client id is a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_list_never_shows_a_secret_i7() {
+    let server = TestServer::start(&[]);
+    let token = server.add_client("laptop", &["responses:read", "responses:write"]);
+    let (status, list) = server.get("/v1/clients").await;
+    assert_eq!(status, 200);
+    let text = list.to_string();
+    assert!(
+        !text.contains(token.trim_start_matches("lmsp_")),
+        "a token in the list"
+    );
+    assert!(!text.contains(server.admin_token.trim_start_matches("lmsp_")));
+    for client in list["data"].as_array().unwrap() {
+        let mut fields: Vec<&str> = client
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        fields.sort_unstable();
+        assert_eq!(
+            fields,
+            ["created_at", "id", "name", "object", "revoked_at", "scopes"]
+        );
+    }
+    for id in ["cli_01ARZ3NDEKTSV4RRFFQ69G5FAV", "not-an-id", "cli_..%2F.."] {
+        let response = server
+            .request(
+                reqwest::Method::DELETE,
+                &format!("/v1/clients/{id}"),
+                &server.admin_token,
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 404, "{id}");
+    }
+}
