@@ -195,7 +195,14 @@ async fn run_task(service: &Service, task: Task, resumed: bool) -> Result<(), Ap
             .await;
         }
     }
-    if let Err(error) = inner.engine.load(&model).await {
+    // A cancel while the model loads stops the load: the task need not wait for it to end.
+    let loaded = tokio::select! {
+        loaded = inner.engine.load(&model) => loaded,
+        () = raised(&cancel) => {
+            return finish(service, task_id, Step::AcknowledgeCancel).await;
+        }
+    };
+    if let Err(error) = loaded {
         return finish(
             service,
             task_id,
@@ -336,6 +343,16 @@ async fn drive(
         if let Some(ending) = ending {
             return Ok(ending);
         }
+    }
+}
+
+/// How often a worker looks at a task's cancel flag while it waits for something else.
+const CANCEL_POLL: Duration = Duration::from_millis(10);
+
+/// Resolves once `flag` is raised.
+async fn raised(flag: &CancelFlag) {
+    while !flag.is_raised() {
+        tokio::time::sleep(CANCEL_POLL).await;
     }
 }
 
