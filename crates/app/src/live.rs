@@ -12,7 +12,9 @@ use tokio::sync::broadcast;
 use lmsp_domain::ports::{CommitStats, CommittedEvents};
 use lmsp_domain::{Event, TaskId};
 
-const CHANNEL_CAPACITY: usize = 256;
+/// Events a slow subscriber may fall behind before it reads the rest back from the store; small,
+/// since every watched task holds one buffer of this many slots.
+const CHANNEL_CAPACITY: usize = 64;
 
 /// Per-task broadcast channels of committed events.
 #[derive(Debug, Default)]

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use futures::stream::{BoxStream, StreamExt};
 use rand::RngCore;
-use tokio::sync::{broadcast, mpsc, Notify};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::{broadcast, Notify};
 
 use lmsp_domain::auth::{looks_like_token, Client, Scope, Scopes, Secret};
 use lmsp_domain::idempotency::IdempotencyRecord;
@@ -423,24 +423,29 @@ impl Service {
     }
 
     /// The task's events after `after`: what is stored, then live ones as they commit; the
-    /// stream ends after the terminal event. Nothing is yielded before it is committed.
+    /// stream ends after the terminal event. Nothing is yielded before it is committed, and every
+    /// event is yielded once, in order. The stream is driven by its consumer (no task of its own),
+    /// so a dropped consumer costs nothing further.
     pub async fn follow_events(
         &self,
         caller: &Caller,
         task_id: TaskId,
         after: u64,
-    ) -> Result<ReceiverStream<Event>, AppError> {
+    ) -> Result<BoxStream<'static, Event>, AppError> {
         caller.require(Scope::ResponsesRead)?;
         self.visible_task(caller, task_id).await?;
-        let (sender, receiver) = mpsc::channel(64);
-        let store = Arc::clone(&self.inner.store);
-        let live = Arc::clone(&self.inner.live);
-        tokio::spawn(async move {
-            if let Err(error) = forward_events(store, live, task_id, after, sender).await {
-                tracing::warn!(%task_id, %error, "event stream ended early");
-            }
-        });
-        Ok(ReceiverStream::new(receiver))
+        let follower = Follower {
+            store: Arc::clone(&self.inner.store),
+            // Subscribed before the first read: an event committed in between is read or heard.
+            live: self.inner.live.subscribe(task_id),
+            live_events: Arc::clone(&self.inner.live),
+            task_id,
+            last: after,
+            pending: VecDeque::new(),
+            replaying: true,
+            ended: false,
+        };
+        Ok(futures::stream::unfold(follower, Follower::next).boxed())
     }
 
     /// Waits until a task is finished and returns it.
@@ -561,74 +566,60 @@ impl Service {
 
 const REPLAY_PAGE: usize = 500;
 
-/// Whether a forwarded stream goes on.
-#[derive(PartialEq, Eq)]
-enum Flow {
-    More,
-    Done,
-}
-
-async fn send_event(sender: &mpsc::Sender<Event>, last: &mut u64, event: Event) -> Flow {
-    *last = event.sequence_number;
-    let terminal = event.kind().is_terminal();
-    if sender.send(event).await.is_err() || terminal {
-        Flow::Done
-    } else {
-        Flow::More
-    }
-}
-
-async fn replay_stored(
-    store: &Arc<dyn Store>,
-    task_id: TaskId,
-    last: &mut u64,
-    sender: &mpsc::Sender<Event>,
-) -> Result<Flow, AppError> {
-    loop {
-        let page = store.events(task_id, *last, REPLAY_PAGE).await?;
-        for event in page.items {
-            if send_event(sender, last, event).await == Flow::Done {
-                return Ok(Flow::Done);
-            }
-        }
-        if !page.has_more {
-            return Ok(Flow::More);
-        }
-    }
-}
-
-/// Replays stored events, then follows live ones. The live receiver is subscribed before each
-/// store read, so an event committed in between is either read or received, and duplicates are
-/// dropped by sequence number: every event reaches the subscriber exactly once, in order.
-async fn forward_events(
+/// The state of one event stream: replaying stored pages, then following live events; a gap or a
+/// lag in the live events sends it back to the store.
+struct Follower {
     store: Arc<dyn Store>,
+    live: broadcast::Receiver<Arc<Event>>,
     live_events: Arc<LiveEvents>,
     task_id: TaskId,
-    after: u64,
-    sender: mpsc::Sender<Event>,
-) -> Result<(), AppError> {
-    let mut live = live_events.subscribe(task_id);
-    let mut last = after;
-    loop {
-        if replay_stored(&store, task_id, &mut last, &sender).await? == Flow::Done {
-            return Ok(());
-        }
+    last: u64,
+    pending: VecDeque<Event>,
+    replaying: bool,
+    ended: bool,
+}
+
+impl Follower {
+    async fn next(mut self) -> Option<(Event, Self)> {
         loop {
-            match tokio::time::timeout(Duration::from_secs(15), live.recv()).await {
-                Ok(Ok(event)) if event.sequence_number <= last => {}
-                Ok(Ok(event)) if event.sequence_number == last + 1 => {
-                    if send_event(&sender, &mut last, (*event).clone()).await == Flow::Done {
-                        return Ok(());
+            if let Some(event) = self.pending.pop_front() {
+                self.last = event.sequence_number;
+                self.ended = event.kind().is_terminal();
+                return Some((event, self));
+            }
+            if self.ended {
+                return None;
+            }
+            if self.replaying {
+                match self
+                    .store
+                    .events(self.task_id, self.last, REPLAY_PAGE)
+                    .await
+                {
+                    Ok(page) => {
+                        self.replaying = page.has_more;
+                        self.pending.extend(page.items);
+                    }
+                    Err(error) => {
+                        tracing::warn!(task_id = %self.task_id, %error, "event stream ended early");
+                        return None;
                     }
                 }
-                // A gap or a lag: read the rest from the store.
-                Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => break,
-                Ok(Err(broadcast::error::RecvError::Closed)) => {
-                    live = live_events.subscribe(task_id);
-                    break;
+                continue;
+            }
+            match self.live.recv().await {
+                Ok(event) if event.sequence_number <= self.last => {}
+                Ok(event) if event.sequence_number == self.last + 1 => {
+                    self.pending.push_back((*event).clone());
                 }
-                Err(_quiet) if sender.is_closed() => return Ok(()),
-                Err(_quiet) => {}
+                // A gap or a lag: read the rest from the store.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self.replaying = true,
+                // The fan-out dropped the channel (after a terminal event, or when it had no
+                // listener for a moment): listen again, then catch up from the store.
+                Err(broadcast::error::RecvError::Closed) => {
+                    self.live = self.live_events.subscribe(self.task_id);
+                    self.replaying = true;
+                }
             }
         }
     }

@@ -77,7 +77,7 @@ impl Default for SqliteOptions {
             read_connections: 4,
             busy_timeout: Duration::from_secs(5),
             recovery_batch: 1000,
-            purge_max_events: 10_000,
+            purge_max_events: 1_000,
             max_page_count: None,
         }
     }
