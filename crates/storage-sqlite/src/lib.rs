@@ -56,7 +56,7 @@ pub enum SyncMode {
 pub struct SqliteOptions {
     /// The `synchronous` pragma.
     pub sync: SyncMode,
-    /// How many read-only connections are kept.
+    /// How many read-only connections are kept, and so how many reads run at once.
     pub read_connections: usize,
     /// How long a connection waits for a lock (`busy_timeout`).
     pub busy_timeout: Duration,
@@ -74,7 +74,7 @@ impl Default for SqliteOptions {
     fn default() -> Self {
         Self {
             sync: SyncMode::Full,
-            read_connections: 4,
+            read_connections: 8,
             busy_timeout: Duration::from_secs(5),
             recovery_batch: 1000,
             purge_max_events: 1_000,
@@ -134,6 +134,7 @@ pub struct SqliteStore {
     sender: Mutex<Option<Sender<Box<dyn Command>>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     reads: Arc<ReadPool>,
+    read_permits: tokio::sync::Semaphore,
     recovery_batch: usize,
     purge_max_events: u64,
 }
@@ -192,6 +193,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             sender: Mutex::new(Some(sender)),
             writer: Mutex::new(Some(writer)),
+            read_permits: tokio::sync::Semaphore::new(reads.keep),
             reads,
             recovery_batch: options.recovery_batch.max(1),
             purge_max_events: options.purge_max_events.max(1),
@@ -239,6 +241,13 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, DbError> + Send + 'static,
     {
+        // At most `read_connections` reads at once, so each finds an idle connection instead of
+        // opening (and parsing the schema of) a new one; the others wait their turn here.
+        let _permit = self
+            .read_permits
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Unavailable(String::from("the store is closed")))?;
         let reads = Arc::clone(&self.reads);
         tokio::task::spawn_blocking(move || reads.with(f))
             .await
