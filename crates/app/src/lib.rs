@@ -9,6 +9,7 @@ mod error;
 mod live;
 mod metrics;
 mod pairing;
+pub mod purge;
 mod service;
 mod worker;
 

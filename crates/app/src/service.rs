@@ -202,7 +202,7 @@ impl Service {
         let mut handles: Vec<_> = (0..self.inner.settings.workers.max(1))
             .map(|_| tokio::spawn(worker::run_worker(self.clone())))
             .collect();
-        handles.push(tokio::spawn(worker::run_purge(self.clone())));
+        handles.push(tokio::spawn(crate::purge::run_purge(self.clone())));
         handles
     }
 

@@ -1,4 +1,4 @@
-//! The worker pool and the purge job.
+//! The worker pool.
 //!
 //! A worker takes resumed tasks first (they were under way before the restart), then the oldest
 //! queued task, and drives it through the store: every step is a store transaction that the
@@ -6,7 +6,7 @@
 //! worker commits whatever has piled up (up to [`MAX_BATCH`] deltas) in one append, so a fast
 //! engine fills group commits and a slow one gets each token out at once.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -18,7 +18,7 @@ use lmsp_domain::ports::{
 use lmsp_domain::transition::Refusal;
 use lmsp_domain::{
     EventPayload, Response, ResponseId, Step, Task, TaskError, TaskErrorCode, TaskId, TaskStatus,
-    Timestamp, Usage,
+    Usage,
 };
 
 use crate::error::AppError;
@@ -26,8 +26,6 @@ use crate::service::Service;
 
 /// The most deltas committed in one append.
 pub(crate) const MAX_BATCH: usize = 64;
-/// Finished tasks removed per purge transaction: small, so writers never wait long (P-5).
-const PURGE_BATCH: usize = 500;
 
 pub(crate) async fn run_worker(service: Service) {
     let inner = &service.inner;
@@ -401,55 +399,4 @@ async fn resume_point(
         }),
         text,
     ))
-}
-
-/// P-5, P-6: every `purge_interval`, removes finished tasks older than the retention, in small
-/// batches, and expired idempotency keys.
-pub(crate) async fn run_purge(service: Service) {
-    let inner = Arc::clone(&service.inner);
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(inner.settings.purge_interval) => {}
-            _ = inner.stop_workers.raised() => return,
-        }
-        let retention = i64::try_from(inner.settings.retention.as_millis()).unwrap_or(i64::MAX);
-        let now = service.now();
-        let cutoff = Timestamp::from_millis(now.as_millis().saturating_sub(retention));
-        if let Err(error) = purge_once(&service, cutoff, now).await {
-            tracing::error!(%error, "purge failed; it runs again next interval");
-        }
-    }
-}
-
-/// One purge pass: batch after batch until nothing is left to remove.
-pub(crate) async fn purge_once(
-    service: &Service,
-    cutoff: Timestamp,
-    now: Timestamp,
-) -> Result<u64, AppError> {
-    let store = &service.inner.store;
-    let mut purged = 0;
-    let metrics = &service.inner.metrics;
-    loop {
-        let report = store.purge_finished(cutoff, PURGE_BATCH).await?;
-        metrics.record_purge(report);
-        purged += report.tasks;
-        if !report.more {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    loop {
-        let keys = store.purge_idempotency(now, PURGE_BATCH).await?;
-        metrics.record_purged_keys(keys);
-        if keys < PURGE_BATCH as u64 {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    metrics.record_purge_run();
-    if purged > 0 {
-        tracing::info!(purged, "purged finished tasks");
-    }
-    Ok(purged)
 }

@@ -508,12 +508,13 @@ impl Phases<'_> {
         let prepared = Instant::now();
         let events = purge::prepare(&template, plan.purge_events, plan.events_per_task).await?;
         println!(
-            "\n[purge] {events} events in finished tasks of {} events each prepared through SqliteStore in {:.1} s; {} writers append one delta per call (synchronous=FULL), {:.1} s alone, then while purge_finished(cutoff, {}) runs to the end",
+            "\n[purge] {events} events in finished tasks of {} events each prepared through SqliteStore in {:.1} s; {} writers append one delta per call (synchronous=FULL), {:.1} s alone, then while the app's purge pass (lmsp_app::purge::purge_pass: batches of {} tasks / at most 1 000 events, resting {}x each batch's time) runs to the end",
             plan.events_per_task,
             prepared.elapsed().as_secs_f64(),
             plan.writers,
             plan.writers_alone.as_secs_f64(),
-            purge::PURGE_BATCH
+            lmsp_app::purge::PURGE_BATCH,
+            lmsp_app::purge::REST_FACTOR,
         );
         let (mut alone, mut purging, mut purge_s) = (Spread::new(), Spread::new(), Spread::new());
         let mut purged = 0;

@@ -5,9 +5,8 @@
 //! (an injected timestamp), are prepared once through the storage port; each repetition copies
 //! that database, opens it as the service does (`synchronous=FULL`), and measures the latency of
 //! every `append` (one output delta, as a worker's smallest batch) from concurrent writers, first
-//! alone for a while, then while a loop of `purge_finished(cutoff, 500)` (the app's batch size,
-//! called again while the report says `more`, as the app's purge job does) removes every old
-//! task.
+//! alone for a while, then while the app's own purge pass (`lmsp_app::purge::purge_pass`, paced
+//! as in the service) removes every old task.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use futures::StreamExt;
+use lmsp_app::purge::purge_pass;
+use lmsp_app::Metrics;
 use lmsp_domain::ports::{StepOutcome, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::time::Timestamp;
@@ -26,9 +27,6 @@ use lmsp_storage_sqlite::{contract, SqliteOptions, SqliteStore};
 use crate::recovery::{close_store, copy_db, prep_store, DB_FILE};
 use crate::stats::Latencies;
 
-/// Finished tasks removed per purge transaction: the app's batch (`PURGE_BATCH` in
-/// `crates/app/src/worker.rs`).
-pub const PURGE_BATCH: usize = 500;
 /// Output deltas per append while preparing (the worker's `MAX_BATCH`).
 const DELTAS_PER_APPEND: u64 = 64;
 /// Tasks prepared at once.
@@ -191,18 +189,11 @@ pub async fn measure(
         tokio::spawn(async move {
             let began = Instant::now();
             let mut events = 0u64;
-            let outcome = async {
-                loop {
-                    let report = store.purge_finished(CUTOFF, PURGE_BATCH).await?;
-                    events += report.events;
-                    // As the app's purge job: call again while the adapter says more is left.
-                    if !report.more {
-                        return Ok::<_, anyhow::Error>(());
-                    }
-                    tokio::task::yield_now().await;
-                }
-            }
-            .await;
+            // The app's own purge pass, paced as in the service.
+            let outcome = purge_pass(store.as_ref(), CUTOFF, CUTOFF, &Metrics::new())
+                .await
+                .map(|totals| events = totals.events)
+                .map_err(anyhow::Error::from);
             stop.store(true, Ordering::Relaxed);
             outcome.map(|()| (events, began.elapsed()))
         })

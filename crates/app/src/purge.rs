@@ -1,0 +1,101 @@
+//! The purge job (P-5, P-6, I-4): every `--purge-interval`, finished tasks older than the
+//! retention go, with their events, response, snapshot and idempotency records, then expired
+//! idempotency keys.
+//!
+//! The store removes a bounded batch per transaction and never an unfinished task; this job paces
+//! the batches. After each one it rests [`REST_FACTOR`] times as long as the batch took (at least
+//! [`MIN_REST`]), so the purge holds the single writer a small share of the time and writers'
+//! commits never queue behind a run of purge transactions.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lmsp_domain::ports::{Store, StoreError};
+use lmsp_domain::Timestamp;
+
+use crate::metrics::Metrics;
+use crate::service::Service;
+
+/// Finished tasks asked for per purge transaction (the store may take fewer: it also bounds the
+/// events one transaction removes).
+pub const PURGE_BATCH: usize = 500;
+/// Expired idempotency keys removed per transaction.
+const KEY_BATCH: usize = 500;
+/// How many times a batch's own duration the job rests after it.
+pub const REST_FACTOR: u32 = 4;
+/// The shortest rest between two batches.
+pub const MIN_REST: Duration = Duration::from_millis(2);
+
+/// What one purge pass removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeTotals {
+    /// Finished tasks removed.
+    pub tasks: u64,
+    /// Their events.
+    pub events: u64,
+    /// Expired idempotency keys removed.
+    pub idempotency_keys: u64,
+}
+
+/// One purge pass: finished tasks with `finished_at < cutoff`, batch after paced batch until none
+/// is left, then idempotency keys expired at `now`. Each batch is counted in `metrics`.
+pub async fn purge_pass(
+    store: &dyn Store,
+    cutoff: Timestamp,
+    now: Timestamp,
+    metrics: &Metrics,
+) -> Result<PurgeTotals, StoreError> {
+    let mut totals = PurgeTotals::default();
+    loop {
+        let began = Instant::now();
+        let report = store.purge_finished(cutoff, PURGE_BATCH).await?;
+        metrics.record_purge(report);
+        totals.tasks += report.tasks;
+        totals.events += report.events;
+        if !report.more {
+            break;
+        }
+        rest_after(began).await;
+    }
+    loop {
+        let began = Instant::now();
+        let keys = store.purge_idempotency(now, KEY_BATCH).await?;
+        metrics.record_purged_keys(keys);
+        totals.idempotency_keys += keys;
+        if keys < KEY_BATCH as u64 {
+            break;
+        }
+        rest_after(began).await;
+    }
+    metrics.record_purge_run();
+    Ok(totals)
+}
+
+async fn rest_after(batch_began: Instant) {
+    let rest = (batch_began.elapsed() * REST_FACTOR).max(MIN_REST);
+    tokio::time::sleep(rest).await;
+}
+
+/// The job: a pass every `purge_interval` until the service stops.
+pub(crate) async fn run_purge(service: Service) {
+    let inner = Arc::clone(&service.inner);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(inner.settings.purge_interval) => {}
+            _ = inner.stop_workers.raised() => return,
+        }
+        let retention = i64::try_from(inner.settings.retention.as_millis()).unwrap_or(i64::MAX);
+        let now = service.now();
+        let cutoff = Timestamp::from_millis(now.as_millis().saturating_sub(retention));
+        match purge_pass(inner.store.as_ref(), cutoff, now, &inner.metrics).await {
+            Ok(totals) if totals.tasks > 0 || totals.idempotency_keys > 0 => tracing::info!(
+                tasks = totals.tasks,
+                events = totals.events,
+                idempotency_keys = totals.idempotency_keys,
+                "purged"
+            ),
+            Ok(_) => {}
+            Err(error) => tracing::error!(%error, "purge failed; it runs again next interval"),
+        }
+    }
+}
