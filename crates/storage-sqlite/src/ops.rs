@@ -303,8 +303,28 @@ fn insert_events(conn: &Connection, events: &[Event]) -> Res<()> {
 /// Writes a task after a decided step: compare-and-set on status and last sequence number, so a
 /// row that moved under the transaction is never overwritten.
 fn write_advanced(conn: &Connection, old: &Task, new: &Task, events: &[Event]) -> Res<()> {
-    let changed = conn
-        .prepare_cached(
+    let only_progress = old.status == new.status
+        && old.started_at == new.started_at
+        && old.finished_at == new.finished_at
+        && old.restarts == new.restarts
+        && old.recovered_in == new.recovered_in
+        && old.error == new.error
+        && old.response_id == new.response_id;
+    let changed = if only_progress {
+        // Output: only the sequence number moves, and an UPDATE that names no indexed column
+        // leaves the status and finish indexes alone.
+        conn.prepare_cached(
+            "UPDATE tasks SET last_sequence_number = ?1 \
+             WHERE id = ?2 AND status = ?3 AND last_sequence_number = ?4",
+        )?
+        .execute(params![
+            to_i64(new.last_sequence_number)?,
+            key(old.id),
+            old.status.as_str(),
+            to_i64(old.last_sequence_number)?,
+        ])?
+    } else {
+        conn.prepare_cached(
             "UPDATE tasks SET status = ?1, started_at = ?2, finished_at = ?3, \
              last_sequence_number = ?4, restarts = ?5, recovered_in = ?6, error = ?7, \
              response_id = ?8 WHERE id = ?9 AND status = ?10 AND last_sequence_number = ?11",
@@ -321,7 +341,8 @@ fn write_advanced(conn: &Connection, old: &Task, new: &Task, events: &[Event]) -
             key(old.id),
             old.status.as_str(),
             to_i64(old.last_sequence_number)?,
-        ])?;
+        ])?
+    };
     if changed != 1 {
         return Err(corrupt(format!(
             "task {} moved under its transaction",
@@ -580,9 +601,15 @@ pub fn recover_batch(
     let Some(status) = LEFTOVER_STATUSES.get(cursor.status_index) else {
         return Ok(((RecoveryReport::default(), None), Vec::new()));
     };
+    // Only a running task's snapshot decides anything (where `resume` continues); the others
+    // skip the lookup.
+    let snapshot = if *status == TaskStatus::Running {
+        "(SELECT n.sequence_number FROM snapshots n WHERE n.task_id = t.id)"
+    } else {
+        "NULL"
+    };
     let sql = format!(
-        "SELECT {TASK_COLUMNS}, n.sequence_number FROM {TASK_FROM} \
-         LEFT JOIN snapshots n ON n.task_id = t.id \
+        "SELECT {TASK_COLUMNS}, {snapshot} FROM {TASK_FROM} \
          WHERE t.status = ?1 AND t.id > ?2 AND (t.recovered_in IS NULL OR t.recovered_in != ?3) \
          ORDER BY t.id LIMIT ?4"
     );
