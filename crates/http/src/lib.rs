@@ -8,6 +8,7 @@ pub mod error;
 pub mod extract;
 pub mod openapi;
 mod routes;
+pub mod server;
 pub mod wire;
 
 use std::sync::Arc;

@@ -290,7 +290,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let workers = service.spawn_background();
     tracing::info!(address = %local, ready_ms = ready_timer.elapsed().as_millis() as u64, "listening");
     eprintln!("lmsp listening on http://{local}");
-    let server = tokio::spawn(async move { axum::serve(listener, router(state)).await });
+    let server = tokio::spawn(lmsp_http::server::serve(listener, router(state)));
     shutdown_signal().await;
     tracing::info!(
         "shutting down: no new work; running tasks get {:?}",
