@@ -333,7 +333,13 @@ async fn drive(
             match append(service, current.id, steps, snapshot).await? {
                 Some(task) => *current = task,
                 None => {
+                    // A cancel won: its output is refused. The task stays `cancelling` until the
+                    // engine has noticed and stopped (its own time to notice a cancel), so the
+                    // acknowledgement means what it says.
                     cancel.raise();
+                    if ending.is_none() {
+                        while let Some(Ok(GenerationItem::Delta { .. })) = items.recv().await {}
+                    }
                     return Ok(Ending::Cancelled);
                 }
             }
