@@ -5,6 +5,7 @@
 //! and reads the gap back from the store.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::broadcast;
@@ -16,10 +17,23 @@ use lmsp_domain::{Event, TaskId};
 /// since every watched task holds one buffer of this many slots.
 const CHANNEL_CAPACITY: usize = 64;
 
+/// The map size below which abandoned channels are not swept.
+const MIN_SWEEP: usize = 64;
+
 /// Per-task broadcast channels of committed events.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LiveEvents {
     channels: Mutex<HashMap<TaskId, broadcast::Sender<Arc<Event>>>>,
+    sweep_at: AtomicUsize,
+}
+
+impl Default for LiveEvents {
+    fn default() -> Self {
+        Self {
+            channels: Mutex::default(),
+            sweep_at: AtomicUsize::new(MIN_SWEEP),
+        }
+    }
 }
 
 impl LiveEvents {
@@ -31,6 +45,13 @@ impl LiveEvents {
     /// Subscribes to the committed events of one task from now on.
     pub fn subscribe(&self, task_id: TaskId) -> broadcast::Receiver<Arc<Event>> {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        // Forget channels whose subscribers have all gone, now and then: here, off the writer's
+        // path, and only when the map has doubled since the last sweep (amortised O(1)).
+        if channels.len() >= self.sweep_at.load(Ordering::Relaxed) {
+            channels.retain(|_, sender| sender.receiver_count() > 0);
+            self.sweep_at
+                .store((channels.len() * 2).max(MIN_SWEEP), Ordering::Relaxed);
+        }
         channels
             .entry(task_id)
             .or_insert_with(|| broadcast::channel(CHANNEL_CAPACITY).0)
@@ -61,7 +82,6 @@ impl CommittedEvents for LiveEvents {
                 }
             }
         }
-        channels.retain(|_, sender| sender.receiver_count() > 0);
     }
 }
 

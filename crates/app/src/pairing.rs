@@ -17,34 +17,48 @@ use crate::credentials::{generate_pairing_code, new_client};
 use crate::error::AppError;
 use crate::service::{Caller, Service};
 
-/// Recent wrong codes, oldest first.
+/// Recent wrong codes, oldest first, and the attempts being checked right now.
 #[derive(Debug, Default)]
-pub(crate) struct PairingFailures(Mutex<VecDeque<Timestamp>>);
+pub(crate) struct PairingFailures(Mutex<Attempts>);
+
+#[derive(Debug, Default)]
+struct Attempts {
+    failures: VecDeque<Timestamp>,
+    in_flight: usize,
+}
 
 impl PairingFailures {
-    /// When pairing opens again, if it is locked now.
-    fn locked_until(&self, now: Timestamp) -> Option<Timestamp> {
-        let mut failures = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        while failures
+    /// Reserves an attempt, or says when to try again. An attempt in flight counts as a possible
+    /// failure, so concurrent guesses can never exceed the limit between two checks.
+    fn begin(&self, now: Timestamp) -> Result<(), Timestamp> {
+        let mut attempts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        while attempts
+            .failures
             .front()
             .is_some_and(|at| at.plus_millis(PAIRING_TTL_MILLIS) <= now)
         {
-            failures.pop_front();
+            attempts.failures.pop_front();
         }
-        (failures.len() >= PAIRING_MAX_FAILURES).then(|| {
-            failures
-                .back()
-                .copied()
-                .unwrap_or(now)
-                .plus_millis(PAIRING_TTL_MILLIS)
-        })
+        if attempts.failures.len() >= PAIRING_MAX_FAILURES {
+            let newest = attempts.failures.back().copied().unwrap_or(now);
+            return Err(newest.plus_millis(PAIRING_TTL_MILLIS));
+        }
+        if attempts.failures.len() + attempts.in_flight >= PAIRING_MAX_FAILURES {
+            // Others are being checked and could make the limit: try again in a moment.
+            return Err(now.plus_millis(1000));
+        }
+        attempts.in_flight += 1;
+        Ok(())
     }
 
-    /// Records a wrong code; `true` when that makes the limit.
-    fn record(&self, now: Timestamp) -> bool {
-        let mut failures = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        failures.push_back(now);
-        failures.len() >= PAIRING_MAX_FAILURES
+    /// Ends a reserved attempt; a wrong code is recorded. `true` when that makes the limit.
+    fn end(&self, now: Timestamp, wrong: bool) -> bool {
+        let mut attempts = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        attempts.in_flight = attempts.in_flight.saturating_sub(1);
+        if wrong {
+            attempts.failures.push_back(now);
+        }
+        wrong && attempts.failures.len() >= PAIRING_MAX_FAILURES
     }
 }
 
@@ -96,33 +110,33 @@ impl Service {
     /// `POST /v1/pair` (no auth): exchanges a code for a new client.
     pub async fn pair(&self, code: &str, name: &str, scopes: Scopes) -> Result<Paired, AppError> {
         let now = self.now();
-        if let Some(until) = self.inner.pairing_failures.locked_until(now) {
+        let failures = &self.inner.pairing_failures;
+        if let Err(until) = failures.begin(now) {
             return Err(AppError::RateLimited {
                 retry_after_seconds: seconds_until(now, until),
             });
         }
         let (client, token) = new_client(name, scopes, now);
-        match self
+        let redeemed = self
             .inner
             .store
             .redeem_pairing(Secret::new(code).hash(), client.clone(), now)
-            .await?
-        {
+            .await;
+        let wrong = matches!(redeemed, Ok(Redemption::NoSuchCode));
+        if failures.end(now, wrong) {
+            let burnt = self.inner.store.burn_pairings().await?;
+            tracing::warn!(
+                burnt,
+                "too many wrong pairing codes: every outstanding code is burnt"
+            );
+        }
+        match redeemed? {
             Redemption::Paired => Ok(Paired { client, token }),
             // The code stays usable with the scopes it grants.
             Redemption::ScopesNotGranted => Err(AppError::Forbidden(
                 "a scope the pairing code does not grant",
             )),
-            Redemption::NoSuchCode => {
-                if self.inner.pairing_failures.record(now) {
-                    let burnt = self.inner.store.burn_pairings().await?;
-                    tracing::warn!(
-                        burnt,
-                        "too many wrong pairing codes: every outstanding code is burnt"
-                    );
-                }
-                Err(AppError::Unauthorized)
-            }
+            Redemption::NoSuchCode => Err(AppError::Unauthorized),
         }
     }
 }
@@ -141,12 +155,35 @@ mod tests {
         let failures = PairingFailures::default();
         let start = Timestamp::from_millis(1_000_000);
         for i in 0..4 {
-            assert!(!failures.record(start.plus_millis(i)));
-            assert_eq!(failures.locked_until(start.plus_millis(i)), None);
+            assert_eq!(failures.begin(start.plus_millis(i)), Ok(()));
+            assert!(!failures.end(start.plus_millis(i), true));
         }
-        assert!(failures.record(start.plus_millis(4)));
-        assert!(failures.locked_until(start.plus_millis(5)).is_some());
+        assert_eq!(failures.begin(start.plus_millis(4)), Ok(()));
+        assert!(
+            failures.end(start.plus_millis(4), true),
+            "the fifth makes the limit"
+        );
+        assert_eq!(
+            failures.begin(start.plus_millis(5)),
+            Err(start.plus_millis(4 + PAIRING_TTL_MILLIS))
+        );
         let later = start.plus_millis(PAIRING_TTL_MILLIS + 10);
-        assert_eq!(failures.locked_until(later), None);
+        assert_eq!(failures.begin(later), Ok(()));
+    }
+
+    /// Concurrent guesses cannot slip past the limit: attempts being checked count against it.
+    #[test]
+    fn attempts_in_flight_count_against_the_limit() {
+        let failures = PairingFailures::default();
+        let now = Timestamp::from_millis(1_000_000);
+        for _ in 0..PAIRING_MAX_FAILURES {
+            assert_eq!(failures.begin(now), Ok(()));
+        }
+        assert!(
+            failures.begin(now).is_err(),
+            "a sixth guess at once is refused"
+        );
+        assert!(!failures.end(now, false), "a right code frees its slot");
+        assert_eq!(failures.begin(now), Ok(()));
     }
 }

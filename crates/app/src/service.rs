@@ -596,6 +596,20 @@ impl Follower {
                     .events(self.task_id, self.last, REPLAY_PAGE)
                     .await
                 {
+                    Ok(page) if page.items.is_empty() => {
+                        // Nothing stored after `last`: if the task is already finished, nothing
+                        // will ever come (a reconnect at or past its terminal event), so end.
+                        match self.store.task(self.task_id).await {
+                            Ok(Some(task)) if !task.status.is_finished() => self.replaying = false,
+                            // It finished since the read: read again what it wrote meanwhile.
+                            Ok(Some(task)) if task.last_sequence_number > self.last => {}
+                            Ok(_) => return None,
+                            Err(error) => {
+                                tracing::warn!(task_id = %self.task_id, %error, "event stream ended early");
+                                return None;
+                            }
+                        }
+                    }
                     Ok(page) => {
                         self.replaying = page.has_more;
                         self.pending.extend(page.items);
@@ -608,6 +622,10 @@ impl Follower {
                 continue;
             }
             match self.live.recv().await {
+                // A terminal event at or before `last` (a stream started past the end): done.
+                Ok(event) if event.sequence_number <= self.last && event.kind().is_terminal() => {
+                    return None;
+                }
                 Ok(event) if event.sequence_number <= self.last => {}
                 Ok(event) if event.sequence_number == self.last + 1 => {
                     self.pending.push_back((*event).clone());

@@ -338,7 +338,11 @@ async fn drive(
                     // acknowledgement means what it says.
                     cancel.raise();
                     if ending.is_none() {
-                        while let Some(Ok(GenerationItem::Delta { .. })) = items.recv().await {}
+                        // An engine that never notices (a stalled upstream) is stopped anyway.
+                        let _ = tokio::time::timeout(ENGINE_STOP_GRACE, async {
+                            while let Some(Ok(GenerationItem::Delta { .. })) = items.recv().await {}
+                        })
+                        .await;
                     }
                     return Ok(Ending::Cancelled);
                 }
@@ -349,6 +353,10 @@ async fn drive(
         }
     }
 }
+
+/// How long a worker waits, after a cancel won, for its engine to notice and stop before it
+/// stops the engine itself.
+const ENGINE_STOP_GRACE: Duration = Duration::from_secs(30);
 
 /// How often a worker looks at a task's cancel flag while it waits for something else.
 const CANCEL_POLL: Duration = Duration::from_millis(10);

@@ -114,6 +114,21 @@ pub struct StoredReply {
     pub location: Option<String>,
     /// The task it created, if any (`Lmsp-Task-Id`).
     pub task_id: Option<TaskId>,
+    /// Set when the reply is not stored whole but given again from its task (a synchronous or a
+    /// streaming request, whose key commits with the task before the reply is known); `status`
+    /// and `body` are then unused.
+    #[serde(default)]
+    pub from_task: Option<ReplyFromTask>,
+}
+
+/// How a reply is given again from the task it created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplyFromTask {
+    /// Wait for the task to end and answer with its outcome, as a synchronous request does.
+    Outcome,
+    /// Stream the task's events from the first, as a streaming request does.
+    Events,
 }
 
 /// An idempotency record to store.

@@ -23,7 +23,7 @@ use lmsp_app::{AppError, Caller, SubmitReply};
 use lmsp_domain::auth::Scope;
 use lmsp_domain::idempotency::{
     decide, IdempotencyDecision, IdempotencyKey, IdempotencyRecord, IdempotencyScope,
-    RequestDigest, StoredReply,
+    ReplyFromTask, RequestDigest, StoredReply,
 };
 use lmsp_domain::validation::validate_submit;
 use lmsp_domain::{
@@ -187,26 +187,27 @@ fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<IdempotencyKey>> {
     IdempotencyKey::parse(text).map(Some).map_err(|_| invalid())
 }
 
-fn replay(reply: &StoredReply) -> Response {
-    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK);
-    let mut response = (status, reply.body.clone()).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
-    if let Some(location) = reply
-        .location
-        .as_deref()
-        .and_then(|l| HeaderValue::from_str(l).ok())
-    {
-        headers.insert(header::LOCATION, location);
-    }
-    match reply.task_id {
-        Some(task_id) => with_task_header(response, task_id),
-        None => response,
-    }
+fn replayed(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    response
+}
+
+/// Gives a stored reply again (`Idempotent-Replayed: true`): as stored, or rebuilt from its task
+/// for a synchronous or streaming request.
+async fn replay(state: &AppState, caller: &Caller, reply: &StoredReply) -> ApiResult<Response> {
+    let response = match (reply.from_task, reply.task_id) {
+        (Some(ReplyFromTask::Outcome), Some(task_id)) => {
+            reply_from_stored(&task_outcome(state, caller, task_id).await?)
+        }
+        (Some(ReplyFromTask::Events), Some(task_id)) => {
+            let events = state.service.follow_events(caller, task_id, 0).await?;
+            with_task_header(sse_response(events).into_response(), task_id)
+        }
+        _ => reply_from_stored(reply),
+    };
+    Ok(replayed(response))
 }
 
 /// An idempotent request in progress: its key, scope and digest.
@@ -232,20 +233,33 @@ impl Idempotent {
     }
 }
 
-/// Looks a key up: `Err(response)` answers the request at once (replay, 422); `Ok` carries on.
-async fn check_idempotency(
-    state: &AppState,
+/// What a request with an `Idempotency-Key` goes on with: the key, held against concurrent use
+/// until the request is answered.
+struct Held<'a> {
+    key: Idempotent,
+    _guard: KeyGuard<'a>,
+}
+
+/// Takes a request's key: holds it (409 while another request holds it), then looks it up.
+/// `Err(response)` answers at once (a replay); `Ok(None)`: no key; `Ok(Some)`: go on holding it.
+async fn hold_idempotency_key<'a>(
+    state: &'a AppState,
     caller: &Caller,
     path: &str,
     key: Option<IdempotencyKey>,
     body: &Value,
-) -> ApiResult<Result<Option<Idempotent>, Response>> {
+) -> ApiResult<Result<Option<Held<'a>>, Response>> {
     let Some(key) = key else { return Ok(Ok(None)) };
     let scope = IdempotencyScope {
         client_id: caller.client_id,
         method: "POST".into(),
         path: path.into(),
     };
+    // Held before the lookup, so a record stored by a request that just finished is seen.
+    let guard = state
+        .in_flight
+        .acquire(&scope, &key)
+        .ok_or_else(key_in_use)?;
     let digest = RequestDigest::of_json(body);
     let stored = state
         .service
@@ -255,15 +269,22 @@ async fn check_idempotency(
         .map_err(AppError::from)?;
     if let Some(stored) = stored {
         return match decide(&stored, &digest) {
-            IdempotencyDecision::Replay(reply) => Ok(Err(replay(&reply))),
-            IdempotencyDecision::Reused => Err(ApiError::new(
-                ErrorCode::IdempotencyKeyReused,
-                "this idempotency key was used with another request body",
-            )
-            .with_param("Idempotency-Key")),
+            IdempotencyDecision::Replay(reply) => Ok(Err(replay(state, caller, &reply).await?)),
+            IdempotencyDecision::Reused => Err(key_reused()),
         };
     }
-    Ok(Ok(Some(Idempotent { scope, key, digest })))
+    Ok(Ok(Some(Held {
+        key: Idempotent { scope, key, digest },
+        _guard: guard,
+    })))
+}
+
+fn key_reused() -> ApiError {
+    ApiError::new(
+        ErrorCode::IdempotencyKeyReused,
+        "this idempotency key was used with another request body",
+    )
+    .with_param("Idempotency-Key")
 }
 
 fn key_in_use() -> ApiError {
@@ -285,7 +306,65 @@ fn stored_reply_of(
         body: json_text(body)?,
         location,
         task_id,
+        from_task: None,
     })
+}
+
+/// A reply given again from its task rather than stored.
+fn reply_from_task(task_id: TaskId, from_task: ReplyFromTask) -> StoredReply {
+    StoredReply {
+        status: StatusCode::OK.as_u16(),
+        body: String::new(),
+        location: None,
+        task_id: Some(task_id),
+        from_task: Some(from_task),
+    }
+}
+
+/// The reply of a synchronous request, once its task has ended: 200 with the response, 409
+/// `task_cancelled`, or 500 with the task's error code.
+async fn task_outcome(
+    state: &AppState,
+    caller: &Caller,
+    task_id: TaskId,
+) -> ApiResult<StoredReply> {
+    let finished = state.service.wait_finished(task_id).await?;
+    match finished.status {
+        TaskStatus::Completed => {
+            let response_id = finished.response_id.ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::InternalError,
+                    "the completed task has no response",
+                )
+            })?;
+            let response = state.service.response(caller, response_id).await?;
+            stored_reply_of(
+                StatusCode::OK,
+                &wire::response(&response),
+                None,
+                Some(task_id),
+            )
+        }
+        TaskStatus::Cancelled => {
+            let error = ApiError::new(ErrorCode::TaskCancelled, "the task was cancelled");
+            stored_reply_of(error.status, &error.envelope(), None, Some(task_id))
+        }
+        _ => {
+            let error = finished
+                .error
+                .clone()
+                .unwrap_or_else(|| lmsp_domain::TaskError {
+                    code: lmsp_domain::TaskErrorCode::EngineError,
+                    message: "the task failed".into(),
+                });
+            stored_reply_of(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &ErrorEnvelope::new(error.code.as_str(), error.message),
+                None,
+                Some(task_id),
+            )
+        }
+    }
 }
 
 fn reply_from_stored(reply: &StoredReply) -> Response {
@@ -378,49 +457,44 @@ pub async fn create_response(
     caller.require(Scope::ResponsesWrite)?;
     let key = idempotency_key(&headers)?;
     let request = validate_submit(&body).map_err(|e| ApiError::from(AppError::from(e)))?;
-    let idempotent = match check_idempotency(&state, &caller, "/v1/responses", key, &body).await? {
-        Ok(idempotent) => idempotent,
+    let held = match hold_idempotency_key(&state, &caller, "/v1/responses", key, &body).await? {
+        Ok(held) => held,
         Err(replayed) => return Ok(replayed),
-    };
-    let _guard = match &idempotent {
-        Some(i) => Some(
-            state
-                .in_flight
-                .acquire(&i.scope, &i.key)
-                .ok_or_else(key_in_use)?,
-        ),
-        None => None,
     };
     let task = state.service.prepare_task(&caller, &request).await?;
     let task_id = task.id;
     let location = format!("/v1/tasks/{task_id}");
-    // Background: the key, its reply and the task commit in one transaction (I-8).
-    let record = match (&idempotent, request.background && !request.stream) {
-        (Some(i), true) => Some(i.record(
-            &state,
-            stored_reply_of(
-                StatusCode::ACCEPTED,
-                &wire::task(&task),
-                Some(location.clone()),
-                Some(task_id),
-            )?,
-        )),
-        _ => None,
+    // The key commits with the task (I-8): for a background request with its whole reply; for a
+    // synchronous or streaming one with a pointer to the task, whose outcome or events a retry
+    // is given, so a retry after a dropped connection or a crash never starts a second task.
+    let record = match &held {
+        Some(held) => {
+            let reply = if request.stream {
+                reply_from_task(task_id, ReplyFromTask::Events)
+            } else if request.background {
+                stored_reply_of(
+                    StatusCode::ACCEPTED,
+                    &wire::task(&task),
+                    Some(location.clone()),
+                    Some(task_id),
+                )?
+            } else {
+                reply_from_task(task_id, ReplyFromTask::Outcome)
+            };
+            Some(held.key.record(&state, reply))
+        }
+        None => None,
     };
     let task = match state.service.submit(task, record).await? {
         SubmitReply::Created(task) => task,
+        // Only when the key was taken meanwhile by another process (the offline CLI cannot,
+        // so: a record that expired and was renewed); answer from it all the same.
         SubmitReply::Existing(record) => {
-            return match decide(
-                &record,
-                &idempotent.as_ref().map_or(record.digest, |i| i.digest),
-            ) {
-                IdempotencyDecision::Replay(reply) => Ok(replay(&reply)),
-                IdempotencyDecision::Reused => Err(ApiError::new(
-                    ErrorCode::IdempotencyKeyReused,
-                    "this idempotency key was used with another request body",
-                )
-                .with_param("Idempotency-Key")),
-            }
+            let digest = held.as_ref().map_or(record.digest, |held| held.key.digest);
+            return match decide(&record, &digest) {
+                IdempotencyDecision::Replay(reply) => replay(&state, &caller, &reply).await,
+                IdempotencyDecision::Reused => Err(key_reused()),
+            };
         }
     };
     if request.stream {
@@ -437,54 +511,10 @@ pub async fn create_response(
         }
         return Ok(with_task_header(response, task_id));
     }
-    // Synchronous: wait for the end, and remember the reply under the key, if any.
-    let finished = state.service.wait_finished(task_id).await?;
-    let reply = match finished.status {
-        TaskStatus::Completed => {
-            let response_id = finished.response_id.ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::InternalError,
-                    "the completed task has no response",
-                )
-            })?;
-            let response = state.service.response(&caller, response_id).await?;
-            stored_reply_of(
-                StatusCode::OK,
-                &wire::response(&response),
-                None,
-                Some(task_id),
-            )?
-        }
-        TaskStatus::Cancelled => {
-            let error = ApiError::new(ErrorCode::TaskCancelled, "the task was cancelled");
-            stored_reply_of(error.status, &error.envelope(), None, Some(task_id))?
-        }
-        _ => {
-            let error = finished
-                .error
-                .clone()
-                .unwrap_or_else(|| lmsp_domain::TaskError {
-                    code: lmsp_domain::TaskErrorCode::EngineError,
-                    message: "the task failed".into(),
-                });
-            stored_reply_of(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                &ErrorEnvelope::new(error.code.as_str(), error.message),
-                None,
-                Some(task_id),
-            )?
-        }
-    };
-    if let Some(i) = &idempotent {
-        let record = i.record(&state, reply.clone());
-        state
-            .service
-            .store()
-            .insert_idempotency_record(record)
-            .await
-            .map_err(AppError::from)?;
-    }
-    Ok(reply_from_stored(&reply))
+    // Synchronous: wait for the end.
+    Ok(reply_from_stored(
+        &task_outcome(&state, &caller, task_id).await?,
+    ))
 }
 
 fn sse_response(
@@ -926,27 +956,18 @@ pub async fn create_model(
             ))
         }
     };
-    let idempotent = match check_idempotency(&state, &caller, "/v1/models", key, &body).await? {
-        Ok(idempotent) => idempotent,
+    let held = match hold_idempotency_key(&state, &caller, "/v1/models", key, &body).await? {
+        Ok(held) => held,
         Err(replayed) => return Ok(replayed),
-    };
-    let _guard = match &idempotent {
-        Some(i) => Some(
-            state
-                .in_flight
-                .acquire(&i.scope, &i.key)
-                .ok_or_else(key_in_use)?,
-        ),
-        None => None,
     };
     let record = state.service.register_model(&caller, id, &path).await?;
     let body = wire::model(&record);
-    if let Some(i) = &idempotent {
+    if let Some(held) = &held {
         let reply = stored_reply_of(StatusCode::CREATED, &body, None, None)?;
         state
             .service
             .store()
-            .insert_idempotency_record(i.record(&state, reply))
+            .insert_idempotency_record(held.key.record(&state, reply))
             .await
             .map_err(AppError::from)?;
     }

@@ -174,7 +174,7 @@ impl SqliteStore {
     ) -> Result<SqliteStore, StoreError> {
         let mut conn = Connection::open(path).map_err(DbError::from)?;
         configure_writer(&conn, &options)?;
-        schema::migrate(&mut conn).map_err(DbError::from)?;
+        schema::migrate(&mut conn)?;
         if let Some(pages) = options.max_page_count {
             conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
                 .map_err(DbError::from)?;

@@ -705,7 +705,9 @@ pub fn purge_finished(
         for sql in [
             "DELETE FROM responses WHERE task_id = ?1",
             "DELETE FROM snapshots WHERE task_id = ?1",
-            "DELETE FROM idempotency_keys WHERE task_id = ?1",
+            // A key outlives its task when the retention is shorter than the key's TTL: it keeps
+            // its stored reply and expires on its own (API.md §6).
+            "UPDATE idempotency_keys SET task_id = NULL WHERE task_id = ?1",
             "DELETE FROM task_specs WHERE task_id = ?1",
         ] {
             conn.prepare_cached(sql)?.execute([id])?;
@@ -761,15 +763,25 @@ fn response_of_task(conn: &Connection, task_id: TaskId) -> Res<Response> {
     Ok(serde_json::from_str(&doc)?)
 }
 
-/// Events after `after`, ascending.
+/// Events after `after`, ascending. One read transaction, so the events and the task and response
+/// they are rebuilt from are one snapshot even while a purge runs.
 pub fn events(conn: &Connection, task_id: TaskId, after: u64, limit: usize) -> Res<Page<Event>> {
+    let snapshot = conn.unchecked_transaction()?;
+    let page = events_in(&snapshot, task_id, after, limit)?;
+    snapshot.commit()?;
+    Ok(page)
+}
+
+fn events_in(conn: &Connection, task_id: TaskId, after: u64, limit: usize) -> Res<Page<Event>> {
+    // Sequence numbers fit in i64; an `after` past that simply has nothing after it.
+    let after_key = i64::try_from(after).unwrap_or(i64::MAX);
     let rows: Vec<(i64, i64, i64, String)> = conn
         .prepare_cached(
             "SELECT sequence_number, kind, created_at, data FROM task_events \
              WHERE task_id = ?1 AND sequence_number > ?2 ORDER BY sequence_number LIMIT ?3",
         )?
         .query_map(
-            params![key(task_id), to_i64(after)?, to_i64(limit as u64 + 1)?],
+            params![key(task_id), after_key, to_i64(limit as u64 + 1)?],
             |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
         )?
         .collect::<Result<_, _>>()?;

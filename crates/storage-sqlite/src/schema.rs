@@ -2,6 +2,8 @@
 
 use rusqlite::Connection;
 
+use crate::error::DbError;
+
 /// The migrations, in order; migration `i` brings the database to `user_version = i + 1`.
 const MIGRATIONS: &[&str] = &[r#"
 CREATE TABLE service_config (
@@ -107,8 +109,27 @@ CREATE INDEX idempotency_task ON idempotency_keys (task_id) WHERE task_id IS NOT
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// Applies every migration newer than the database's `user_version`, each in its own transaction.
-pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+/// Applies every migration newer than the database's `user_version`, each in its own transaction,
+/// then checks that the layout is the one this build expects.
+pub fn migrate(conn: &mut Connection) -> Result<(), DbError> {
+    apply_migrations(conn)?;
+    // Pre-release builds wrote a different version-1 layout (tasks as JSON documents, no
+    // `task_specs`); such a database cannot be read, so say so instead of failing on a query.
+    let expected: i64 = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'task_specs'",
+        [],
+        |row| row.get(0),
+    )?;
+    if expected != 1 {
+        return Err(DbError::Corrupt(String::from(
+            "this database was written by a pre-release build of lmsp with another layout; \
+             move its data directory aside and start with a new one",
+        )));
+    }
+    Ok(())
+}
+
+fn apply_migrations(conn: &mut Connection) -> rusqlite::Result<()> {
     let current: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
     for (index, script) in MIGRATIONS.iter().enumerate() {
         let version = index as i64 + 1;

@@ -70,3 +70,33 @@ async fn a_full_disk_is_a_typed_error_and_leaves_the_database_consistent() {
         contract::assert_log_consistent(&store, *id).await;
     }
 }
+
+/// A database in a pre-release layout is refused at open with a message that says what to do,
+/// and is left as it was.
+#[test]
+fn a_pre_release_database_is_refused_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lmsp.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE tasks (id TEXT PRIMARY KEY, doc TEXT NOT NULL);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let error = SqliteStore::open_without_hook(&path, SqliteOptions::default()).unwrap_err();
+    assert!(
+        matches!(&error, StoreError::Corrupt(message) if message.contains("pre-release")),
+        "{error:?}"
+    );
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert_eq!(tables, 1, "nothing was added to it");
+}

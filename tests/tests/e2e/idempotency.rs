@@ -192,3 +192,73 @@ async fn model_registration_is_idempotent_with_a_key() {
     );
     assert_eq!(server.get("/v1/models/m2").await.0, 404);
 }
+
+/// I-8: a synchronous or streaming request's key commits with its task, so a retry after the
+/// client gave up — or after a crash — gets that task's outcome or events, never a second task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_synchronous_or_streaming_request_never_starts_a_second_task_i8() {
+    let mut server = TestServer::start(&["--reference-token-delay", "30ms"]);
+    let admin = server.admin_token.clone();
+    let sync_body = r#"{"model": "reference", "input": "hi", "max_output_tokens": 20, "seed": 3, "on_restart": "retry"}"#;
+    // The first client gives up long before the task ends.
+    let gave_up = server
+        .request(reqwest::Method::POST, "/v1/responses", &admin)
+        .header("idempotency-key", "sync-retry")
+        .header("content-type", "application/json")
+        .body(sync_body)
+        .timeout(std::time::Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the first client timed out");
+    // Crash while the task runs; recovery puts it back in the queue (`retry`).
+    server.kill_and_restart(&["--reference-token-delay", "30ms"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (status, headers, outcome) = loop {
+        let (status, headers, reply) =
+            post_with_key(&server, &admin, "/v1/responses", "sync-retry", sync_body).await;
+        if status != 409 {
+            break (status, headers, reply);
+        }
+        assert!(Instant::now() < deadline, "the key stayed in use");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status, 200, "{outcome}");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(outcome["object"], "response");
+    assert_eq!(task_count(&server).await, 1, "one task for the key");
+    assert_eq!(
+        outcome["task_id"],
+        headers["lmsp-task-id"].to_str().unwrap()
+    );
+
+    let stream_body =
+        r#"{"model": "reference", "input": "hi", "max_output_tokens": 5, "stream": true}"#;
+    let first = server
+        .request(reqwest::Method::POST, "/v1/responses", &admin)
+        .header("idempotency-key", "stream-retry")
+        .header("content-type", "application/json")
+        .body(stream_body)
+        .send()
+        .await
+        .unwrap();
+    let task_id = first.headers()["lmsp-task-id"].to_str().unwrap().to_owned();
+    drop(first);
+    let again = server
+        .request(reqwest::Method::POST, "/v1/responses", &admin)
+        .header("idempotency-key", "stream-retry")
+        .header("content-type", "application/json")
+        .body(stream_body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status().as_u16(), 200);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["lmsp-task-id"].to_str().unwrap(), task_id);
+    let text = again.text().await.unwrap();
+    assert!(
+        text.starts_with("id: 1\n"),
+        "the events again from the first: {text}"
+    );
+    assert!(text.contains("event: response.completed"), "{text}");
+    assert_eq!(task_count(&server).await, 2, "one task per key");
+}

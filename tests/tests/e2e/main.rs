@@ -911,3 +911,32 @@ async fn each_request_is_logged_once_with_its_latency_and_never_a_token() {
         "a log line holds the token"
     );
 }
+
+/// API.md §5: a stream resumed at or past a task's terminal event (as a browser's `EventSource`
+/// does after the server closed it) sends nothing more and closes, whether the task had already
+/// finished or finishes later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_resumed_at_or_past_the_terminal_event_closes() {
+    let server = TestServer::start(&["--reference-token-delay", "20ms"]);
+    let finished = server.submit(prompt(21, 3, "fail")).await;
+    let task = server.wait_status(&finished, "completed").await;
+    let terminal = task["last_sequence_number"].as_u64().unwrap();
+    let closes = |id: String, last: u64| {
+        let server = &server;
+        async move {
+            let mut stream = server
+                .sse(&format!("/v1/tasks/{id}/events"), Some(last))
+                .await;
+            tokio::time::timeout(std::time::Duration::from_secs(30), stream.collect_all())
+                .await
+                .unwrap_or_else(|_| panic!("the stream of {id} after {last} never closed"))
+        }
+    };
+    assert!(closes(finished.clone(), terminal).await.is_empty());
+    assert!(closes(finished, terminal + 50).await.is_empty());
+    let running = server.submit(prompt(22, 10, "fail")).await;
+    assert!(
+        closes(running, 1_000).await.is_empty(),
+        "past the end of a running task"
+    );
+}

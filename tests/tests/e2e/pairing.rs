@@ -178,3 +178,37 @@ async fn the_client_list_never_shows_a_secret_i7() {
         assert_eq!(response.status().as_u16(), 404, "{id}");
     }
 }
+
+/// API.md §3: wrong codes sent all at once get no more than five 401s; the rest are 429 with
+/// `Retry-After` (the limit holds under concurrency).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_wrong_codes_cannot_pass_the_limit() {
+    let server = TestServer::start(&[]);
+    let guesses = (0..64).map(|i| {
+        server
+            .http
+            .post(server.url("/v1/pair"))
+            .json(
+                &json!({"code": format!("{i:03}-000"), "name": "x", "scopes": ["responses:read"]}),
+            )
+            .send()
+    });
+    let replies = futures::future::join_all(guesses).await;
+    let mut statuses: Vec<u16> = Vec::new();
+    for reply in replies {
+        let reply = reply.unwrap();
+        if reply.status().as_u16() == 429 {
+            assert!(reply.headers().contains_key("retry-after"));
+        }
+        statuses.push(reply.status().as_u16());
+    }
+    let unauthorized = statuses.iter().filter(|s| **s == 401).count();
+    assert!(
+        unauthorized <= 5,
+        "{unauthorized} wrong codes were checked: {statuses:?}"
+    );
+    assert_eq!(
+        unauthorized + statuses.iter().filter(|s| **s == 429).count(),
+        64
+    );
+}
