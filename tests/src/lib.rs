@@ -32,6 +32,18 @@ pub fn lmsp_binary() -> PathBuf {
     binary
 }
 
+async fn reply_of(request: reqwest::RequestBuilder) -> (u16, reqwest::header::HeaderMap, Value) {
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
 /// A running `lmsp serve`.
 #[derive(Debug)]
 pub struct TestServer {
@@ -223,20 +235,15 @@ impl TestServer {
         path: &str,
         body: Value,
     ) -> (u16, reqwest::header::HeaderMap, Value) {
-        let response = self
-            .request(reqwest::Method::POST, path, token)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let text = response.text().await.unwrap();
-        (
-            status,
-            headers,
-            serde_json::from_str(&text).unwrap_or(Value::Null),
-        )
+        reply_of(self.request(reqwest::Method::POST, path, token).json(&body)).await
+    }
+
+    /// Sends a request and returns status, headers and JSON body (`null` when not JSON).
+    pub async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
+        reply_of(request).await
     }
 
     /// GET with the admin token; status and JSON body.

@@ -13,22 +13,12 @@ async fn post_with_key(
     key: &str,
     body: &str,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
-    let response = server
+    let request = server
         .request(reqwest::Method::POST, path, token)
         .header("idempotency-key", key)
         .header("content-type", "application/json")
-        .body(body.to_owned())
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap();
-    (
-        status,
-        headers,
-        serde_json::from_str(&text).unwrap_or(Value::Null),
-    )
+        .body(body.to_owned());
+    server.send(request).await
 }
 
 async fn task_count(server: &TestServer) -> usize {
