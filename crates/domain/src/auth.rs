@@ -149,6 +149,13 @@ impl SecretHash {
     pub fn to_hex(&self) -> String {
         hex::encode(self.0)
     }
+
+    /// Parses [`SecretHash::to_hex`]'s form; `None` for anything but 64 hex digits.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(text, &mut bytes).ok()?;
+        Some(Self(bytes))
+    }
 }
 
 impl fmt::Debug for SecretHash {
@@ -213,6 +220,15 @@ pub fn looks_like_pairing_code(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_hash_round_trips_through_hex_and_nothing_else_parses() {
+        let hash = Secret::new("lmsp_x").hash();
+        assert_eq!(SecretHash::from_hex(&hash.to_hex()), Some(hash));
+        for bad in ["", "abc", &"g".repeat(64), &"a".repeat(66)] {
+            assert_eq!(SecretHash::from_hex(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn admin_implies_every_scope() {

@@ -854,16 +854,7 @@ fn client_of_row(
 }
 
 fn parse_hash(text: &str) -> Res<SecretHash> {
-    let bytes = text.as_bytes();
-    if bytes.len() != 64 {
-        return Err(DbError::Corrupt(String::from("bad hash length")));
-    }
-    let mut out = [0u8; 32];
-    for (i, chunk) in bytes.chunks(2).enumerate() {
-        let pair = std::str::from_utf8(chunk).map_err(|e| DbError::Corrupt(e.to_string()))?;
-        out[i] = u8::from_str_radix(pair, 16).map_err(|e| DbError::Corrupt(e.to_string()))?;
-    }
-    Ok(SecretHash(out))
+    SecretHash::from_hex(text).ok_or_else(|| corrupt("a stored hash is not 64 hex digits"))
 }
 
 fn build_client(fields: (String, String, String, String, i64, Option<i64>)) -> Res<Client> {
