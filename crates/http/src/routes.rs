@@ -93,6 +93,15 @@ fn json_reply(status: StatusCode, body: impl Serialize) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// A 200 whose body is already rendered text of `content_type`.
+fn text_reply(content_type: &'static str, text: impl IntoResponse) -> Response {
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+        text,
+    )
+        .into_response()
+}
+
 /// A reply body as JSON text (stored under an idempotency key).
 fn json_text(body: &impl Serialize) -> ApiResult<String> {
     serde_json::to_string(body).map_err(|error| {
@@ -139,14 +148,7 @@ pub async fn openapi_json() -> ApiResult<Response> {
             "the OpenAPI document could not be rendered",
         )
     })?;
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        text,
-    )
-        .into_response())
+    Ok(text_reply("application/json", text))
 }
 
 /// The service object.
@@ -463,40 +465,34 @@ pub async fn create_response(
     };
     let task = state.service.prepare_task(&caller, &request).await?;
     let task_id = task.id;
-    let location = format!("/v1/tasks/{task_id}");
-    // The key commits with the task (I-8): for a background request with its whole reply; for a
-    // synchronous or streaming one with a pointer to the task, whose outcome or events a retry
-    // is given, so a retry after a dropped connection or a crash never starts a second task.
-    let record = match &held {
-        Some(held) => {
-            let reply = if request.stream {
-                reply_from_task(task_id, ReplyFromTask::Events)
-            } else if request.background {
-                stored_reply_of(
-                    StatusCode::ACCEPTED,
-                    &wire::task(&task),
-                    Some(location.clone()),
-                    Some(task_id),
-                )?
-            } else {
-                reply_from_task(task_id, ReplyFromTask::Outcome)
-            };
-            Some(held.key.record(&state, reply))
-        }
-        None => None,
+    // The reply a retry with the same key gets, committed with the task (I-8): a background
+    // request's whole 202; for a synchronous or streaming one a pointer to the task, whose
+    // outcome or events a retry is given, so a retry after a dropped connection or a crash never
+    // starts a second task. The first 202 is sent from the same stored reply, so a replay is the
+    // same bytes by construction.
+    let reply = if request.stream {
+        reply_from_task(task_id, ReplyFromTask::Events)
+    } else if request.background {
+        stored_reply_of(
+            StatusCode::ACCEPTED,
+            &wire::task(&task),
+            Some(format!("/v1/tasks/{task_id}")),
+            Some(task_id),
+        )?
+    } else {
+        reply_from_task(task_id, ReplyFromTask::Outcome)
     };
-    let task = match state.service.submit(task, record).await? {
-        SubmitReply::Created(task) => task,
-        // Only when the key was taken meanwhile by another process (the offline CLI cannot,
-        // so: a record that expired and was renewed); answer from it all the same.
-        SubmitReply::Existing(record) => {
-            let digest = held.as_ref().map_or(record.digest, |held| held.key.digest);
-            return match decide(&record, &digest) {
-                IdempotencyDecision::Replay(reply) => replay(&state, &caller, &reply).await,
-                IdempotencyDecision::Reused => Err(key_reused()),
-            };
-        }
-    };
+    let record = held
+        .as_ref()
+        .map(|held| held.key.record(&state, reply.clone()));
+    if let SubmitReply::Existing(record) = state.service.submit(task, record).await? {
+        // Only when the key was renewed meanwhile (its record had expired): answer from it.
+        let digest = held.as_ref().map_or(record.digest, |held| held.key.digest);
+        return match decide(&record, &digest) {
+            IdempotencyDecision::Replay(reply) => replay(&state, &caller, &reply).await,
+            IdempotencyDecision::Reused => Err(key_reused()),
+        };
+    }
     if request.stream {
         let events = state.service.follow_events(&caller, task_id, 0).await?;
         return Ok(with_task_header(
@@ -505,11 +501,7 @@ pub async fn create_response(
         ));
     }
     if request.background {
-        let mut response = json_reply(StatusCode::ACCEPTED, wire::task(&task));
-        if let Ok(value) = HeaderValue::from_str(&location) {
-            response.headers_mut().insert(header::LOCATION, value);
-        }
-        return Ok(with_task_header(response, task_id));
+        return Ok(reply_from_stored(&reply));
     }
     // Synchronous: wait for the end.
     Ok(reply_from_stored(
@@ -1230,9 +1222,5 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 )]
 pub async fn metrics(State(state): State<AppState>, Authed(caller): Authed) -> ApiResult<Response> {
     let text = state.service.metrics_text(&caller).await?;
-    Ok((
-        [(header::CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS))],
-        text,
-    )
-        .into_response())
+    Ok(text_reply(OPENMETRICS, text))
 }
