@@ -5,7 +5,6 @@
 //! and reads the gap back from the store.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::broadcast;
@@ -21,19 +20,16 @@ const CHANNEL_CAPACITY: usize = 64;
 const MIN_SWEEP: usize = 64;
 
 /// Per-task broadcast channels of committed events.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct LiveEvents {
-    channels: Mutex<HashMap<TaskId, broadcast::Sender<Arc<Event>>>>,
-    sweep_at: AtomicUsize,
+    channels: Mutex<Channels>,
 }
 
-impl Default for LiveEvents {
-    fn default() -> Self {
-        Self {
-            channels: Mutex::default(),
-            sweep_at: AtomicUsize::new(MIN_SWEEP),
-        }
-    }
+#[derive(Debug, Default)]
+struct Channels {
+    by_task: HashMap<TaskId, broadcast::Sender<Arc<Event>>>,
+    /// The size at which abandoned channels are next swept away.
+    sweep_at: usize,
 }
 
 impl LiveEvents {
@@ -47,12 +43,14 @@ impl LiveEvents {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
         // Forget channels whose subscribers have all gone, now and then: here, off the writer's
         // path, and only when the map has doubled since the last sweep (amortised O(1)).
-        if channels.len() >= self.sweep_at.load(Ordering::Relaxed) {
-            channels.retain(|_, sender| sender.receiver_count() > 0);
-            self.sweep_at
-                .store((channels.len() * 2).max(MIN_SWEEP), Ordering::Relaxed);
+        if channels.by_task.len() >= channels.sweep_at {
+            channels
+                .by_task
+                .retain(|_, sender| sender.receiver_count() > 0);
+            channels.sweep_at = (channels.by_task.len() * 2).max(MIN_SWEEP);
         }
         channels
+            .by_task
             .entry(task_id)
             .or_insert_with(|| broadcast::channel(CHANNEL_CAPACITY).0)
             .subscribe()
@@ -63,6 +61,7 @@ impl LiveEvents {
         self.channels
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .by_task
             .len()
     }
 }
@@ -70,6 +69,7 @@ impl LiveEvents {
 impl CommittedEvents for LiveEvents {
     fn committed(&self, events: &[Event]) {
         let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let channels = &mut channels.by_task;
         if channels.is_empty() {
             return;
         }
@@ -115,5 +115,31 @@ impl CommittedEvents for CommitListeners {
         for listener in &self.0 {
             listener.transaction_measured(stats);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(n: u64) -> TaskId {
+        TaskId::from_ulid(ulid::Ulid::from_parts(n, 1))
+    }
+
+    /// Channels whose subscribers all went away are forgotten by later subscriptions, so the
+    /// map stays bounded by the streams actually open.
+    #[test]
+    fn abandoned_channels_are_swept_by_later_subscriptions() {
+        let live = LiveEvents::default();
+        for n in 0..1_000 {
+            drop(live.subscribe(task(n)));
+        }
+        let kept: Vec<_> = (1_000..1_010).map(|n| live.subscribe(task(n))).collect();
+        assert!(
+            live.watched_tasks() <= 2 * MIN_SWEEP,
+            "{}",
+            live.watched_tasks()
+        );
+        assert_eq!(kept.len(), 10);
     }
 }
