@@ -12,28 +12,37 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lmsp_domain::ports::TaskStore;
+use lmsp_domain::ids::TaskId;
+use lmsp_domain::ports::{StoreError, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::transition::Step;
 use lmsp_storage_sqlite::{ceilings, contract, SqliteOptions, SqliteStore, SyncMode};
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
-async fn adapter_create(store: &Arc<SqliteStore>, callers: usize, duration: Duration) -> Res<f64> {
+/// Operations per second of `callers` concurrent callers, each running `operation` with its own
+/// argument back to back for `duration`.
+async fn rate<A, F, Fut>(args: Vec<A>, duration: Duration, operation: F) -> Res<f64>
+where
+    A: Clone + Send + 'static,
+    F: Fn(A) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), StoreError>> + Send,
+{
     let start = Instant::now();
-    let mut handles = Vec::new();
-    for _ in 0..callers {
-        let store = Arc::clone(store);
-        handles.push(tokio::spawn(async move {
-            let mut done = 0usize;
-            while start.elapsed() < duration {
-                let task = contract::task(contract::client_id(), RestartPolicy::Fail);
-                store.create_task(task, None).await?;
-                done += 1;
-            }
-            Ok::<usize, lmsp_domain::ports::StoreError>(done)
-        }));
-    }
+    let handles: Vec<_> = args
+        .into_iter()
+        .map(|arg| {
+            let operation = operation.clone();
+            tokio::spawn(async move {
+                let mut done = 0usize;
+                while start.elapsed() < duration {
+                    operation(arg.clone()).await?;
+                    done += 1;
+                }
+                Ok::<usize, StoreError>(done)
+            })
+        })
+        .collect();
     let mut total = 0usize;
     for handle in handles {
         total += handle.await??;
@@ -41,47 +50,43 @@ async fn adapter_create(store: &Arc<SqliteStore>, callers: usize, duration: Dura
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
+async fn adapter_create(store: &Arc<SqliteStore>, callers: usize, duration: Duration) -> Res<f64> {
+    let stores = vec![Arc::clone(store); callers];
+    rate(stores, duration, |store: Arc<SqliteStore>| async move {
+        let task = contract::task(contract::client_id(), RestartPolicy::Fail);
+        store.create_task(task, None).await.map(drop)
+    })
+    .await
+}
+
 async fn adapter_append(store: &Arc<SqliteStore>, callers: usize, duration: Duration) -> Res<f64> {
-    let mut ids = Vec::new();
+    let mut running = Vec::new();
     for _ in 0..callers {
         let task = contract::task(contract::client_id(), RestartPolicy::Fail);
         store.create_task(task.clone(), None).await?;
-        store
-            .append(
-                task.id,
-                vec![
-                    Step::ClaimForLoading {
-                        model: contract::model_id(),
-                    },
-                    Step::Loaded,
-                ],
-                None,
-                contract::T0,
-            )
-            .await?;
-        ids.push(task.id);
+        let steps = vec![
+            Step::ClaimForLoading {
+                model: contract::model_id(),
+            },
+            Step::Loaded,
+        ];
+        store.append(task.id, steps, None, contract::T0).await?;
+        running.push((Arc::clone(store), task.id));
     }
-    let start = Instant::now();
-    let mut handles = Vec::new();
-    for id in ids {
-        let store = Arc::clone(store);
-        handles.push(tokio::spawn(async move {
-            let mut done = 0usize;
-            while start.elapsed() < duration {
-                let step = Step::Output {
-                    delta: String::from("token "),
-                };
-                store.append(id, vec![step], None, contract::T0).await?;
-                done += 1;
-            }
-            Ok::<usize, lmsp_domain::ports::StoreError>(done)
-        }));
-    }
-    let mut total = 0usize;
-    for handle in handles {
-        total += handle.await??;
-    }
-    Ok(total as f64 / start.elapsed().as_secs_f64())
+    rate(
+        running,
+        duration,
+        |(store, id): (Arc<SqliteStore>, TaskId)| async move {
+            let step = Step::Output {
+                delta: String::from("token "),
+            };
+            store
+                .append(id, vec![step], None, contract::T0)
+                .await
+                .map(drop)
+        },
+    )
+    .await
 }
 
 #[tokio::main(flavor = "multi_thread")]
