@@ -24,7 +24,7 @@ pub fn lmsp_binary() -> PathBuf {
     let binary = profile_dir.join("lmsp");
     if !binary.exists() {
         let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "lmsp-http", "--bin", "lmsp"])
+            .args(["build", "-p", "lmsp", "--bin", "lmsp"])
             .status()
             .expect("cargo build");
         assert!(status.success(), "building lmsp failed");

@@ -8,7 +8,8 @@ use lmsp_app::Metrics;
 use lmsp_domain::ports::{IdempotencyStore, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::transition::Step;
-use lmsp_storage_sqlite::{contract, SqliteOptions, SqliteStore, SyncMode};
+use lmsp_storage_contract as contract;
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
 
 /// P-5, P-6, I-4: a pass removes every finished task older than the cut-off, across as many
 /// bounded batches as it takes, keeps unfinished and young ones, purges expired keys, and counts

@@ -5,7 +5,7 @@
 //! 256 clients, persisted events per second with 256 tasks streaming, startup recovery of
 //! 100 000 leftovers, writers' p99 commit latency while a purge of 1 000 000 events runs, RSS
 //! idle and with 10 000 open SSE streams — each over several repetitions, measures the matching
-//! raw SQLite ceilings in the same run (`lmsp_storage_sqlite::ceilings`), compares LMSP with a
+//! raw SQLite ceilings in the same run (`lmsp_bench::ceilings`), compares LMSP with a
 //! peer job queue (apalis + SQLite) on the same workload, and prints a table of
 //! figure | measured (min / median / max) | ceiling | ratio | target | met?.
 //!

@@ -22,7 +22,8 @@ use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::{ClientId, TaskId};
-use lmsp_storage_sqlite::{contract, SqliteOptions, SqliteStore};
+use lmsp_storage_contract as contract;
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
 
 use crate::recovery::{close_store, copy_db, prep_store, DB_FILE};
 use crate::stats::Latencies;

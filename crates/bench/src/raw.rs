@@ -1,11 +1,11 @@
 //! The raw SQLite ceilings of DESIGN.md §4, measured in the same run as the service's figures
-//! through `lmsp_storage_sqlite::ceilings` (the one definition of each ceiling).
+//! through `lmsp_bench::ceilings` (the one definition of each ceiling).
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
-use lmsp_storage_sqlite::ceilings;
+use lmsp_bench::ceilings;
 
 use crate::stats::Spread;
 

@@ -14,7 +14,8 @@ use lmsp_domain::ports::{Snapshot, StepOutcome, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::transition::Step;
 use lmsp_domain::ClientId;
-use lmsp_storage_sqlite::{contract, SqliteOptions, SqliteStore, SyncMode};
+use lmsp_storage_contract as contract;
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
 
 use crate::client::get_json;
 use crate::server::Server;

@@ -23,7 +23,7 @@ pub fn find_lmsp(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         return Ok(beside);
     }
     bail!(
-        "cannot find the lmsp binary at {} (build it with `cargo build --release -p lmsp-http`, \
+        "cannot find the lmsp binary at {} (build it with `cargo build --release -p lmsp`, \
          or pass --lmsp-bin PATH / set LMSP_BIN)",
         beside.display()
     )

@@ -35,7 +35,7 @@ fn quick_mode_runs_end_to_end_and_prints_every_figure() {
         Some(path) => PathBuf::from(path),
         None => built(
             profile_dir().join("lmsp"),
-            &["build", "-p", "lmsp-http", "--bin", "lmsp"],
+            &["build", "-p", "lmsp", "--bin", "lmsp"],
         ),
     };
     let peer = built(

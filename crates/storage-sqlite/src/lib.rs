@@ -6,8 +6,6 @@
 //! callers and tells the [`CommittedEvents`] hook. Reads use a small pool of read-only
 //! connections on tokio's blocking threads. All SQL of the service lives in this crate.
 
-pub mod ceilings;
-pub mod contract;
 mod error;
 mod ops;
 pub mod schema;

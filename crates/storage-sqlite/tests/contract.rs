@@ -11,7 +11,7 @@ use lmsp_domain::recovery::{RestartPolicy, StartEpoch};
 use lmsp_domain::task::TaskError;
 use lmsp_domain::transition::Step;
 use lmsp_domain::TaskErrorCode;
-use lmsp_storage_sqlite::contract;
+use lmsp_storage_contract as contract;
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
 
 fn store() -> (tempfile::TempDir, SqliteStore) {

@@ -12,12 +12,21 @@ use std::time::{Duration, Instant};
 
 use lmsp_domain::ids::TaskId;
 use lmsp_domain::ports::{IdempotencyStore, TaskFilter, TaskStore};
-use lmsp_storage_sqlite::{contract, SqliteOptions, SqliteStore};
+use lmsp_storage_contract as contract;
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::Rng;
 
 const KILLS: usize = 50;
+
+/// The `crash_writer` example, built by the same `cargo test` run as this test (examples are
+/// built before tests run), next to this test's own executable.
+fn crash_writer() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(std::path::Path::parent).unwrap();
+    profile.join("examples").join("crash_writer")
+}
 
 /// I-1, I-2, I-8 after 50 SIGKILLs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -29,7 +38,7 @@ async fn sigkilled_writer_leaves_acknowledged_work_consistent_i1_i2_i8() {
     let started = Instant::now();
     for round in 0..KILLS {
         let mode = if round % 5 == 0 { "full" } else { "normal" };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_crash_writer"))
+        let mut child = Command::new(crash_writer())
             .arg(&path)
             .arg(mode)
             .stdout(Stdio::piped())

@@ -15,7 +15,8 @@ use lmsp_domain::ports::{CancelOutcome, StepOutcome, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::transition::{Refusal, Step};
-use lmsp_storage_sqlite::{contract, SqliteOptions, SqliteStore, SyncMode};
+use lmsp_storage_contract as contract;
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
 
 const TASKS: usize = 10_000;
 const CONCURRENCY: usize = 250;

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use futures::future::join_all;
 use lmsp_domain::ports::{StoreError, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
-use lmsp_storage_sqlite::{contract, SqliteOptions, SqliteStore, SyncMode};
+use lmsp_storage_contract as contract;
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
 
 /// A duplicate create in a batch fails alone; the other commands of the batch commit (I-1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,20 +3,22 @@
 //! update — at 64 per commit) and then the adapter's `create_task` and `append` rates at 1, 16,
 //! 64 and 256 concurrent callers, each with its ratio to the matching ceiling.
 //!
-//! The ceilings themselves are defined once, in `lmsp_storage_sqlite::ceilings`; the
+//! The ceilings themselves are defined once, in `lmsp_bench::ceilings`; the
 //! service-level harness (`crates/bench`) measures the same ones.
 //!
-//! Run: `cargo run --release -p lmsp-storage-sqlite --bin storage-bench [-- --quick]`.
+//! Run: `cargo run --release -p lmsp-bench --bin storage-bench [-- --quick]`.
 
 use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lmsp_bench::ceilings;
 use lmsp_domain::ids::TaskId;
 use lmsp_domain::ports::{StoreError, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::transition::Step;
-use lmsp_storage_sqlite::{ceilings, contract, SqliteOptions, SqliteStore, SyncMode};
+use lmsp_storage_contract as contract;
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 

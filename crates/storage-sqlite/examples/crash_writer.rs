@@ -11,7 +11,7 @@ use std::sync::Arc;
 use lmsp_domain::ports::{CreateOutcome, StepOutcome, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::transition::Step;
-use lmsp_storage_sqlite::contract;
+use lmsp_storage_contract as contract;
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
 
 fn ack(task: &lmsp_domain::ids::TaskId, seq: u64) -> Result<(), std::io::Error> {
