@@ -1,24 +1,38 @@
-//! Use cases of the LMSP service: submit, read, cancel, the worker pool, recovery at startup,
-//! the purge job, clients and the live fan-out of committed events.
+//! Use cases of the LMSP service: submitting work (with idempotency keys), reading tasks,
+//! responses and events, cancelling, the worker pool, recovery of stopped instances, the purge
+//! job, models, clients and pairing, and the live fan-out of committed events.
 //!
-//! The app knows the ports of `lmsp-domain`, never an adapter: `main` (in `lmsp-http`) builds the
-//! adapters and hands them in as `Arc<dyn …>`.
+//! The app knows the ports of `lmsp-domain`, never an adapter: the `lmsp` binary builds the
+//! adapters and hands them in as `Arc<dyn …>` ([`Adapters`]).
 
+mod clients;
 mod credentials;
 mod error;
+mod follow;
+mod idempotency;
+mod jobs;
+mod listener;
 mod live;
 mod metrics;
+mod models;
 mod pairing;
 pub mod purge;
+pub mod retry;
 mod service;
+mod tasks;
 mod worker;
 
+pub use clients::{offline as clients_offline, Caller, NewClient};
 pub use credentials::{generate_pairing_code, generate_token, new_client};
-pub use error::AppError;
-pub use live::{CommitListeners, LiveEvents};
-pub use metrics::Metrics;
+pub use error::{AppError, STORAGE_RETRY_AFTER_SECONDS};
+pub use idempotency::{Claimed, KeyHold};
+pub use listener::{Listener, RunningTasks, StoreHealth};
+pub use live::{Live, LiveEvents};
+pub use metrics::{DroppedLines, Metrics};
+pub use models::{offline as models_offline, ModelOrigin};
 pub use pairing::{NewPairing, Paired};
-pub use service::{Caller, Service, Settings, SubmitReply};
+pub use service::{Adapters, Engines, Service, Settings, Started};
+pub use tasks::{Submitted, TaskQuery};
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

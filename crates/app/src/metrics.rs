@@ -1,8 +1,8 @@
 //! Prometheus metrics of the service (`GET /metrics`).
 //!
 //! Counts that describe tasks and events are taken from committed events only ([`Metrics`] is a
-//! [`CommittedEvents`] listener of the store), so a metric never counts a write that was rolled
-//! back. The store also reports each group commit's size and duration. Tasks by status are read
+//! told of commits by the app's [`crate::Listener`]), so a metric never counts a write that was
+//! rolled back. The store also reports each group commit's size and duration. Tasks by status are read
 //! from the store when the metrics are scraped.
 
 use prometheus_client::encoding::text::encode;
@@ -13,7 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
-use lmsp_domain::ports::{CommitStats, CommittedEvents, PurgeReport, RecoveryReport};
+use lmsp_domain::ports::{CommitStats, PurgeReport, RecoveryReport};
 use lmsp_domain::{Event, EventKind, TaskStatus};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -27,7 +27,6 @@ struct OutcomeLabel {
 }
 
 /// The service's metrics, rendered in the Prometheus (OpenMetrics) text format.
-#[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     tasks: Family<StatusLabel, Gauge>,
@@ -42,6 +41,17 @@ pub struct Metrics {
     purged_events: Counter,
     purged_idempotency_keys: Counter,
     purge_runs: Counter,
+    log_lines_dropped: Counter,
+    dropped_source: std::sync::Mutex<Option<DroppedLines>>,
+}
+
+/// Tells how many log lines the log writer dropped so far.
+pub type DroppedLines = Box<dyn Fn() -> u64 + Send + Sync>;
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Default for Metrics {
@@ -123,6 +133,12 @@ impl Metrics {
             "Completed passes of the purge job",
             purge_runs.clone(),
         );
+        let log_lines_dropped = Counter::default();
+        registry.register(
+            "log_lines_dropped",
+            "Log lines dropped because the log sink was slow or broken (no reply waits for it)",
+            log_lines_dropped.clone(),
+        );
         Self {
             registry,
             tasks,
@@ -137,7 +153,17 @@ impl Metrics {
             purged_events,
             purged_idempotency_keys,
             purge_runs,
+            log_lines_dropped,
+            dropped_source: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Where the count of dropped log lines comes from (the binary's log writer).
+    pub fn count_dropped_log_lines(&self, source: DroppedLines) {
+        *self
+            .dropped_source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(source);
     }
 
     /// Records what startup recovery did.
@@ -174,7 +200,7 @@ impl Metrics {
 
     /// Renders every metric, with `counts` (tasks per status, as stored now) as the task gauge.
     pub fn render(&self, counts: &[(TaskStatus, u64)]) -> String {
-        for status in TaskStatus::ALL {
+        for status in TaskStatus::ALL.iter().copied() {
             let count = counts
                 .iter()
                 .find(|(counted, _)| *counted == status)
@@ -185,6 +211,17 @@ impl Metrics {
                 })
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
+        if let Some(source) = self
+            .dropped_source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            let dropped = source();
+            let counted = self.log_lines_dropped.get();
+            self.log_lines_dropped
+                .inc_by(dropped.saturating_sub(counted));
+        }
         let mut text = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut text, &self.registry);
@@ -192,8 +229,9 @@ impl Metrics {
     }
 }
 
-impl CommittedEvents for Metrics {
-    fn committed(&self, events: &[Event]) {
+impl Metrics {
+    /// Counts the events of a commit.
+    pub fn committed(&self, events: &[Event]) {
         self.events_written.inc_by(events.len() as u64);
         for event in events {
             let outcome = match event.kind() {
@@ -210,7 +248,8 @@ impl CommittedEvents for Metrics {
         }
     }
 
-    fn transaction_measured(&self, stats: CommitStats) {
+    /// Counts one write transaction.
+    pub fn transaction_measured(&self, stats: CommitStats) {
         self.commit_commands.observe(stats.commands as f64);
         self.commit_seconds.observe(stats.duration.as_secs_f64());
         if !stats.committed {

@@ -1,13 +1,13 @@
 //! The purge job (P-5, P-6, I-4): every `--purge-interval`, finished tasks older than the
-//! retention go, with their events, response, snapshot and idempotency records, then expired
-//! idempotency keys.
+//! retention go, with their events, response and snapshot, then expired idempotency keys (a key
+//! outlives its task and keeps its reply until it expires). One instance at a time runs it: the
+//! store elects it ([`lmsp_domain::ports::InstanceStore::lead_maintenance`]).
 //!
 //! The store removes a bounded batch per transaction and never an unfinished task; this job paces
 //! the batches. After each one it rests [`REST_FACTOR`] times as long as the batch took (at least
 //! [`MIN_REST`]), so the purge holds the single writer a small share of the time and writers'
 //! commits never queue behind a run of purge transactions.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lmsp_domain::ports::{Store, StoreError};
@@ -76,18 +76,26 @@ async fn rest_after(batch_began: Instant) {
     tokio::time::sleep(rest).await;
 }
 
-/// The job: a pass every `purge_interval` until the service stops.
+/// The job: a pass every `purge_interval` until the service stops, when this instance leads.
 pub(crate) async fn run_purge(service: Service) {
-    let inner = Arc::clone(&service.inner);
+    let inner = &service.inner;
     loop {
         tokio::select! {
-            _ = tokio::time::sleep(inner.settings.purge_interval) => {}
-            _ = inner.stop_workers.raised() => return,
+            () = tokio::time::sleep(inner.settings.purge_interval) => {}
+            () = inner.stop_taking_work.cancelled() => return,
+        }
+        match inner.store.lead_maintenance(inner.instance).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(error) => {
+                tracing::warn!(%error, "could not learn whether this instance leads the purge");
+                continue;
+            }
         }
         let retention = i64::try_from(inner.settings.retention.as_millis()).unwrap_or(i64::MAX);
         let now = service.now();
         let cutoff = Timestamp::from_millis(now.as_millis().saturating_sub(retention));
-        match purge_pass(inner.store.as_ref(), cutoff, now, &inner.metrics).await {
+        match purge_pass(inner.store.as_ref(), cutoff, now, &inner.listener.metrics).await {
             Ok(totals) if totals.tasks > 0 || totals.idempotency_keys > 0 => tracing::info!(
                 tasks = totals.tasks,
                 events = totals.events,

@@ -1,35 +1,30 @@
-//! The service's use cases, behind one cheap-to-clone handle.
+//! The running service: its settings, its adapters, startup (initialize, register the instance,
+//! recover, models), the background jobs, and shutdown.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::stream::{BoxStream, StreamExt};
-use rand::RngCore;
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use lmsp_domain::auth::{looks_like_token, Client, Scope, Scopes, Secret};
-use lmsp_domain::idempotency::IdempotencyRecord;
+use lmsp_domain::auth::{Scope, Scopes, Secret};
 use lmsp_domain::ports::{
-    CancelFlag, CancelOutcome, Clock, CreateOutcome, Engine, ModelFiles, Page, ServiceIdentity,
-    StartInfo, Store, TaskFilter,
+    Clock, Engine, InstanceInfo, ModelFiles, RecoveryReport, Registration, ServiceIdentity, Store,
 };
-use lmsp_domain::recovery::RestartPolicy;
-use lmsp_domain::{
-    CancelDecision, ClientId, Event, ModelId, ModelRecord, Response, ResponseId, ServiceId,
-    SubmitRequest, Task, TaskId, TaskSpec, TaskStatus, Timestamp,
-};
+use lmsp_domain::{EngineKind, InstanceId, RestartPolicy, ServiceId, TaskId, Timestamp};
 
+use crate::credentials::new_client;
 use crate::error::AppError;
-use crate::live::LiveEvents;
-use crate::metrics::Metrics;
-use crate::worker;
+use crate::listener::Listener;
+use crate::retry::RetryPolicy;
 
-/// How the service behaves; built by `main` from flags and environment.
+/// How the service behaves; built by the binary from flags and environment.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Tasks run at once.
+    /// Tasks run at once (at least 1).
     pub workers: usize,
     /// How long finished tasks are kept.
     pub retention: Duration,
@@ -37,98 +32,134 @@ pub struct Settings {
     pub purge_interval: Duration,
     /// How long idempotency keys are kept.
     pub idempotency_ttl: Duration,
+    /// How long a request may hold its idempotency key at most (it is released when the request
+    /// is answered, and when its instance stops).
+    pub idempotency_hold: Duration,
     /// The policy of tasks whose request names none.
     pub default_on_restart: RestartPolicy,
     /// The version string shown by `GET /v1/service`.
     pub version: String,
+    /// This instance's stable name (its incarnations share it).
+    pub instance_name: String,
+    /// How long an instance's lease runs without renewal.
+    pub lease: Duration,
+    /// For a store shared by several processes: how often to look for what notifications may
+    /// have missed (cancels, events); `None` for a single-process store, whose notices are exact.
+    pub poll_fallback: Option<Duration>,
+    /// How store writes of a running task are retried when the store cannot commit.
+    pub store_retry: RetryPolicy,
+    /// How long a worker waits, after a cancel, for its engine to stop before it drops it.
+    pub engine_stop_grace: Duration,
 }
 
-/// Who is calling: an authenticated client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    /// The client.
-    pub client_id: ClientId,
-    /// Its scopes.
-    pub scopes: Scopes,
-}
-
-impl Caller {
-    /// `Ok` when the caller has `scope` (admin has all), else `Forbidden`.
-    pub fn require(&self, scope: Scope) -> Result<(), AppError> {
-        if self.scopes.allows(scope) {
-            Ok(())
-        } else {
-            Err(AppError::Forbidden(scope.as_str()))
+impl Settings {
+    /// Settings with the defaults of `lmsp serve`.
+    pub fn with_defaults(version: impl Into<String>) -> Self {
+        Self {
+            workers: 4,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            purge_interval: Duration::from_secs(60),
+            idempotency_ttl: Duration::from_secs(24 * 3600),
+            idempotency_hold: Duration::from_secs(600),
+            default_on_restart: RestartPolicy::Fail,
+            version: version.into(),
+            instance_name: String::from("lmsp"),
+            lease: Duration::from_secs(10),
+            poll_fallback: None,
+            store_retry: RetryPolicy::default(),
+            engine_stop_grace: Duration::from_secs(30),
         }
     }
+}
 
-    /// The client whose tasks this caller may see; `None` for admin (all of them).
-    pub fn visibility(&self) -> Option<ClientId> {
-        (!self.scopes.allows(Scope::Admin)).then_some(self.client_id)
-    }
+/// The engines, by the kind of model they run.
+#[derive(Clone, Default)]
+pub struct Engines {
+    by_kind: HashMap<EngineKind, Arc<dyn Engine>>,
+}
 
-    fn may_see(&self, task: &Task) -> bool {
-        self.visibility()
-            .is_none_or(|client| client == task.client_id)
+impl std::fmt::Debug for Engines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.by_kind.keys()).finish()
     }
 }
 
-/// What a submit produced.
-#[derive(Debug, Clone)]
-pub enum SubmitReply {
-    /// A new task.
-    Created(Task),
-    /// An idempotency record already existed for the key: the stored reply.
-    Existing(IdempotencyRecord),
+impl Engines {
+    /// No engine.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With `engine` running the models of `kind`.
+    pub fn with(mut self, kind: EngineKind, engine: Arc<dyn Engine>) -> Self {
+        self.by_kind.insert(kind, engine);
+        self
+    }
+
+    /// The engine of `kind`, if this service has one.
+    pub fn get(&self, kind: EngineKind) -> Option<&Arc<dyn Engine>> {
+        self.by_kind.get(&kind)
+    }
+
+    /// Whether the service runs models of `kind`.
+    pub fn runs(&self, kind: EngineKind) -> bool {
+        self.by_kind.contains_key(&kind)
+    }
+}
+
+/// The adapters the service runs on.
+#[derive(Clone)]
+pub struct Adapters {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The engines.
+    pub engines: Engines,
+    /// The model files.
+    pub model_files: Arc<dyn ModelFiles>,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Adapters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Adapters")
+            .field("engines", &self.engines)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A started service and what starting it found.
+#[derive(Debug)]
+pub struct Started {
+    /// The service, ready to serve (call [`Service::spawn_background`]).
+    pub service: Service,
+    /// The token of the `admin` client, when this start created it (shown once).
+    pub admin_token: Option<Secret>,
+    /// What recovery did.
+    pub recovery: RecoveryReport,
 }
 
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) engine: Arc<dyn Engine>,
+    pub(crate) engines: Engines,
     pub(crate) model_files: Arc<dyn ModelFiles>,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) live: Arc<LiveEvents>,
-    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) listener: Arc<Listener>,
     pub(crate) settings: Settings,
-    pub(crate) start: StartInfo,
+    pub(crate) identity: ServiceIdentity,
+    pub(crate) instance: InstanceId,
     pub(crate) started_at: Timestamp,
     pub(crate) work_available: Notify,
     pub(crate) resumed: Mutex<VecDeque<TaskId>>,
-    pub(crate) cancel_flags: Mutex<HashMap<TaskId, CancelFlag>>,
     pub(crate) shutting_down: AtomicBool,
-    pub(crate) stop_workers: tokio_util_like::StopSignal,
-    pub(crate) pairing_failures: crate::pairing::PairingFailures,
+    /// Workers stop taking new work.
+    pub(crate) stop_taking_work: CancellationToken,
+    /// Everything stops now (the grace has passed): running tasks are left for recovery.
+    pub(crate) stop_now: CancellationToken,
+    /// Raised when the service cannot go on (its lease was lost): the process must exit.
+    pub(crate) fatal: CancellationToken,
+    pub(crate) tracker: TaskTracker,
     ids: Mutex<ulid::Generator>,
-}
-
-/// A tiny shared stop signal (a watch channel) for the background loops.
-pub(crate) mod tokio_util_like {
-    use tokio::sync::watch;
-
-    /// Raised once; every loop that watches it stops.
-    #[derive(Debug)]
-    pub(crate) struct StopSignal {
-        sender: watch::Sender<bool>,
-    }
-
-    impl StopSignal {
-        pub(crate) fn new() -> Self {
-            Self {
-                sender: watch::channel(false).0,
-            }
-        }
-        pub(crate) fn raise(&self) {
-            self.sender.send_replace(true);
-        }
-        pub(crate) fn is_raised(&self) -> bool {
-            *self.sender.borrow()
-        }
-        pub(crate) async fn raised(&self) {
-            let mut receiver = self.sender.subscribe();
-            // An error means the sender is gone, which only happens at teardown.
-            let _ = receiver.wait_for(|raised| *raised).await;
-        }
-    }
 }
 
 /// The running service: cheap to clone, shared by every request handler and worker.
@@ -140,75 +171,203 @@ pub struct Service {
 impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Service")
-            .field("id", &self.inner.start.identity.id)
+            .field("id", &self.inner.identity.id)
+            .field("instance", &self.inner.instance)
             .finish()
     }
 }
 
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
 impl Service {
-    /// Records the start, runs recovery to completion (P-7), and returns the service, ready to
-    /// serve; call [`Service::spawn_background`] to start the workers and the purge job.
+    /// Starts the service on its adapters: initializes the store (identity and the `admin`
+    /// client, in one transaction), registers this instance, recovers every stopped instance's
+    /// leftover tasks to completion (P-7), and registers the built-in reference model and the
+    /// model files of the models directory. Returns the service ready to serve; call
+    /// [`Service::spawn_background`] to start the workers and the jobs.
     ///
-    /// `live` and `metrics` must be the listeners the store reports its commits to (see
-    /// [`crate::CommitListeners`]): `live` feeds event streams, `metrics` the `/metrics` counters.
+    /// `listener` must be the one the store reports its commits to.
     pub async fn start(
-        store: Arc<dyn Store>,
-        engine: Arc<dyn Engine>,
-        model_files: Arc<dyn ModelFiles>,
-        clock: Arc<dyn Clock>,
-        live: Arc<LiveEvents>,
-        metrics: Arc<Metrics>,
+        adapters: Adapters,
+        listener: Arc<Listener>,
         settings: Settings,
-    ) -> Result<Self, AppError> {
+    ) -> Result<Started, AppError> {
+        let Adapters {
+            store,
+            engines,
+            model_files,
+            clock,
+        } = adapters;
         let now = clock.now();
+        let (admin, admin_token) = new_client("admin", Scopes::new([Scope::Admin]), now);
         let candidate = ServiceIdentity {
             id: ServiceId::from_ulid(ulid::Ulid::new()),
             created_at: now,
         };
-        let start = store.begin_start(candidate).await?;
-        let report = store.recover_leftovers(start.epoch, clock.now()).await?;
-        tracing::info!(
-            moved = report.moved,
-            untouched = report.untouched,
-            resumed = report.resumed.len(),
-            "recovery finished"
-        );
-        metrics.record_recovery(&report);
+        let initialized = store.initialize(candidate, admin).await?;
+        let instance = InstanceId::from_ulid(ulid::Ulid::new());
+        let previous = register(store.as_ref(), clock.as_ref(), &settings, instance).await?;
         let inner = Inner {
             store,
-            engine,
+            engines,
             model_files,
             clock,
-            live,
-            metrics,
+            listener,
             settings,
-            start,
+            identity: initialized.identity,
+            instance,
             started_at: now,
             work_available: Notify::new(),
-            resumed: Mutex::new(report.resumed.into_iter().collect()),
-            cancel_flags: Mutex::new(HashMap::new()),
+            resumed: Mutex::new(VecDeque::new()),
             shutting_down: AtomicBool::new(false),
-            stop_workers: tokio_util_like::StopSignal::new(),
-            pairing_failures: Default::default(),
+            stop_taking_work: CancellationToken::new(),
+            stop_now: CancellationToken::new(),
+            fatal: CancellationToken::new(),
+            tracker: TaskTracker::new(),
             ids: Mutex::new(ulid::Generator::new()),
         };
-        Ok(Self {
+        let service = Self {
             inner: Arc::new(inner),
+        };
+        let mut recovery = RecoveryReport::default();
+        for stopped in previous {
+            recovery.absorb(service.recover(stopped).await?);
+        }
+        recovery.absorb(service.recover_stopped_instances().await?);
+        tracing::info!(
+            moved = recovery.moved - recovery.resumed.len() as u64,
+            resumed = recovery.resumed.len(),
+            untouched = recovery.untouched,
+            "recovery finished"
+        );
+        service.inner.listener.metrics.record_recovery(&recovery);
+        service.register_builtin_models().await;
+        Ok(Started {
+            service,
+            admin_token: initialized.first_start.then_some(admin_token),
+            recovery,
         })
     }
 
-    /// Starts `settings.workers` workers and the purge job; returns their handles.
-    pub fn spawn_background(&self) -> Vec<tokio::task::JoinHandle<()>> {
-        let mut handles: Vec<_> = (0..self.inner.settings.workers.max(1))
-            .map(|_| tokio::spawn(worker::run_worker(self.clone())))
-            .collect();
-        handles.push(tokio::spawn(crate::purge::run_purge(self.clone())));
-        handles
+    /// Recovers one stopped instance; its resumed tasks go to this instance's workers first.
+    pub(crate) async fn recover(&self, stopped: InstanceId) -> Result<RecoveryReport, AppError> {
+        let inner = &self.inner;
+        let report = inner
+            .store
+            .recover_instance(stopped, inner.instance, self.now())
+            .await?;
+        if !report.resumed.is_empty() {
+            inner
+                .resumed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend(report.resumed.iter().copied());
+            inner.work_available.notify_waiters();
+        }
+        Ok(report)
     }
 
-    /// What this start learnt from the store.
-    pub fn start_info(&self) -> &StartInfo {
-        &self.inner.start
+    /// Recovers every instance the store knows to have stopped.
+    pub(crate) async fn recover_stopped_instances(&self) -> Result<RecoveryReport, AppError> {
+        let stopped = self
+            .inner
+            .store
+            .stopped_instances(self.inner.instance, self.now())
+            .await?;
+        let mut report = RecoveryReport::default();
+        for instance in stopped {
+            report.absorb(self.recover(instance).await?);
+        }
+        Ok(report)
+    }
+
+    /// Starts the workers and the background jobs: purge, lease renewal, the rescuer of stopped
+    /// instances, the health probe and, for a shared store, the poll for missed cancels.
+    pub fn spawn_background(&self) {
+        let tracker = &self.inner.tracker;
+        for _ in 0..self.inner.settings.workers.max(1) {
+            crate::worker::spawn_worker(self.clone());
+        }
+        tracker.spawn(crate::purge::run_purge(self.clone()));
+        tracker.spawn(crate::jobs::run_lease(self.clone()));
+        tracker.spawn(crate::jobs::run_rescuer(self.clone()));
+        tracker.spawn(crate::jobs::run_health_probe(self.clone()));
+        if let Some(every) = self.inner.settings.poll_fallback {
+            tracker.spawn(crate::jobs::run_cancel_poll(self.clone(), every));
+        }
+    }
+
+    /// Stops accepting work: new task requests get 503 and workers take no new task; reads and
+    /// running tasks go on.
+    pub fn begin_shutdown(&self) {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
+        self.inner.stop_taking_work.cancel();
+        self.inner.work_available.notify_waiters();
+    }
+
+    /// Waits until no task runs here any more, or `grace` has passed; `true` when none runs.
+    pub async fn wait_until_idle(&self, grace: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            if self.tasks_in_flight() == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops everything: running tasks are left for recovery; then ends this instance's lease so
+    /// that others (or the next start) recover what is left.
+    pub async fn stop(&self) {
+        self.begin_shutdown();
+        self.inner.stop_now.cancel();
+        self.inner.tracker.close();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.inner.tracker.wait()).await;
+        if let Err(error) = self
+            .inner
+            .store
+            .retire_instance(self.inner.instance, self.now())
+            .await
+        {
+            tracing::warn!(%error, "could not end this instance's lease");
+        }
+    }
+
+    /// Resolves when the service stops for good (the shutdown grace has passed): waiting
+    /// requests and open streams end then.
+    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.inner.stop_now.clone().cancelled_owned()
+    }
+
+    /// Resolves when the service cannot go on (its lease was lost to another instance): the
+    /// process should exit non-zero so that a supervisor starts it afresh.
+    pub async fn failed(&self) {
+        self.inner.fatal.cancelled().await;
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Tasks being worked on by this process right now.
+    pub fn tasks_in_flight(&self) -> usize {
+        self.inner.listener.running.count()
+    }
+
+    /// This service's identity.
+    pub fn identity(&self) -> &ServiceIdentity {
+        &self.inner.identity
+    }
+
+    /// This process's instance id.
+    pub fn instance(&self) -> InstanceId {
+        self.inner.instance
     }
 
     /// When this process started.
@@ -221,14 +380,24 @@ impl Service {
         &self.inner.settings
     }
 
-    /// The store, for the HTTP edge's reads that need no rule.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
+    /// Whether the store accepts commits (health).
+    pub fn store_is_healthy(&self) -> bool {
+        self.inner.listener.health.is_healthy()
+    }
+
+    /// Whether this service runs models of `kind`.
+    pub fn runs(&self, kind: EngineKind) -> bool {
+        self.inner.engines.runs(kind)
     }
 
     /// Now, by the service's clock.
     pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
+    }
+
+    /// `now` plus `duration`.
+    pub(crate) fn after(&self, duration: Duration) -> Timestamp {
+        self.now().plus_millis(millis(duration))
     }
 
     /// The next id, monotonic within this process so creation order is id order.
@@ -240,405 +409,37 @@ impl Service {
             .unwrap_or_else(PoisonError::into_inner);
         ids.generate().unwrap_or_else(|_| ulid::Ulid::new())
     }
-
-    /// Stops accepting work (new task requests get 503); reads go on.
-    pub fn begin_shutdown(&self) {
-        self.inner.shutting_down.store(true, Ordering::SeqCst);
-        self.inner.stop_workers.raise();
-        self.inner.work_available.notify_waiters();
-    }
-
-    /// Whether shutdown has begun.
-    pub fn is_shutting_down(&self) -> bool {
-        self.inner.shutting_down.load(Ordering::SeqCst)
-    }
-
-    /// Tasks being worked on by this process right now.
-    pub fn tasks_in_flight(&self) -> usize {
-        self.inner
-            .cancel_flags
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
-    /// Checks a bearer token against the stored hashes (a revoked client fails at once).
-    pub async fn authenticate(&self, token: &str) -> Result<Caller, AppError> {
-        if !looks_like_token(token) {
-            return Err(AppError::Unauthorized);
-        }
-        let hash = Secret::new(token).hash();
-        match self.inner.store.client_by_token_hash(hash).await? {
-            Some(client) if client.revoked_at.is_none() => Ok(Caller {
-                client_id: client.id,
-                scopes: client.scopes,
-            }),
-            _ => Err(AppError::Unauthorized),
-        }
-    }
-
-    /// Builds the task a request asks for, without storing it.
-    pub async fn prepare_task(
-        &self,
-        caller: &Caller,
-        request: &SubmitRequest,
-    ) -> Result<Task, AppError> {
-        caller.require(Scope::ResponsesWrite)?;
-        if self.is_shutting_down() {
-            return Err(AppError::ShuttingDown);
-        }
-        if self.inner.store.model(&request.model).await?.is_none() {
-            return Err(AppError::ModelNotFound(request.model.to_string()));
-        }
-        let seed = request.seed.unwrap_or_else(|| rand::rngs::OsRng.next_u64());
-        Ok(Task::new_queued(
-            TaskId::from_ulid(self.next_ulid()),
-            caller.client_id,
-            request.model.clone(),
-            request
-                .on_restart
-                .unwrap_or(self.inner.settings.default_on_restart),
-            TaskSpec {
-                input: request.input.clone(),
-                max_output_tokens: request.max_output_tokens,
-                seed,
-            },
-            request.metadata.clone(),
-            self.now(),
-        ))
-    }
-
-    /// P-2: stores a prepared task with its first event (and idempotency record) and wakes a
-    /// worker. Returns only after the commit.
-    pub async fn submit(
-        &self,
-        task: Task,
-        idempotency: Option<IdempotencyRecord>,
-    ) -> Result<SubmitReply, AppError> {
-        if self.is_shutting_down() {
-            return Err(AppError::ShuttingDown);
-        }
-        match self.inner.store.create_task(task, idempotency).await? {
-            CreateOutcome::Created(task) => {
-                self.inner.work_available.notify_one();
-                Ok(SubmitReply::Created(task))
-            }
-            CreateOutcome::IdempotencyConflict(record) => Ok(SubmitReply::Existing(record)),
-        }
-    }
-
-    /// A task the caller may see.
-    pub async fn task(&self, caller: &Caller, task_id: TaskId) -> Result<Task, AppError> {
-        caller.require(Scope::ResponsesRead)?;
-        self.visible_task(caller, task_id).await
-    }
-
-    async fn visible_task(&self, caller: &Caller, task_id: TaskId) -> Result<Task, AppError> {
-        match self.inner.store.task(task_id).await? {
-            Some(task) if caller.may_see(&task) => Ok(task),
-            _ => Err(AppError::NotFound),
-        }
-    }
-
-    /// The caller's tasks, newest first.
-    pub async fn list_tasks(
-        &self,
-        caller: &Caller,
-        statuses: Vec<TaskStatus>,
-        before: Option<TaskId>,
-        limit: usize,
-    ) -> Result<Page<Task>, AppError> {
-        caller.require(Scope::ResponsesRead)?;
-        let filter = TaskFilter {
-            client_id: caller.visibility(),
-            statuses,
-            before,
-            limit,
-        };
-        Ok(self.inner.store.list_tasks(filter).await?)
-    }
-
-    /// Stored events of a task after `after`.
-    pub async fn events(
-        &self,
-        caller: &Caller,
-        task_id: TaskId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Page<Event>, AppError> {
-        caller.require(Scope::ResponsesRead)?;
-        self.visible_task(caller, task_id).await?;
-        Ok(self.inner.store.events(task_id, after, limit).await?)
-    }
-
-    /// A stored response the caller may see.
-    pub async fn response(
-        &self,
-        caller: &Caller,
-        response_id: ResponseId,
-    ) -> Result<Response, AppError> {
-        caller.require(Scope::ResponsesRead)?;
-        let response = self
-            .inner
-            .store
-            .response(response_id)
-            .await?
-            .ok_or(AppError::NotFound)?;
-        self.visible_task(caller, response.task_id).await?;
-        Ok(response)
-    }
-
-    /// P-4: cancels a task per API.md §4; tells its worker to stop when one runs it.
-    pub async fn cancel(
-        &self,
-        caller: &Caller,
-        task_id: TaskId,
-    ) -> Result<(CancelDecision, Task), AppError> {
-        caller.require(Scope::ResponsesWrite)?;
-        match self
-            .inner
-            .store
-            .cancel(task_id, caller.visibility(), self.now())
-            .await?
-        {
-            CancelOutcome::NotFound => Err(AppError::NotFound),
-            CancelOutcome::Decided {
-                decision: CancelDecision::NotCancellable,
-                task,
-            } => Err(AppError::NotCancellable(task.status.as_str())),
-            CancelOutcome::Decided { decision, task } => {
-                if decision.stops_worker() {
-                    let flags = self
-                        .inner
-                        .cancel_flags
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    if let Some(flag) = flags.get(&task_id) {
-                        flag.raise();
-                    }
-                }
-                Ok((decision, task))
-            }
-        }
-    }
-
-    /// The task's events after `after`: what is stored, then live ones as they commit; the
-    /// stream ends after the terminal event. Nothing is yielded before it is committed, and every
-    /// event is yielded once, in order. The stream is driven by its consumer (no task of its own),
-    /// so a dropped consumer costs nothing further.
-    pub async fn follow_events(
-        &self,
-        caller: &Caller,
-        task_id: TaskId,
-        after: u64,
-    ) -> Result<BoxStream<'static, Event>, AppError> {
-        caller.require(Scope::ResponsesRead)?;
-        self.visible_task(caller, task_id).await?;
-        let follower = Follower {
-            store: Arc::clone(&self.inner.store),
-            // Subscribed before the first read: an event committed in between is read or heard.
-            live: self.inner.live.subscribe(task_id),
-            live_events: Arc::clone(&self.inner.live),
-            task_id,
-            last: after,
-            pending: VecDeque::new(),
-            replaying: true,
-            ended: false,
-        };
-        Ok(futures::stream::unfold(follower, Follower::next).boxed())
-    }
-
-    /// Waits until a task is finished and returns it.
-    pub async fn wait_finished(&self, task_id: TaskId) -> Result<Task, AppError> {
-        let mut live = self.inner.live.subscribe(task_id);
-        loop {
-            let task = self
-                .inner
-                .store
-                .task(task_id)
-                .await?
-                .ok_or(AppError::NotFound)?;
-            if task.status.is_finished() {
-                return Ok(task);
-            }
-            // Wake on the next committed event, or re-check now and then.
-            let _ = tokio::time::timeout(Duration::from_secs(1), live.recv()).await;
-            if matches!(live.try_recv(), Err(broadcast::error::TryRecvError::Closed)) {
-                live = self.inner.live.subscribe(task_id);
-            }
-        }
-    }
-
-    /// The registered models.
-    pub async fn models(&self, caller: &Caller) -> Result<Vec<ModelRecord>, AppError> {
-        caller.require(Scope::ModelsRead)?;
-        Ok(self.inner.store.list_models().await?)
-    }
-
-    /// A registered model.
-    pub async fn model(
-        &self,
-        caller: &Caller,
-        model_id: &ModelId,
-    ) -> Result<ModelRecord, AppError> {
-        caller.require(Scope::ModelsRead)?;
-        self.inner
-            .store
-            .model(model_id)
-            .await?
-            .ok_or(AppError::NotFound)
-    }
-
-    /// P-1: registers the file at `path` (inside the models directory, links followed) as model
-    /// `model_id`, hashing it as a stream; the database keeps only its metadata and digest.
-    pub async fn register_model(
-        &self,
-        caller: &Caller,
-        model_id: ModelId,
-        path: &str,
-    ) -> Result<ModelRecord, AppError> {
-        caller.require(Scope::ModelsWrite)?;
-        // Checked first so a taken id costs no hashing; the insert checks again atomically.
-        if self.inner.store.model(&model_id).await?.is_some() {
-            return Err(AppError::AlreadyExists(model_id.to_string()));
-        }
-        let file = self.inner.model_files.fingerprint(path).await?;
-        let record = ModelRecord {
-            id: model_id,
-            format: lmsp_domain::model::format_of_path(&file.path),
-            file,
-            created_at: self.now(),
-        };
-        if self.inner.store.insert_model(record.clone()).await? {
-            Ok(record)
-        } else {
-            Err(AppError::AlreadyExists(record.id.to_string()))
-        }
-    }
-
-    /// Forgets a model; its file is never touched (P-1).
-    pub async fn delete_model(&self, caller: &Caller, model_id: &ModelId) -> Result<(), AppError> {
-        caller.require(Scope::ModelsWrite)?;
-        if self.inner.store.delete_model(model_id).await? {
-            Ok(())
-        } else {
-            Err(AppError::NotFound)
-        }
-    }
-
-    /// Every client (admin).
-    pub async fn clients(&self, caller: &Caller) -> Result<Vec<Client>, AppError> {
-        caller.require(Scope::Admin)?;
-        Ok(self.inner.store.list_clients().await?)
-    }
-
-    /// Revokes a client (admin); its token stops working at once.
-    pub async fn revoke_client(
-        &self,
-        caller: &Caller,
-        client_id: ClientId,
-    ) -> Result<(), AppError> {
-        caller.require(Scope::Admin)?;
-        if self
-            .inner
-            .store
-            .revoke_client(client_id, self.now())
-            .await?
-        {
-            Ok(())
-        } else {
-            Err(AppError::NotFound)
-        }
-    }
-
-    /// The metrics in the Prometheus text format (admin), with tasks by status as stored now.
-    pub async fn metrics_text(&self, caller: &Caller) -> Result<String, AppError> {
-        caller.require(Scope::Admin)?;
-        let counts = self.inner.store.count_by_status().await?;
-        Ok(self.inner.metrics.render(&counts))
-    }
-
-    /// The service's identity.
-    pub fn identity(&self) -> &ServiceIdentity {
-        &self.inner.start.identity
-    }
 }
 
-const REPLAY_PAGE: usize = 500;
-
-/// The state of one event stream: replaying stored pages, then following live events; a gap or a
-/// lag in the live events sends it back to the store.
-struct Follower {
-    store: Arc<dyn Store>,
-    live: broadcast::Receiver<Arc<Event>>,
-    live_events: Arc<LiveEvents>,
-    task_id: TaskId,
-    last: u64,
-    pending: VecDeque<Event>,
-    replaying: bool,
-    ended: bool,
-}
-
-impl Follower {
-    async fn next(mut self) -> Option<(Event, Self)> {
-        loop {
-            if let Some(event) = self.pending.pop_front() {
-                self.last = event.sequence_number;
-                self.ended = event.kind().is_terminal();
-                return Some((event, self));
+/// Registers this instance. When another incarnation of the same name still holds a lease (it
+/// crashed a moment ago, or it runs), waits for that lease to run out once, then tries again.
+async fn register(
+    store: &dyn Store,
+    clock: &dyn Clock,
+    settings: &Settings,
+    instance: InstanceId,
+) -> Result<Vec<InstanceId>, AppError> {
+    for attempt in 0..2 {
+        let now = clock.now();
+        let info = InstanceInfo {
+            id: instance,
+            name: settings.instance_name.clone(),
+            started_at: now,
+            lease_until: now.plus_millis(millis(settings.lease)),
+        };
+        match store.register_instance(info).await? {
+            Registration::Registered { previous } => return Ok(previous),
+            Registration::NameInUse { lease_until } if attempt == 0 => {
+                let wait = lease_until.millis_since(now) + 100;
+                tracing::warn!(
+                    name = %settings.instance_name,
+                    wait_ms = wait,
+                    "an instance of this name holds a lease; waiting for it to run out"
+                );
+                tokio::time::sleep(Duration::from_millis(wait)).await;
             }
-            if self.ended {
-                return None;
-            }
-            if self.replaying {
-                match self
-                    .store
-                    .events(self.task_id, self.last, REPLAY_PAGE)
-                    .await
-                {
-                    Ok(page) if page.items.is_empty() => {
-                        // Nothing stored after `last`: if the task is already finished, nothing
-                        // will ever come (a reconnect at or past its terminal event), so end.
-                        match self.store.task(self.task_id).await {
-                            Ok(Some(task)) if !task.status.is_finished() => self.replaying = false,
-                            // It finished since the read: read again what it wrote meanwhile.
-                            Ok(Some(task)) if task.last_sequence_number > self.last => {}
-                            Ok(_) => return None,
-                            Err(error) => {
-                                tracing::warn!(task_id = %self.task_id, %error, "event stream ended early");
-                                return None;
-                            }
-                        }
-                    }
-                    Ok(page) => {
-                        self.replaying = page.has_more;
-                        self.pending.extend(page.items);
-                    }
-                    Err(error) => {
-                        tracing::warn!(task_id = %self.task_id, %error, "event stream ended early");
-                        return None;
-                    }
-                }
-                continue;
-            }
-            match self.live.recv().await {
-                // A terminal event at or before `last` (a stream started past the end): done.
-                Ok(event) if event.sequence_number <= self.last && event.kind().is_terminal() => {
-                    return None;
-                }
-                Ok(event) if event.sequence_number <= self.last => {}
-                Ok(event) if event.sequence_number == self.last + 1 => {
-                    self.pending.push_back((*event).clone());
-                }
-                // A gap or a lag: read the rest from the store.
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self.replaying = true,
-                // The fan-out dropped the channel (after a terminal event, or when it had no
-                // listener for a moment): listen again, then catch up from the store.
-                Err(broadcast::error::RecvError::Closed) => {
-                    self.live = self.live_events.subscribe(self.task_id);
-                    self.replaying = true;
-                }
-            }
+            Registration::NameInUse { .. } => break,
         }
     }
+    Err(AppError::InstanceNameInUse(settings.instance_name.clone()))
 }

@@ -1,63 +1,105 @@
 //! The worker pool.
 //!
-//! A worker takes resumed tasks first (they were under way before the restart), then the oldest
-//! queued task, and drives it through the store: every step is a store transaction that the
-//! domain may refuse. Output is batched: the engine runs in its own task and feeds a channel; the
-//! worker commits whatever has piled up (up to [`MAX_BATCH`] deltas) in one append, so a fast
-//! engine fills group commits and a slow one gets each token out at once.
+//! A worker takes resumed tasks first (they were under way before their instance stopped), then
+//! the oldest queued task, and drives it through the store: every step is a store transaction
+//! that the domain may refuse. Output is batched: the engine runs in its own task and feeds a
+//! channel; the worker commits whatever has piled up (up to [`MAX_BATCH`] deltas) in one append,
+//! so a fast engine fills group commits and a slow one gets each token out at once.
+//!
+//! No task is ever stranded: a write the store cannot commit is retried with backoff; when the
+//! store still cannot commit, the run is given up and the task is failed with
+//! `storage_unavailable` (or cancelled, when a cancel is pending), retried until the store takes
+//! it. A panicking worker is replaced, and the task it ran is failed. Only the end of the process
+//! leaves a task unfinished, for recovery.
 
-use std::sync::PoisonError;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use lmsp_domain::ports::{
-    CancelFlag, EngineError, GenerationItem, GenerationJob, ModelFileError, ResumePoint, Snapshot,
-    StepOutcome,
+    EngineError, GenerationItem, GenerationJob, ModelFileError, ResumePoint, Snapshot, StepOutcome,
+    StoreError,
 };
-use lmsp_domain::transition::Refusal;
+use lmsp_domain::transition::{advance_all, Refusal};
 use lmsp_domain::{
-    EventPayload, Response, ResponseId, Step, Task, TaskError, TaskErrorCode, TaskId, TaskStatus,
+    EventPayload, ModelToLoad, Response, Step, Task, TaskError, TaskErrorCode, TaskId, TaskStatus,
     Usage,
 };
 
-use crate::error::AppError;
+use crate::retry::{retry, Abandoned};
 use crate::service::Service;
 
 /// The most deltas committed in one append.
 pub(crate) const MAX_BATCH: usize = 64;
 
-pub(crate) async fn run_worker(service: Service) {
-    let inner = &service.inner;
-    while !inner.stop_workers.is_raised() {
-        let next = match next_work(&service).await {
-            Ok(next) => next,
-            Err(error) => {
-                tracing::error!(%error, "worker could not take work");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
+/// Starts a worker under a supervisor that replaces it when it panics.
+pub(crate) fn spawn_worker(service: Service) {
+    let tracker = service.inner.tracker.clone();
+    tracker.spawn(supervise(service));
+}
+
+async fn supervise(service: Service) {
+    loop {
+        let current: Arc<Mutex<Option<TaskId>>> = Arc::default();
+        let worker = tokio::spawn(run_worker(service.clone(), Arc::clone(&current)));
+        match worker.await {
+            Err(error) if error.is_panic() => {
+                let task = current
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                tracing::error!(task_id = ?task, "a worker panicked; a new one takes its place");
+                if let Some(task_id) = task {
+                    let error = TaskError::new(
+                        TaskErrorCode::EngineError,
+                        "the worker running the task stopped unexpectedly",
+                    );
+                    finish_for_sure(&service, task_id, Step::Fail { error }).await;
+                    service.inner.listener.running.end(task_id);
+                }
             }
+            _ => return,
+        }
+    }
+}
+
+async fn run_worker(service: Service, current: Arc<Mutex<Option<TaskId>>>) {
+    let inner = &service.inner;
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = inner.stop_taking_work.cancelled() => return,
+            next = next_work(&service) => next,
         };
         match next {
-            Some((task, resumed)) => {
+            Ok(Some((task, resumed))) => {
                 let task_id = task.id;
-                if let Err(error) = run_task(&service, task, resumed).await {
-                    tracing::error!(%task_id, %error, "task run failed; it stays for recovery");
-                }
-                service.forget_flag(task_id);
+                *current.lock().unwrap_or_else(PoisonError::into_inner) = Some(task_id);
+                run_task(&service, task, resumed).await;
+                *current.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                inner.listener.running.end(task_id);
             }
-            None => {
+            Ok(None) => {
                 tokio::select! {
-                    _ = inner.work_available.notified() => {}
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = inner.stop_workers.raised() => {}
+                    () = inner.work_available.notified() => {}
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = inner.stop_taking_work.cancelled() => return,
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "a worker could not take work; trying again shortly");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    () = inner.stop_taking_work.cancelled() => return,
                 }
             }
         }
     }
 }
 
-async fn next_work(service: &Service) -> Result<Option<(Task, bool)>, AppError> {
+async fn next_work(service: &Service) -> Result<Option<(Task, bool)>, StoreError> {
     let inner = &service.inner;
     loop {
         let resumed = inner
@@ -67,183 +109,180 @@ async fn next_work(service: &Service) -> Result<Option<(Task, bool)>, AppError> 
             .pop_front();
         let Some(task_id) = resumed else { break };
         match inner.store.task(task_id).await? {
-            Some(task) if task.status == TaskStatus::Running => {
-                service.flag_for(task.id);
+            Some(task) if task.status == TaskStatus::Running && task.owner == inner.instance => {
+                inner.listener.running.start(task.id);
                 return Ok(Some((task, true)));
             }
-            // Cancelled (or gone) since recovery: the cancel finished it.
-            Some(task) if task.status == TaskStatus::Cancelling => {
-                finish(service, task.id, Step::AcknowledgeCancel).await?;
+            // Cancelled since recovery: acknowledge it (the cancel found no worker).
+            Some(task) if task.status == TaskStatus::Cancelling && task.owner == inner.instance => {
+                finish_for_sure(service, task.id, Step::AcknowledgeCancel).await;
             }
             _ => {}
         }
     }
-    let claimed = inner.store.claim_next(service.now()).await?;
+    let claimed = inner
+        .store
+        .claim_next(inner.instance, service.now())
+        .await?;
     Ok(claimed.map(|task| {
-        service.flag_for(task.id);
+        inner.listener.running.start(task.id);
         (task, false)
     }))
 }
 
-impl Service {
-    fn flag_for(&self, task_id: TaskId) -> CancelFlag {
-        let mut flags = self
-            .inner
-            .cancel_flags
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        flags.entry(task_id).or_default().clone()
-    }
-
-    fn forget_flag(&self, task_id: TaskId) {
-        let mut flags = self
-            .inner
-            .cancel_flags
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        flags.remove(&task_id);
-    }
+/// How a run ended.
+enum Ending {
+    Completed(Usage),
+    Failed(TaskError),
+    Cancelled,
+    /// The store could not record the run: give it up.
+    StoreGaveUp,
+    /// The task is no longer this worker's to write (another instance took it, or it is gone),
+    /// or the process is stopping: write nothing.
+    Leave,
 }
 
-fn task_error(code: TaskErrorCode, message: impl Into<String>) -> TaskError {
-    TaskError {
-        code,
-        message: message.into(),
-    }
-}
-
-/// Finishes a task; when a cancel won the race, acknowledges it instead (P-4).
-async fn finish(service: &Service, task_id: TaskId, step: Step) -> Result<(), AppError> {
-    let store = &service.inner.store;
-    match store.finish(task_id, step, service.now()).await? {
-        StepOutcome::Refused {
-            refusal: Refusal::CancelPending { .. },
-            ..
-        } => {
-            store
-                .finish(task_id, Step::AcknowledgeCancel, service.now())
-                .await?;
-        }
-        StepOutcome::Refused { task, refusal } => {
-            tracing::warn!(%task_id, status = %task.status, %refusal, "finish refused");
-        }
-        StepOutcome::Applied { .. } | StepOutcome::NotFound => {}
-    }
-    Ok(())
-}
-
-/// Appends steps; `Ok(None)` when a cancel is pending (the caller must stop and acknowledge).
-async fn append(
-    service: &Service,
-    task_id: TaskId,
-    steps: Vec<Step>,
-    snapshot: Option<Snapshot>,
-) -> Result<Option<Task>, AppError> {
-    match service
-        .inner
-        .store
-        .append(task_id, steps, snapshot, service.now())
-        .await?
-    {
-        StepOutcome::Applied { task, .. } => Ok(Some(task)),
-        StepOutcome::Refused {
-            refusal: Refusal::CancelPending { .. },
-            ..
-        } => Ok(None),
-        StepOutcome::Refused { refusal, .. } => {
-            tracing::warn!(%task_id, %refusal, "append refused");
-            Ok(None)
-        }
-        StepOutcome::NotFound => Ok(None),
-    }
-}
-
-async fn run_task(service: &Service, task: Task, resumed: bool) -> Result<(), AppError> {
-    let inner = &service.inner;
-    let task_id = task.id;
-    let cancel = service.flag_for(task_id);
-    let Some(mut model) = inner.store.model(&task.model).await? else {
-        let error = task_error(
-            TaskErrorCode::ModelNotFound,
-            format!("model `{}` is not registered", task.model),
-        );
-        return finish(service, task_id, Step::Fail { error }).await;
+fn engine_task_error(error: &EngineError) -> TaskError {
+    let code = match error {
+        EngineError::ModelUnavailable(_) => TaskErrorCode::ModelUnavailable,
+        EngineError::DigestMismatch => TaskErrorCode::ModelDigestMismatch,
+        EngineError::UpstreamUnavailable(_) => TaskErrorCode::UpstreamUnavailable,
+        EngineError::Timeout(_) => TaskErrorCode::Timeout,
+        EngineError::Failed(_) => TaskErrorCode::EngineError,
     };
-    match inner.model_files.verify(&model.file).await {
-        Ok(None) => {}
-        Ok(Some(rehashed)) => {
+    TaskError::new(code, error.to_string())
+}
+
+fn storage_gave_up() -> TaskError {
+    TaskError::new(
+        TaskErrorCode::StorageUnavailable,
+        "the run could not be recorded: the storage could not commit, and the run was given up",
+    )
+}
+
+/// Finishes a task, retrying until the store takes it or the process stops; when a cancel won
+/// the race, acknowledges it instead (P-4).
+async fn finish_for_sure(service: &Service, task_id: TaskId, step: Step) {
+    let inner = &service.inner;
+    let policy = inner.settings.store_retry.forever();
+    let mut step = step;
+    loop {
+        let outcome = retry(policy, &inner.stop_now, || {
             inner
                 .store
-                .update_model_file(&model.id, rehashed.clone())
-                .await?;
-            model.file = rehashed;
-        }
-        Err(error) => {
-            let code = match error {
-                ModelFileError::DigestMismatch => TaskErrorCode::ModelDigestMismatch,
-                _ => TaskErrorCode::ModelUnavailable,
-            };
-            return finish(
-                service,
-                task_id,
-                Step::Fail {
-                    error: task_error(code, error.to_string()),
-                },
-            )
-            .await;
+                .finish(task_id, inner.instance, step.clone(), service.now())
+        })
+        .await;
+        match outcome {
+            Ok(StepOutcome::Refused {
+                refusal: Refusal::CancelPending { .. },
+                ..
+            }) => step = Step::AcknowledgeCancel,
+            Ok(StepOutcome::Refused { task, refusal }) => {
+                tracing::debug!(%task_id, status = %task.status, %refusal, "finish refused");
+                return;
+            }
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(%task_id, %error, "a task's end was not recorded; recovery will see to it");
+                return;
+            }
         }
     }
+}
+
+/// Runs a task to its end; see the module documentation.
+async fn run_task(service: &Service, task: Task, resumed: bool) {
+    let task_id = task.id;
+    let ending = run(service, task, resumed).await;
+    let step = match ending {
+        Ending::Completed(_) | Ending::Leave => return,
+        Ending::Failed(error) => Step::Fail { error },
+        Ending::Cancelled => Step::AcknowledgeCancel,
+        Ending::StoreGaveUp => Step::Fail {
+            error: storage_gave_up(),
+        },
+    };
+    finish_for_sure(service, task_id, step).await;
+}
+
+/// Waits for a task's cancel token (or the process's hard stop).
+async fn cancelled_or_stopping(cancel: &CancellationToken, stop_now: &CancellationToken) -> Ending {
+    tokio::select! {
+        () = cancel.cancelled() => Ending::Cancelled,
+        () = stop_now.cancelled() => Ending::Leave,
+    }
+}
+
+async fn run(service: &Service, task: Task, resumed: bool) -> Ending {
+    let inner = &service.inner;
+    let cancel = inner.listener.running.start(task.id);
+    let stop_now = inner.stop_now.clone();
+    let model = match prepare_model(service, &task).await {
+        Ok(model) => model,
+        Err(ending) => return ending,
+    };
+    let Some(engine) = model
+        .record
+        .engine()
+        .and_then(|kind| inner.engines.get(kind))
+        .cloned()
+    else {
+        return Ending::Failed(TaskError::new(
+            TaskErrorCode::ModelUnavailable,
+            format!(
+                "no engine of this service runs models of format `{}`",
+                model.record.format_name()
+            ),
+        ));
+    };
     // A cancel while the model loads stops the load: the task need not wait for it to end.
     let loaded = tokio::select! {
-        loaded = inner.engine.load(&model) => loaded,
-        () = raised(&cancel) => {
-            return finish(service, task_id, Step::AcknowledgeCancel).await;
-        }
+        loaded = engine.load(&model) => loaded,
+        ending = cancelled_or_stopping(&cancel, &stop_now) => return ending,
     };
     if let Err(error) = loaded {
-        return finish(
-            service,
-            task_id,
-            Step::Fail {
-                error: engine_task_error(&error),
-            },
-        )
-        .await;
+        return Ending::Failed(engine_task_error(&error));
     }
     let (mut current, resume, mut output) = if resumed {
-        let (resume, text) = resume_point(service, &task).await?;
-        (task, resume, text)
+        match resume_point(service, &task).await {
+            Ok((resume, text)) => (task, resume, text),
+            Err(_) => return Ending::StoreGaveUp,
+        }
     } else {
-        match append(service, task_id, vec![Step::Loaded], None).await? {
-            Some(task) => (task, None, String::new()),
-            None => return finish(service, task_id, Step::AcknowledgeCancel).await,
+        match append(service, &task, vec![Step::Loaded], None).await {
+            Appended::Applied(task) => (task, None, String::new()),
+            Appended::Ended(ending) => return ending,
         }
     };
     let job = GenerationJob {
-        model: model.clone(),
+        model,
         spec: current.spec.clone(),
         resume,
-        cancel: cancel.clone(),
     };
-    let mut generation = match inner.engine.generate(job).await {
+    let generation = tokio::select! {
+        generation = engine.generate(job) => generation,
+        ending = cancelled_or_stopping(&cancel, &stop_now) => return ending,
+    };
+    let mut generation = match generation {
         Ok(generation) => generation,
-        Err(error) => {
-            return finish(
-                service,
-                task_id,
-                Step::Fail {
-                    error: engine_task_error(&error),
-                },
-            )
-            .await
-        }
+        Err(error) => return Ending::Failed(engine_task_error(&error)),
     };
-    // The engine runs ahead in its own task; the worker commits what has piled up.
+    // The engine runs ahead in its own task; the worker commits what has piled up. On a cancel
+    // the producer stops the engine (and waits for it) before it ends.
     let (items_sender, mut items) =
         mpsc::channel::<Result<GenerationItem, EngineError>>(MAX_BATCH * 4);
+    let producer_cancel = cancel.clone();
     let producer = tokio::spawn(async move {
         loop {
-            let item = generation.next_item().await;
+            let item = tokio::select! {
+                biased;
+                () = producer_cancel.cancelled() => {
+                    generation.stop().await;
+                    return;
+                }
+                item = generation.next_item() => item,
+            };
             let last = !matches!(item, Ok(Some(GenerationItem::Delta { .. })));
             match item {
                 Ok(Some(item)) => {
@@ -262,33 +301,156 @@ async fn run_task(service: &Service, task: Task, resumed: bool) -> Result<(), Ap
             }
         }
     });
-    let outcome = drive(service, &mut current, &mut items, &mut output, &cancel).await;
-    producer.abort();
-    let finishing = match outcome? {
+    let ending = drive(service, &mut current, &mut items, &mut output, &cancel).await;
+    if let Ending::Cancelled = ending {
+        // Wait for the engine to stop (its own time to notice a cancel), so the acknowledgement
+        // means what it says; an engine that never stops is dropped after the grace.
+        cancel.cancel();
+        let grace = inner.settings.engine_stop_grace;
+        let abort = producer.abort_handle();
+        if tokio::time::timeout(grace, producer).await.is_err() {
+            abort.abort();
+        }
+    } else {
+        producer.abort();
+    }
+    match ending {
         Ending::Completed(usage) => {
             let response = Response {
-                id: ResponseId::from_ulid(service.next_ulid()),
-                task_id,
+                id: current.response_id,
+                task_id: current.id,
                 model: current.model.clone(),
                 output_text: output,
                 usage,
                 created_at: current.created_at,
                 completed_at: service.now(),
             };
-            Step::Complete {
+            let complete = Step::Complete {
                 response: Box::new(response),
-            }
+            };
+            finish_for_sure(service, current.id, complete).await;
+            Ending::Completed(usage)
         }
-        Ending::Failed(error) => Step::Fail { error },
-        Ending::Cancelled => Step::AcknowledgeCancel,
-    };
-    finish(service, task_id, finishing).await
+        other => other,
+    }
 }
 
-enum Ending {
-    Completed(Usage),
-    Failed(TaskError),
-    Cancelled,
+/// The task's model, checked against its file's digest, ready for its engine.
+async fn prepare_model(service: &Service, task: &Task) -> Result<ModelToLoad, Ending> {
+    let inner = &service.inner;
+    let found = retry(inner.settings.store_retry, &inner.stop_now, || {
+        inner.store.model(&task.model)
+    })
+    .await;
+    let mut record = match found {
+        Ok(Some(record)) => record,
+        Ok(None) => {
+            return Err(Ending::Failed(TaskError::new(
+                TaskErrorCode::ModelNotFound,
+                format!("model `{}` is not registered", task.model),
+            )))
+        }
+        Err(Abandoned::Stopped) => return Err(Ending::Leave),
+        Err(_) => return Err(Ending::StoreGaveUp),
+    };
+    let Some(file) = record.file().cloned() else {
+        return Ok(ModelToLoad { record, path: None });
+    };
+    match inner.model_files.verify(&file).await {
+        Ok(verified) => {
+            if let Some(rehashed) = verified.rehashed {
+                if let Err(error) = inner
+                    .store
+                    .update_model_file(&record.id, rehashed.clone())
+                    .await
+                {
+                    tracing::warn!(model = %record.id, %error, "a re-hashed model file was not recorded");
+                }
+                if let lmsp_domain::ModelSource::File { file, .. } = &mut record.source {
+                    *file = rehashed;
+                }
+            }
+            Ok(ModelToLoad {
+                record,
+                path: Some(verified.path),
+            })
+        }
+        Err(error) => {
+            let code = match error {
+                ModelFileError::DigestMismatch => TaskErrorCode::ModelDigestMismatch,
+                _ => TaskErrorCode::ModelUnavailable,
+            };
+            Err(Ending::Failed(TaskError::new(code, error.to_string())))
+        }
+    }
+}
+
+/// What an append came to.
+enum Appended {
+    /// Committed: the task as it is now.
+    Applied(Task),
+    /// The run ends here.
+    Ended(Ending),
+}
+
+/// Appends a worker's steps to `current` (with retries), and makes sense of a refusal.
+async fn append(
+    service: &Service,
+    current: &Task,
+    steps: Vec<Step>,
+    state: Option<Vec<u8>>,
+) -> Appended {
+    let inner = &service.inner;
+    let at = service.now();
+    // What the log will look like after the steps: decided by the domain here too, so that the
+    // snapshot names its last event and a retried write that did commit is recognised.
+    let expected = match advance_all(current, &steps, inner.instance, None, at) {
+        Ok(expected) => expected,
+        Err(refusal) => {
+            let error = TaskError::new(
+                TaskErrorCode::EngineError,
+                format!("the worker's steps do not fit the task: {refusal}"),
+            );
+            return Appended::Ended(Ending::Failed(error));
+        }
+    };
+    let snapshot = state.map(|state| Snapshot {
+        sequence_number: expected.task.last_sequence_number,
+        state,
+    });
+    let outcome = retry(inner.settings.store_retry, &inner.stop_now, || {
+        inner.store.append(
+            current.id,
+            inner.instance,
+            current.last_sequence_number,
+            steps.clone(),
+            snapshot.clone(),
+            at,
+        )
+    })
+    .await;
+    match outcome {
+        Ok(StepOutcome::Applied { task, .. }) => Appended::Applied(task),
+        Ok(StepOutcome::Refused {
+            refusal: Refusal::CancelPending { .. },
+            ..
+        }) => Appended::Ended(Ending::Cancelled),
+        // An earlier try committed after all: the log is exactly where the steps lead.
+        Ok(StepOutcome::Refused {
+            task,
+            refusal: Refusal::Stale { stored },
+        }) if stored == expected.task.last_sequence_number => Appended::Applied(task),
+        Ok(StepOutcome::Refused { task, refusal }) => {
+            tracing::warn!(task_id = %current.id, status = %task.status, %refusal, "a worker's step was refused; it leaves the task");
+            Appended::Ended(Ending::Leave)
+        }
+        Ok(StepOutcome::NotFound) => Appended::Ended(Ending::Leave),
+        Err(Abandoned::Stopped) => Appended::Ended(Ending::Leave),
+        Err(error) => {
+            tracing::error!(task_id = %current.id, %error, "a run could not be recorded; it is given up");
+            Appended::Ended(Ending::StoreGaveUp)
+        }
+    }
 }
 
 async fn drive(
@@ -296,28 +458,37 @@ async fn drive(
     current: &mut Task,
     items: &mut mpsc::Receiver<Result<GenerationItem, EngineError>>,
     output: &mut String,
-    cancel: &CancelFlag,
-) -> Result<Ending, AppError> {
+    cancel: &CancellationToken,
+) -> Ending {
+    let stop_now = service.inner.stop_now.clone();
     loop {
-        let Some(first) = items.recv().await else {
-            return Ok(Ending::Failed(task_error(
+        let first = tokio::select! {
+            biased;
+            ending = cancelled_or_stopping(cancel, &stop_now) => return ending,
+            first = items.recv() => first,
+        };
+        let Some(first) = first else {
+            return Ending::Failed(TaskError::new(
                 TaskErrorCode::EngineError,
                 "the engine stopped without finishing",
-            )));
+            ));
         };
         let mut steps = Vec::new();
         let mut state = None;
         let mut ending = None;
+        let mut text = String::new();
         let mut item = Some(first);
         while let Some(next) = item.take() {
             match next {
-                Ok(GenerationItem::Delta { text, state: after }) => {
-                    output.push_str(&text);
-                    steps.push(Step::Output { delta: text });
+                Ok(GenerationItem::Delta {
+                    text: delta,
+                    state: after,
+                }) => {
+                    text.push_str(&delta);
+                    steps.push(Step::Output { delta });
                     state = Some(after);
                 }
                 Ok(GenerationItem::Finished { usage }) => ending = Some(Ending::Completed(usage)),
-                Ok(GenerationItem::Cancelled) => ending = Some(Ending::Cancelled),
                 Err(error) => ending = Some(Ending::Failed(engine_task_error(&error))),
             }
             if ending.is_none() && steps.len() < MAX_BATCH {
@@ -325,84 +496,58 @@ async fn drive(
             }
         }
         if !steps.is_empty() {
-            let covered = current.last_sequence_number + steps.len() as u64;
-            let snapshot = state.map(|state| Snapshot {
-                sequence_number: covered,
-                state,
-            });
-            match append(service, current.id, steps, snapshot).await? {
-                Some(task) => *current = task,
-                None => {
-                    // A cancel won: its output is refused. The task stays `cancelling` until the
-                    // engine has noticed and stopped (its own time to notice a cancel), so the
-                    // acknowledgement means what it says.
-                    cancel.raise();
-                    if ending.is_none() {
-                        // An engine that never notices (a stalled upstream) is stopped anyway.
-                        let _ = tokio::time::timeout(ENGINE_STOP_GRACE, async {
-                            while let Some(Ok(GenerationItem::Delta { .. })) = items.recv().await {}
-                        })
-                        .await;
-                    }
-                    return Ok(Ending::Cancelled);
+            match append(service, current, steps, state).await {
+                Appended::Applied(task) => {
+                    *current = task;
+                    output.push_str(&text);
                 }
+                Appended::Ended(ending) => return ending,
             }
         }
         if let Some(ending) = ending {
-            return Ok(ending);
+            return ending;
         }
     }
-}
-
-/// How long a worker waits, after a cancel won, for its engine to notice and stop before it
-/// stops the engine itself.
-const ENGINE_STOP_GRACE: Duration = Duration::from_secs(30);
-
-/// How often a worker looks at a task's cancel flag while it waits for something else.
-const CANCEL_POLL: Duration = Duration::from_millis(10);
-
-/// Resolves once `flag` is raised.
-async fn raised(flag: &CancelFlag) {
-    while !flag.is_raised() {
-        tokio::time::sleep(CANCEL_POLL).await;
-    }
-}
-
-fn engine_task_error(error: &EngineError) -> TaskError {
-    let code = match error {
-        EngineError::ModelUnavailable(_) => TaskErrorCode::ModelUnavailable,
-        EngineError::DigestMismatch => TaskErrorCode::ModelDigestMismatch,
-        EngineError::Failed(_) => TaskErrorCode::EngineError,
-    };
-    task_error(code, error.to_string())
 }
 
 /// Where a resumed task continues (I-6): its snapshot's state and the text of the deltas that
-/// snapshot covers, i.e. the deltas after the last `response.queued` up to the snapshot.
+/// snapshot covers, i.e. those of the open output item up to the snapshot.
 async fn resume_point(
     service: &Service,
     task: &Task,
-) -> Result<(Option<ResumePoint>, String), AppError> {
-    let store = &service.inner.store;
-    let Some(snapshot) = store.snapshot(task.id).await? else {
+) -> Result<(Option<ResumePoint>, String), Abandoned> {
+    let inner = &service.inner;
+    let policy = inner.settings.store_retry;
+    let snapshot = retry(policy, &inner.stop_now, || inner.store.snapshot(task.id)).await?;
+    let Some(snapshot) = snapshot else {
         return Ok((None, String::new()));
     };
+    let open = task.items.open_item(task.id);
     let mut text = String::new();
     let mut after = 0;
-    loop {
-        let page = store.events(task.id, after, 1000).await?;
+    'pages: loop {
+        let page = retry(policy, &inner.stop_now, || {
+            inner.store.events(task.id, after, 1000)
+        })
+        .await?;
         for event in &page.items {
             after = event.sequence_number;
             if event.sequence_number > snapshot.sequence_number {
-                break;
+                break 'pages;
             }
             match &event.payload {
-                EventPayload::Queued { .. } => text.clear(),
-                EventPayload::OutputTextDelta { delta } => text.push_str(delta),
+                // Without an open item (a task the first release wrote), the run's text is
+                // what follows the last `response.queued`.
+                EventPayload::Queued { .. } if open.is_none() => text.clear(),
+                EventPayload::OutputTextDelta { item, delta }
+                    if open.is_none_or(|o| o == *item) =>
+                {
+                    text.push_str(delta);
+                }
                 _ => {}
             }
         }
-        if !page.has_more || after >= snapshot.sequence_number {
+        if !page.has_more {
             break;
         }
     }

@@ -3,29 +3,42 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
+use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::ids::ClientId;
 use crate::time::Timestamp;
 
-/// What a client may do (API.md §3). `admin` implies every other scope.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// What a client may do. `admin` implies every other scope.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    EnumString,
+    IntoStaticStr,
+    VariantArray,
+    strum::Display,
+)]
 pub enum Scope {
     /// Submit and cancel work.
-    #[serde(rename = "responses:write")]
+    #[strum(serialize = "responses:write")]
     ResponsesWrite,
     /// Read tasks, events and responses.
-    #[serde(rename = "responses:read")]
+    #[strum(serialize = "responses:read")]
     ResponsesRead,
     /// List models.
-    #[serde(rename = "models:read")]
+    #[strum(serialize = "models:read")]
     ModelsRead,
     /// Register and delete models.
-    #[serde(rename = "models:write")]
+    #[strum(serialize = "models:write")]
     ModelsWrite,
     /// Everything, including clients, pairing and metrics.
-    #[serde(rename = "admin")]
+    #[strum(serialize = "admin")]
     Admin,
 }
 
@@ -36,50 +49,21 @@ pub struct UnknownScope(pub String);
 
 impl Scope {
     /// Every scope.
-    pub const ALL: [Scope; 5] = [
-        Scope::ResponsesWrite,
-        Scope::ResponsesRead,
-        Scope::ModelsRead,
-        Scope::ModelsWrite,
-        Scope::Admin,
-    ];
+    pub const ALL: &'static [Scope] = Self::VARIANTS;
 
-    /// The wire name, e.g. `responses:write`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Scope::ResponsesWrite => "responses:write",
-            Scope::ResponsesRead => "responses:read",
-            Scope::ModelsRead => "models:read",
-            Scope::ModelsWrite => "models:write",
-            Scope::Admin => "admin",
-        }
+    /// The name, e.g. `responses:write`.
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
-    /// Parses a wire name.
+    /// Parses a name.
     pub fn parse(text: &str) -> Result<Self, UnknownScope> {
-        Scope::ALL
-            .into_iter()
-            .find(|scope| scope.as_str() == text)
-            .ok_or_else(|| UnknownScope(text.to_owned()))
-    }
-}
-
-impl fmt::Display for Scope {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for Scope {
-    type Err = UnknownScope;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse(s)
+        text.parse().map_err(|_| UnknownScope(text.to_owned()))
     }
 }
 
 /// A set of scopes.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(transparent)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Scopes(BTreeSet<Scope>);
 
 impl Scopes {
@@ -141,7 +125,7 @@ impl fmt::Debug for Secret {
 
 /// The SHA-256 hash of a [`Secret`]. Looking a hash up by equality in an index does not reveal the
 /// secret through timing: the attacker controls the secret, not its hash.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SecretHash(pub [u8; 32]);
 
 impl SecretHash {
@@ -175,7 +159,7 @@ pub fn looks_like_token(text: &str) -> bool {
 }
 
 /// A paired client as stored: never its token, only the token's hash.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Client {
     /// Its id.
     pub id: ClientId,
@@ -192,7 +176,7 @@ pub struct Client {
 }
 
 /// A pairing code as stored (hashed), valid until `expires_at`, usable once.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pairing {
     /// The hash of the code.
     pub code_hash: SecretHash,
@@ -208,6 +192,67 @@ pub struct Pairing {
 pub const PAIRING_TTL_MILLIS: i64 = 10 * 60 * 1000;
 /// How many wrong codes within [`PAIRING_TTL_MILLIS`] burn every outstanding code.
 pub const PAIRING_MAX_FAILURES: usize = 5;
+
+/// The state of the pairing limit: recent wrong codes, and a lock once there were too many.
+///
+/// After [`PAIRING_MAX_FAILURES`] wrong codes within [`PAIRING_TTL_MILLIS`], every outstanding code
+/// is burnt and pairing is locked for [`PAIRING_TTL_MILLIS`]. The store keeps this state and
+/// updates it in the same transaction as the attempt, so concurrent guesses never pass the limit.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PairingLimit {
+    /// When the recent wrong codes were tried, oldest first.
+    pub failures: Vec<Timestamp>,
+    /// Until when pairing is locked.
+    pub locked_until: Option<Timestamp>,
+}
+
+/// What a wrong code does to the pairing limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AfterFailure {
+    /// The limit to store.
+    pub limit: PairingLimit,
+    /// Whether this failure made the limit: every outstanding code must be burnt.
+    pub burn_codes: bool,
+}
+
+impl PairingLimit {
+    /// `Err(until)` while pairing is locked at `now`.
+    pub fn check(&self, now: Timestamp) -> Result<(), Timestamp> {
+        match self.locked_until {
+            Some(until) if until > now => Err(until),
+            _ => Ok(()),
+        }
+    }
+
+    /// The limit after a wrong code at `now`: failures older than the window are forgotten; the
+    /// one that makes [`PAIRING_MAX_FAILURES`] locks pairing and burns the codes.
+    pub fn after_failure(&self, now: Timestamp) -> AfterFailure {
+        let mut failures: Vec<Timestamp> = self
+            .failures
+            .iter()
+            .copied()
+            .filter(|at| at.plus_millis(PAIRING_TTL_MILLIS) > now)
+            .collect();
+        failures.push(now);
+        if failures.len() >= PAIRING_MAX_FAILURES {
+            AfterFailure {
+                limit: PairingLimit {
+                    failures: Vec::new(),
+                    locked_until: Some(now.plus_millis(PAIRING_TTL_MILLIS)),
+                },
+                burn_codes: true,
+            }
+        } else {
+            AfterFailure {
+                limit: PairingLimit {
+                    failures,
+                    locked_until: None,
+                },
+                burn_codes: false,
+            }
+        }
+    }
+}
 
 /// Pairing codes have the shape `483-921`.
 pub fn looks_like_pairing_code(text: &str) -> bool {
@@ -231,9 +276,49 @@ mod tests {
     }
 
     #[test]
+    fn scopes_parse_from_their_names_only() {
+        for scope in Scope::ALL {
+            assert_eq!(Scope::parse(scope.as_str()), Ok(*scope));
+        }
+        assert_eq!(Scope::ResponsesWrite.as_str(), "responses:write");
+        assert!(Scope::parse("responses_write").is_err());
+        assert!(Scope::parse("Admin").is_err());
+    }
+
+    #[test]
+    fn five_wrong_codes_within_the_window_lock_pairing_and_burn_the_codes() {
+        let start = Timestamp::from_millis(1_000_000);
+        let mut limit = PairingLimit::default();
+        for i in 0..4 {
+            assert_eq!(limit.check(start.plus_millis(i)), Ok(()));
+            let after = limit.after_failure(start.plus_millis(i));
+            assert!(!after.burn_codes, "failure {i}");
+            limit = after.limit;
+        }
+        let fifth = limit.after_failure(start.plus_millis(4));
+        assert!(fifth.burn_codes, "the fifth makes the limit");
+        let until = start.plus_millis(4 + PAIRING_TTL_MILLIS);
+        assert_eq!(fifth.limit.check(start.plus_millis(5)), Err(until));
+        assert_eq!(fifth.limit.check(until), Ok(()));
+    }
+
+    #[test]
+    fn wrong_codes_older_than_the_window_are_forgotten() {
+        let start = Timestamp::from_millis(1_000_000);
+        let mut limit = PairingLimit::default();
+        for i in 0..4 {
+            limit = limit.after_failure(start.plus_millis(i)).limit;
+        }
+        let later = start.plus_millis(PAIRING_TTL_MILLIS + 3);
+        let after = limit.after_failure(later);
+        assert!(!after.burn_codes);
+        assert_eq!(after.limit.failures, vec![later]);
+    }
+
+    #[test]
     fn admin_implies_every_scope() {
         let admin = Scopes::new([Scope::Admin]);
-        assert!(Scope::ALL.into_iter().all(|s| admin.allows(s)));
+        assert!(Scope::ALL.iter().all(|s| admin.allows(*s)));
         let reader = Scopes::new([Scope::ResponsesRead]);
         assert!(reader.allows(Scope::ResponsesRead));
         assert!(!reader.allows(Scope::ResponsesWrite));

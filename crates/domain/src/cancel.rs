@@ -1,12 +1,10 @@
-//! The cancel decision of API.md §4 (P-4).
-
-use serde::{Deserialize, Serialize};
+//! The cancel decision (P-4): what a cancel request does to a task in each status.
 
 use crate::event::EventPayload;
 use crate::status::TaskStatus;
 
 /// What a cancel request does to a task in a given status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CancelDecision {
     /// `queued`: cancelled at once (`→ cancelled` + `response.cancelled`), 200.
     CancelledNow,
@@ -21,7 +19,7 @@ pub enum CancelDecision {
 }
 
 /// How a cancel request is answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CancelReply {
     /// 200 with the task: it is cancelled.
     Cancelled,
@@ -32,7 +30,7 @@ pub enum CancelReply {
 }
 
 impl CancelDecision {
-    /// The reply of API.md §4.
+    /// How the request is answered.
     pub const fn reply(self) -> CancelReply {
         match self {
             CancelDecision::CancelledNow | CancelDecision::AlreadyCancelled => {
@@ -61,8 +59,8 @@ impl CancelDecision {
     /// The event the cancel appends, if any.
     pub const fn event(self) -> Option<EventPayload> {
         match self {
-            CancelDecision::CancelledNow => Some(EventPayload::Cancelled {}),
-            CancelDecision::CancellingNow => Some(EventPayload::Cancelling {}),
+            CancelDecision::CancelledNow => Some(EventPayload::Cancelled),
+            CancelDecision::CancellingNow => Some(EventPayload::Cancelling),
             _ => None,
         }
     }
@@ -91,7 +89,7 @@ pub const fn decide_cancel(status: TaskStatus) -> CancelDecision {
 mod tests {
     use super::*;
 
-    /// P-4: the cancel table of API.md §4, cell by cell.
+    /// P-4: the cancel table, cell by cell.
     #[test]
     fn cancel_decisions_follow_the_table_of_api_section_4_p4() {
         let table = [

@@ -1,47 +1,69 @@
-//! Task events: their kinds with the wire names of API.md §5, their payloads, and what each implies.
+//! Task events: their kinds and names, their payloads, and the status each implies.
+//!
+//! A task's log is the single truth about it; both the LMSP-native events API and the
+//! OpenAI-compatible stream are renderings of it. Besides the lifecycle events it holds the
+//! structure of the response's output: a run's first delta opens an output item and its content
+//! part (`response.output_item.added`, `response.content_part.added`), the completion closes them
+//! (`response.output_text.done`, `response.content_part.done`, `response.output_item.done`), and a
+//! run put back in the queue has its open item closed as incomplete.
 
-use std::fmt;
+use strum::{EnumString, IntoStaticStr, VariantArray};
 
-use serde::{Deserialize, Serialize};
-
-use crate::ids::TaskId;
+use crate::ids::{ItemId, TaskId};
 use crate::model::ModelId;
 use crate::status::TaskStatus;
-use crate::task::{Response, Task, TaskError};
+use crate::task::{ItemStatus, Response, Task, TaskError};
 use crate::time::Timestamp;
 
-/// The kind of an event; its wire name is [`EventKind::wire_name`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The kind of an event; its name is [`EventKind::name`].
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, EnumString, IntoStaticStr, VariantArray, strum::Display,
+)]
 pub enum EventKind {
-    /// `response.created`: always sequence 1, with the task's insert.
-    #[serde(rename = "response.created")]
+    /// Always sequence 1, with the task's insert.
+    #[strum(serialize = "response.created")]
     Created,
-    /// `response.loading`: the model is being loaded.
-    #[serde(rename = "response.loading")]
+    /// The model is being loaded.
+    #[strum(serialize = "response.loading")]
     Loading,
-    /// `response.in_progress`: generation starts.
-    #[serde(rename = "response.in_progress")]
+    /// Generation starts.
+    #[strum(serialize = "response.in_progress")]
     InProgress,
-    /// `response.output_text.delta`: output.
-    #[serde(rename = "response.output_text.delta")]
+    /// A run opens its output item (with its first delta).
+    #[strum(serialize = "response.output_item.added")]
+    OutputItemAdded,
+    /// A run opens its item's text part (with its first delta).
+    #[strum(serialize = "response.content_part.added")]
+    ContentPartAdded,
+    /// Output.
+    #[strum(serialize = "response.output_text.delta")]
     OutputTextDelta,
-    /// `response.cancelling`: cancel accepted while work was under way.
-    #[serde(rename = "response.cancelling")]
+    /// The item's text is complete (with the completion).
+    #[strum(serialize = "response.output_text.done")]
+    OutputTextDone,
+    /// The item's text part is complete (with the completion).
+    #[strum(serialize = "response.content_part.done")]
+    ContentPartDone,
+    /// The item is closed: completed, or incomplete when its run went back to the queue.
+    #[strum(serialize = "response.output_item.done")]
+    OutputItemDone,
+    /// A cancel was accepted while work was under way.
+    #[strum(serialize = "response.cancelling")]
     Cancelling,
-    /// `response.queued`: put back in the queue at startup.
-    #[serde(rename = "response.queued")]
+    /// Put back in the queue by recovery.
+    #[strum(serialize = "response.queued")]
     Queued,
-    /// `response.resumed`: continued from a snapshot at startup.
-    #[serde(rename = "response.resumed")]
+    /// Continued from its snapshot by recovery.
+    #[strum(serialize = "response.resumed")]
     Resumed,
-    /// `response.completed`: terminal.
-    #[serde(rename = "response.completed")]
+    /// Terminal: completed.
+    #[strum(serialize = "response.completed")]
     Completed,
-    /// `response.failed`: terminal.
-    #[serde(rename = "response.failed")]
+    /// Terminal: failed.
+    #[strum(serialize = "response.failed")]
     Failed,
-    /// `response.cancelled`: terminal.
-    #[serde(rename = "response.cancelled")]
+    /// Terminal: cancelled.
+    #[strum(serialize = "response.cancelled")]
     Cancelled,
 }
 
@@ -52,41 +74,16 @@ pub struct UnknownEventKind(pub String);
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 10] = [
-        EventKind::Created,
-        EventKind::Loading,
-        EventKind::InProgress,
-        EventKind::OutputTextDelta,
-        EventKind::Cancelling,
-        EventKind::Queued,
-        EventKind::Resumed,
-        EventKind::Completed,
-        EventKind::Failed,
-        EventKind::Cancelled,
-    ];
+    pub const ALL: &'static [EventKind] = Self::VARIANTS;
 
-    /// The wire name, e.g. `response.output_text.delta`.
-    pub const fn wire_name(self) -> &'static str {
-        match self {
-            EventKind::Created => "response.created",
-            EventKind::Loading => "response.loading",
-            EventKind::InProgress => "response.in_progress",
-            EventKind::OutputTextDelta => "response.output_text.delta",
-            EventKind::Cancelling => "response.cancelling",
-            EventKind::Queued => "response.queued",
-            EventKind::Resumed => "response.resumed",
-            EventKind::Completed => "response.completed",
-            EventKind::Failed => "response.failed",
-            EventKind::Cancelled => "response.cancelled",
-        }
+    /// The name, e.g. `response.output_text.delta`.
+    pub fn name(self) -> &'static str {
+        self.into()
     }
 
-    /// Parses a wire name.
+    /// Parses a name.
     pub fn parse(text: &str) -> Result<Self, UnknownEventKind> {
-        EventKind::ALL
-            .into_iter()
-            .find(|kind| kind.wire_name() == text)
-            .ok_or_else(|| UnknownEventKind(text.to_owned()))
+        text.parse().map_err(|_| UnknownEventKind(text.to_owned()))
     }
 
     /// The status a task is in right after this event is its last (P-3, I-2).
@@ -94,9 +91,14 @@ impl EventKind {
         match self {
             EventKind::Created | EventKind::Queued => TaskStatus::Queued,
             EventKind::Loading => TaskStatus::Loading,
-            EventKind::InProgress | EventKind::OutputTextDelta | EventKind::Resumed => {
-                TaskStatus::Running
-            }
+            EventKind::InProgress
+            | EventKind::OutputItemAdded
+            | EventKind::ContentPartAdded
+            | EventKind::OutputTextDelta
+            | EventKind::OutputTextDone
+            | EventKind::ContentPartDone
+            | EventKind::OutputItemDone
+            | EventKind::Resumed => TaskStatus::Running,
             EventKind::Cancelling => TaskStatus::Cancelling,
             EventKind::Completed => TaskStatus::Completed,
             EventKind::Failed => TaskStatus::Failed,
@@ -110,75 +112,95 @@ impl EventKind {
     }
 }
 
-impl fmt::Display for EventKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.wire_name())
-    }
-}
-
 /// Why a task went back to the queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumString, IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum QueueReason {
-    /// The service restarted under it (`retry`/`resume` policy).
+    /// The service restarted under it (or its instance died): `retry`/`resume` policy.
     ServerRestarted,
 }
 
+impl QueueReason {
+    /// The name, e.g. `server_restarted`.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+/// An output item closed by `response.output_text.done`, `response.content_part.done` or
+/// `response.output_item.done`: which item, its text, and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClosedItem {
+    /// The item.
+    pub item: ItemId,
+    /// Its whole text.
+    pub text: String,
+    /// How it ended.
+    pub status: ItemStatus,
+}
+
 /// What an event says. The variant decides the [`EventKind`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", content = "data")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventPayload {
     /// The task as it was created.
-    #[serde(rename = "response.created")]
     Created {
         /// The task at creation.
         task: Box<Task>,
     },
     /// The model being loaded.
-    #[serde(rename = "response.loading")]
     Loading {
         /// Its id.
         model: ModelId,
     },
     /// Generation starts.
-    #[serde(rename = "response.in_progress")]
-    InProgress {},
-    /// A piece of output.
-    #[serde(rename = "response.output_text.delta")]
+    InProgress,
+    /// A run opens its output item.
+    OutputItemAdded {
+        /// The item.
+        item: ItemId,
+    },
+    /// A run opens its item's text part.
+    ContentPartAdded {
+        /// The item.
+        item: ItemId,
+    },
+    /// A piece of output of the open item.
     OutputTextDelta {
+        /// The item it belongs to.
+        item: ItemId,
         /// The text.
         delta: String,
     },
+    /// The item's text is complete.
+    OutputTextDone(ClosedItem),
+    /// The item's text part is complete.
+    ContentPartDone(ClosedItem),
+    /// The item is closed.
+    OutputItemDone(ClosedItem),
     /// Cancel accepted while work was under way.
-    #[serde(rename = "response.cancelling")]
-    Cancelling {},
+    Cancelling,
     /// Put back in the queue.
-    #[serde(rename = "response.queued")]
     Queued {
         /// Why.
         reason: QueueReason,
     },
     /// Continued from a snapshot.
-    #[serde(rename = "response.resumed")]
     Resumed {
         /// The sequence number of the last event the snapshot covers.
         from_sequence_number: u64,
     },
     /// Completed with this response.
-    #[serde(rename = "response.completed")]
     Completed {
         /// The response.
         response: Box<Response>,
     },
     /// Failed with this error.
-    #[serde(rename = "response.failed")]
     Failed {
         /// Why.
         error: TaskError,
     },
     /// Cancelled.
-    #[serde(rename = "response.cancelled")]
-    Cancelled {},
+    Cancelled,
 }
 
 impl EventPayload {
@@ -187,20 +209,38 @@ impl EventPayload {
         match self {
             EventPayload::Created { .. } => EventKind::Created,
             EventPayload::Loading { .. } => EventKind::Loading,
-            EventPayload::InProgress {} => EventKind::InProgress,
+            EventPayload::InProgress => EventKind::InProgress,
+            EventPayload::OutputItemAdded { .. } => EventKind::OutputItemAdded,
+            EventPayload::ContentPartAdded { .. } => EventKind::ContentPartAdded,
             EventPayload::OutputTextDelta { .. } => EventKind::OutputTextDelta,
-            EventPayload::Cancelling {} => EventKind::Cancelling,
+            EventPayload::OutputTextDone(_) => EventKind::OutputTextDone,
+            EventPayload::ContentPartDone(_) => EventKind::ContentPartDone,
+            EventPayload::OutputItemDone(_) => EventKind::OutputItemDone,
+            EventPayload::Cancelling => EventKind::Cancelling,
             EventPayload::Queued { .. } => EventKind::Queued,
             EventPayload::Resumed { .. } => EventKind::Resumed,
             EventPayload::Completed { .. } => EventKind::Completed,
             EventPayload::Failed { .. } => EventKind::Failed,
-            EventPayload::Cancelled {} => EventKind::Cancelled,
+            EventPayload::Cancelled => EventKind::Cancelled,
+        }
+    }
+
+    /// The output item this event is about, if any.
+    pub fn item(&self) -> Option<ItemId> {
+        match self {
+            EventPayload::OutputItemAdded { item }
+            | EventPayload::ContentPartAdded { item }
+            | EventPayload::OutputTextDelta { item, .. } => Some(*item),
+            EventPayload::OutputTextDone(closed)
+            | EventPayload::ContentPartDone(closed)
+            | EventPayload::OutputItemDone(closed) => Some(closed.item),
+            _ => None,
         }
     }
 }
 
 /// A stored event of one task's log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     /// The task whose log holds it.
     pub task_id: TaskId,
@@ -224,17 +264,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kinds_round_trip_through_their_wire_names() {
+    fn kinds_round_trip_through_their_names() {
+        assert_eq!(EventKind::ALL.len(), 15);
         for kind in EventKind::ALL {
-            assert_eq!(EventKind::parse(kind.wire_name()), Ok(kind));
-            assert_eq!(serde_json::to_value(kind).unwrap(), kind.wire_name());
+            assert_eq!(EventKind::parse(kind.name()), Ok(*kind));
+            assert!(kind.name().starts_with("response."), "{kind:?}");
         }
+        assert_eq!(
+            EventKind::OutputTextDelta.name(),
+            "response.output_text.delta"
+        );
+        assert!(EventKind::parse("response.done").is_err());
     }
 
     #[test]
     fn only_completed_failed_and_cancelled_are_terminal() {
         let terminal: Vec<_> = EventKind::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|k| k.is_terminal())
             .collect();
         assert_eq!(
@@ -248,23 +295,15 @@ mod tests {
     }
 
     #[test]
-    fn a_payload_serialises_with_its_wire_type_and_data() {
-        let payload = EventPayload::OutputTextDelta {
-            delta: "forest ".into(),
-        };
-        assert_eq!(
-            serde_json::to_value(&payload).unwrap(),
-            serde_json::json!({"type": "response.output_text.delta", "data": {"delta": "forest "}})
-        );
-        let cancelled = EventPayload::Cancelled {};
-        let json = serde_json::to_value(&cancelled).unwrap();
-        assert_eq!(
-            json,
-            serde_json::json!({"type": "response.cancelled", "data": {}})
-        );
-        assert_eq!(
-            serde_json::from_value::<EventPayload>(json).unwrap(),
-            cancelled
-        );
+    fn the_output_structure_events_leave_a_task_running() {
+        for kind in [
+            EventKind::OutputItemAdded,
+            EventKind::ContentPartAdded,
+            EventKind::OutputTextDone,
+            EventKind::ContentPartDone,
+            EventKind::OutputItemDone,
+        ] {
+            assert_eq!(kind.implied_status(), TaskStatus::Running, "{kind:?}");
+        }
     }
 }

@@ -1,11 +1,18 @@
-//! Idempotency keys (API.md §6, I-8): the key newtype, the request digest, the stored reply.
+//! Idempotency keys (I-8): the key newtype, the request digest, the operations a key may name,
+//! the stored record, and the decision a record makes about a new request with the same key.
+//!
+//! A key is scoped to its client and its operation. Its record is first a *hold* (the first
+//! request is being answered; other requests with the key are told it is in use) and then the
+//! first reply, kept for the key's time to live. A hold ends with the instance that holds it (the
+//! recovery of a stopped instance releases its holds) and has an expiry besides, so a process that
+//! dies while answering never leaves a key held.
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
+use strum::{EnumString, IntoStaticStr, VariantArray};
 
-use crate::ids::{ClientId, TaskId};
+use crate::ids::{ClientId, InstanceId, TaskId};
 use crate::time::Timestamp;
 
 /// An `Idempotency-Key` that is not 1–255 visible ASCII characters.
@@ -14,7 +21,7 @@ use crate::time::Timestamp;
 pub struct InvalidIdempotencyKey;
 
 /// A well-formed idempotency key.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
@@ -39,136 +46,178 @@ impl fmt::Debug for IdempotencyKey {
     }
 }
 
-/// The SHA-256 of a request body's canonical JSON (keys sorted, no insignificant whitespace).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The SHA-256 of a request's canonical form (for a JSON body: keys sorted, no insignificant
+/// whitespace); the driving adapter decides the canonical form, the digest is all that is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RequestDigest(pub [u8; 32]);
 
 impl RequestDigest {
-    /// The digest of a parsed JSON body, over its canonical form ([`canonical_json`]).
-    pub fn of_json(body: &serde_json::Value) -> Self {
-        Self(Sha256::digest(canonical_json(body).as_bytes()).into())
+    /// The digest of a request's canonical bytes.
+    pub fn of_canonical(bytes: &[u8]) -> Self {
+        Self(Sha256::digest(bytes).into())
     }
 }
 
-/// The canonical JSON of a value: object keys sorted by their bytes, no
-/// insignificant whitespace, strings and numbers as `serde_json` writes them.
-///
-/// Written out here rather than left to `Value::to_string`, whose key order depends on whether
-/// any crate in the build turns on `serde_json`'s `preserve_order` feature.
-pub fn canonical_json(value: &serde_json::Value) -> String {
-    fn write(value: &serde_json::Value, out: &mut String) {
-        match value {
-            serde_json::Value::Object(fields) => {
-                let mut keys: Vec<&String> = fields.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (index, key) in keys.into_iter().enumerate() {
-                    if index > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&serde_json::Value::String(key.clone()).to_string());
-                    out.push(':');
-                    if let Some(field) = fields.get(key) {
-                        write(field, out);
-                    }
-                }
-                out.push('}');
-            }
-            serde_json::Value::Array(items) => {
-                out.push('[');
-                for (index, item) in items.iter().enumerate() {
-                    if index > 0 {
-                        out.push(',');
-                    }
-                    write(item, out);
-                }
-                out.push(']');
-            }
-            leaf => out.push_str(&leaf.to_string()),
-        }
-    }
-    let mut out = String::new();
-    write(value, &mut out);
-    out
+/// The operations an idempotency key may name; a key is scoped to one of them.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, EnumString, IntoStaticStr, VariantArray, strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
+pub enum Operation {
+    /// Creating a response (a task).
+    CreateResponse,
+    /// Creating a chat completion (a task).
+    CreateChatCompletion,
+    /// Registering a model.
+    RegisterModel,
 }
 
-/// Which endpoint a key belongs to; a key is scoped to client, method and path.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+impl Operation {
+    /// The stored name, e.g. `create_response`.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// Parses a stored name.
+    pub fn parse(text: &str) -> Option<Self> {
+        text.parse().ok()
+    }
+}
+
+/// Whose key it is and for what: a key is scoped to its client and its operation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyScope {
     /// The client that sent the key.
     pub client_id: ClientId,
-    /// The HTTP method, e.g. `POST`.
-    pub method: String,
-    /// The path, e.g. `/v1/responses`.
-    pub path: String,
+    /// The operation.
+    pub operation: Operation,
 }
 
-/// The first reply to a request, stored to be sent again.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The first reply to a request, as the driving adapter wrote it: opaque to the service, which
+/// only keeps it and gives it back. It may name the task the request created, so that purging
+/// the task does not leave the reply pointing at nothing unnoticed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredReply {
-    /// Its HTTP status.
-    pub status: u16,
-    /// Its body, exactly as sent.
-    pub body: String,
-    /// Its `Location` header, if any.
-    pub location: Option<String>,
-    /// The task it created, if any (`Lmsp-Task-Id`).
+    /// The task the request created, if any.
     pub task_id: Option<TaskId>,
-    /// Set when the reply is not stored whole but given again from its task (a synchronous or a
-    /// streaming request, whose key commits with the task before the reply is known); `status`
-    /// and `body` are then unused.
-    #[serde(default)]
-    pub from_task: Option<ReplyFromTask>,
+    /// The reply, in the driving adapter's own encoding.
+    pub body: Vec<u8>,
 }
 
-/// How a reply is given again from the task it created.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReplyFromTask {
-    /// Wait for the task to end and answer with its outcome, as a synchronous request does.
-    Outcome,
-    /// Stream the task's events from the first, as a streaming request does.
-    Events,
+/// Where a key's first request is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyState {
+    /// It is being answered and has created nothing yet.
+    Pending,
+    /// It was answered (or created what it creates): this is the reply to give again.
+    Answered(StoredReply),
 }
 
-/// An idempotency record to store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A stored idempotency record.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyRecord {
-    /// Client, method and path.
+    /// Client and operation.
     pub scope: IdempotencyScope,
     /// The key.
     pub key: IdempotencyKey,
-    /// The digest of the first request's body.
+    /// The digest of the first request.
     pub digest: RequestDigest,
-    /// The first reply.
-    pub reply: StoredReply,
+    /// Where the first request is.
+    pub state: KeyState,
+    /// Until when the first request holds the key (other requests are told it is in use); `None`
+    /// once it was answered.
+    pub held_until: Option<Timestamp>,
+    /// The instance whose request holds the key: when that instance stops, its holds end with
+    /// it (recovery releases them), so a retry after a crash is answered at once.
+    pub held_by: Option<InstanceId>,
     /// When it was stored.
     pub created_at: Timestamp,
     /// When it may be purged.
     pub expires_at: Timestamp,
 }
 
-/// What a stored record says about a new request with the same key.
+/// A request's claim on its key: what [`crate::ports::IdempotencyStore::claim_key`] decides and,
+/// when the request proceeds, stores as a pending record that holds the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdempotencyDecision {
-    /// Same body: send the stored reply again, create nothing.
-    Replay(StoredReply),
-    /// Another body: 422 `idempotency_key_reused`.
-    Reused,
+pub struct KeyClaim {
+    /// Client and operation.
+    pub scope: IdempotencyScope,
+    /// The key.
+    pub key: IdempotencyKey,
+    /// The digest of the request.
+    pub digest: RequestDigest,
+    /// The instance answering the request.
+    pub holder: InstanceId,
+    /// Until when the request holds the key at most.
+    pub hold_until: Timestamp,
+    /// When the record may be purged.
+    pub expires_at: Timestamp,
 }
 
-/// Decides a request against the record stored under its key.
-pub fn decide(stored: &IdempotencyRecord, digest: &RequestDigest) -> IdempotencyDecision {
-    if &stored.digest == digest {
-        IdempotencyDecision::Replay(stored.reply.clone())
-    } else {
-        IdempotencyDecision::Reused
+impl KeyClaim {
+    /// The pending record that holds the key, stored at `now`.
+    pub fn pending_record(&self, now: Timestamp) -> IdempotencyRecord {
+        IdempotencyRecord {
+            scope: self.scope.clone(),
+            key: self.key.clone(),
+            digest: self.digest,
+            state: KeyState::Pending,
+            held_until: Some(self.hold_until),
+            held_by: Some(self.holder),
+            created_at: now,
+            expires_at: self.expires_at,
+        }
+    }
+
+    /// The record that answers the key with `reply`, still held by the request.
+    pub fn answered_record(&self, reply: StoredReply, now: Timestamp) -> IdempotencyRecord {
+        IdempotencyRecord {
+            state: KeyState::Answered(reply),
+            ..self.pending_record(now)
+        }
+    }
+}
+
+/// What a stored record says about a new request with the same key, at a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyDecision {
+    /// No live record: the new request holds the key and goes on.
+    Proceed,
+    /// The first request is still being answered: 409 `idempotency_key_in_use`.
+    InUse,
+    /// Another request was made with this key: 422 `idempotency_key_reused`.
+    Reused,
+    /// The same request was answered: give its reply again, create nothing.
+    Replay(StoredReply),
+}
+
+/// Decides a request with digest `digest` at `now` against the record stored under its key.
+///
+/// An expired record is no record. A held key is in use whatever the body. A pending record whose
+/// hold expired belonged to a request that died before it created anything: the new request
+/// proceeds (with another body too, since nothing was created under the old one).
+pub fn decide(
+    stored: Option<&IdempotencyRecord>,
+    digest: &RequestDigest,
+    now: Timestamp,
+) -> KeyDecision {
+    let Some(stored) = stored.filter(|record| record.expires_at > now) else {
+        return KeyDecision::Proceed;
+    };
+    if stored.held_until.is_some_and(|until| until > now) {
+        return KeyDecision::InUse;
+    }
+    match &stored.state {
+        KeyState::Pending => KeyDecision::Proceed,
+        KeyState::Answered(_) if &stored.digest != digest => KeyDecision::Reused,
+        KeyState::Answered(reply) => KeyDecision::Replay(reply.clone()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ulid::Ulid;
 
     #[test]
     fn keys_are_one_to_255_visible_ascii_characters() {
@@ -180,23 +229,85 @@ mod tests {
     }
 
     #[test]
-    fn the_digest_ignores_key_order_and_whitespace() {
-        let a: serde_json::Value = serde_json::from_str(r#"{"b": 1, "a": [1, 2]}"#).unwrap();
-        let b: serde_json::Value = serde_json::from_str(r#"{"a":[1,2],"b":1}"#).unwrap();
-        let c: serde_json::Value = serde_json::from_str(r#"{"a":[2,1],"b":1}"#).unwrap();
-        assert_eq!(RequestDigest::of_json(&a), RequestDigest::of_json(&b));
-        assert_ne!(RequestDigest::of_json(&a), RequestDigest::of_json(&c));
+    fn operations_have_stable_names() {
+        for operation in Operation::VARIANTS {
+            assert_eq!(Operation::parse(operation.as_str()), Some(*operation));
+        }
+        assert_eq!(Operation::CreateResponse.as_str(), "create_response");
+        assert_eq!(Operation::parse("POST /v1/responses"), None);
     }
 
+    fn record(state: KeyState, held_until: Option<i64>, expires_at: i64) -> IdempotencyRecord {
+        IdempotencyRecord {
+            scope: IdempotencyScope {
+                client_id: ClientId::from_ulid(Ulid::from_parts(1, 1)),
+                operation: Operation::CreateResponse,
+            },
+            key: IdempotencyKey::parse("k").unwrap(),
+            digest: RequestDigest::of_canonical(b"first"),
+            state,
+            held_until: held_until.map(Timestamp::from_millis),
+            held_by: None,
+            created_at: Timestamp::from_millis(0),
+            expires_at: Timestamp::from_millis(expires_at),
+        }
+    }
+
+    /// I-8: each kind of record decides a new request as the table of the contract says.
     #[test]
-    fn canonical_json_sorts_keys_at_every_depth_and_drops_whitespace() {
-        let value: serde_json::Value = serde_json::from_str(
-            r#" {"z": {"y": "\u00e9\"", "x": null}, "a": [ {"d": 1.5, "c": true} ]} "#,
-        )
-        .unwrap();
-        assert_eq!(
-            canonical_json(&value),
-            r#"{"a":[{"c":true,"d":1.5}],"z":{"x":null,"y":"é\""}}"#
-        );
+    fn a_record_decides_a_new_request_i8() {
+        let first = RequestDigest::of_canonical(b"first");
+        let other = RequestDigest::of_canonical(b"other");
+        let now = Timestamp::from_millis(100);
+        let reply = StoredReply {
+            task_id: None,
+            body: b"202".to_vec(),
+        };
+        let answered = KeyState::Answered(reply.clone());
+        let cases = [
+            (None, &first, KeyDecision::Proceed),
+            (
+                Some(record(answered.clone(), None, 1_000)),
+                &first,
+                KeyDecision::Replay(reply),
+            ),
+            (
+                Some(record(answered.clone(), None, 1_000)),
+                &other,
+                KeyDecision::Reused,
+            ),
+            (
+                Some(record(answered.clone(), None, 100)),
+                &other,
+                KeyDecision::Proceed,
+            ),
+            (
+                Some(record(answered.clone(), Some(101), 1_000)),
+                &first,
+                KeyDecision::InUse,
+            ),
+            (
+                Some(record(answered, Some(100), 1_000)),
+                &other,
+                KeyDecision::Reused,
+            ),
+            (
+                Some(record(KeyState::Pending, Some(500), 1_000)),
+                &other,
+                KeyDecision::InUse,
+            ),
+            (
+                Some(record(KeyState::Pending, Some(50), 1_000)),
+                &other,
+                KeyDecision::Proceed,
+            ),
+        ];
+        for (index, (stored, digest, expected)) in cases.into_iter().enumerate() {
+            assert_eq!(
+                decide(stored.as_ref(), digest, now),
+                expected,
+                "case {index}"
+            );
+        }
     }
 }

@@ -8,7 +8,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize};
 use ulid::Ulid;
 
 /// A string that is not a well-formed id of the expected kind.
@@ -70,18 +69,6 @@ macro_rules! prefixed_id {
             }
         }
 
-        impl Serialize for $name {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.collect_str(self)
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let text = String::deserialize(d)?;
-                Self::parse(&text).map_err(serde::de::Error::custom)
-            }
-        }
     };
 }
 
@@ -104,11 +91,57 @@ prefixed_id!(
     "client"
 );
 prefixed_id!(
-    /// Identifies a service instance, i.e. one data directory (`svc_…`).
+    /// Identifies a service, i.e. one store (a data directory, or one database) (`svc_…`).
     ServiceId,
     "svc_",
     "service"
 );
+prefixed_id!(
+    /// Identifies one running process of the service, from its start to its end (`ins_…`). Tasks
+    /// are owned by instances; the tasks of an instance that is gone are recovered.
+    InstanceId,
+    "ins_",
+    "instance"
+);
+
+/// The id of an output item of a task's response (`msg_…`): the message one run of the task
+/// produces. It is derived from the task and the item's `output_index`, so it needs no storage
+/// and a resumed run continues the same item.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ItemId {
+    task: Ulid,
+    output_index: u32,
+}
+
+impl ItemId {
+    /// The prefix every item id starts with.
+    pub const PREFIX: &'static str = "msg_";
+
+    /// The item at `output_index` of `task`'s response.
+    pub fn of(task: TaskId, output_index: u32) -> Self {
+        Self {
+            task: task.ulid(),
+            output_index,
+        }
+    }
+
+    /// Its index in the response's `output`.
+    pub fn output_index(&self) -> u32 {
+        self.output_index
+    }
+}
+
+impl fmt::Display for ItemId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}{:02}", Self::PREFIX, self.task, self.output_index)
+    }
+}
+
+impl fmt::Debug for ItemId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -131,6 +164,16 @@ mod tests {
         assert!(TaskId::parse("task_../../etc/passwd").is_err());
         assert!(TaskId::parse(&task.to_lowercase()).is_err());
         assert!(TaskId::parse(&format!("{task}0")).is_err());
+    }
+
+    #[test]
+    fn item_ids_name_their_task_and_index() {
+        let task = TaskId::from_ulid(Ulid::from_parts(1_700_000_000_000, 7));
+        let first = ItemId::of(task, 0).to_string();
+        assert!(first.starts_with("msg_"));
+        assert!(first.contains(&task.ulid().to_string()));
+        assert_ne!(first, ItemId::of(task, 1).to_string());
+        assert_eq!(ItemId::of(task, 3).output_index(), 3);
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! Everything here is decided without I/O: task statuses and the transition function
 //! ([`transition`]), the cancel decision ([`cancel`]), the recovery table ([`recovery`]), events
-//! ([`event`]), error codes, ids, request validation, and the ports ([`ports`]) that adapters
-//! implement. Nothing in this crate reads the clock, touches a file or spawns a task.
+//! and the structure of a task's log ([`event`]), idempotency decisions, the pairing limit, ids,
+//! request validation, and the ports ([`ports`]) that adapters implement. Nothing in this crate
+//! reads the clock, touches a file, spawns a task, or knows HTTP, SQL or JSON.
 
 pub mod auth;
 pub mod cancel;
@@ -21,14 +22,19 @@ pub mod transition;
 pub mod validation;
 
 pub use cancel::{decide_cancel, CancelDecision, CancelReply};
-pub use error_code::{ErrorCode, TaskErrorCode};
-pub use event::{Event, EventKind, EventPayload, QueueReason};
-pub use ids::{ClientId, MalformedId, ResponseId, ServiceId, TaskId};
-pub use model::{Digest, FileFingerprint, ModelId, ModelRecord};
-pub use recovery::{plan, recover, Move, RestartPolicy, StartEpoch};
+pub use error_code::TaskErrorCode;
+pub use event::{ClosedItem, Event, EventKind, EventPayload, QueueReason};
+pub use ids::{ClientId, InstanceId, ItemId, MalformedId, ResponseId, ServiceId, TaskId};
+pub use model::{
+    Digest, EngineKind, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource,
+    ModelToLoad,
+};
+pub use recovery::{plan, recover, Move, RestartPolicy};
 pub use status::TaskStatus;
 pub use task::{
-    Input, Message, Metadata, Response, Role, SubmitRequest, Task, TaskError, TaskSpec, Usage,
+    Fraction, Input, ItemStatus, Message, Metadata, NewTask, OutputItems, Response, Role, Task,
+    TaskError, TaskSpec, Usage,
 };
 pub use time::Timestamp;
-pub use transition::{advance, transition, Advanced, Refusal, Step, StepKind, Transition};
+pub use transition::{advance, advance_all, transition, Advanced, Refusal, Step, StepKind};
+pub use validation::{SubmitDraft, SubmitRequest};

@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
-
 use crate::time::Timestamp;
 
 /// A model id that breaks the rules of [`ModelId::parse`].
@@ -12,8 +10,7 @@ use crate::time::Timestamp;
 pub struct MalformedModelId;
 
 /// The id of a registered model, e.g. `reference` or `llama-3.1-8b-q4`.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ModelId(String);
 
 impl ModelId {
@@ -68,8 +65,7 @@ impl fmt::Debug for ModelId {
 }
 
 /// A content digest: `sha256:` and 64 lower-case hex digits.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Digest(String);
 
 /// Text that is not `sha256:` followed by 64 lower-case hex digits.
@@ -129,9 +125,10 @@ impl fmt::Debug for Digest {
 }
 
 /// What the service knows about a model file at the moment it was hashed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileFingerprint {
-    /// The canonical absolute path.
+    /// The path as stored: relative to the models directory when the file is inside it (so that
+    /// instances with their own models directories share one record), else absolute.
     pub path: String,
     /// Its size in bytes.
     pub size_bytes: u64,
@@ -141,29 +138,132 @@ pub struct FileFingerprint {
     pub digest: Digest,
 }
 
-/// A registered model: metadata only; the file stays where the user keeps it (P-1).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The format of a model file, from its name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ModelFormat {
+    /// Plain text: the reference engine's corpus (`.txt`).
+    Text,
+    /// A GGUF file, run by llama.cpp (`.gguf`).
+    Gguf,
+    /// A format no engine of this build runs (kept from an older registration).
+    Other(String),
+}
+
+impl ModelFormat {
+    /// The name, e.g. `gguf`.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ModelFormat::Text => "text",
+            ModelFormat::Gguf => "gguf",
+            ModelFormat::Other(name) => name,
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(text: &str) -> Self {
+        match text {
+            "text" => ModelFormat::Text,
+            "gguf" => ModelFormat::Gguf,
+            other => ModelFormat::Other(other.to_owned()),
+        }
+    }
+
+    /// The format of a model file named `path`, from its extension; `None` when it names no
+    /// model format (`notes.md` is not a model).
+    pub fn of_path(path: &str) -> Option<Self> {
+        let name = path.rsplit(['/', '\\']).next().unwrap_or(path);
+        let (_, extension) = name.rsplit_once('.')?;
+        match extension.to_ascii_lowercase().as_str() {
+            "txt" | "text" => Some(ModelFormat::Text),
+            "gguf" => Some(ModelFormat::Gguf),
+            _ => None,
+        }
+    }
+}
+
+/// Where a registered model comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A file on disk, checked against its digest before each load (P-1: metadata only).
+    File {
+        /// Its format.
+        format: ModelFormat,
+        /// The file as hashed.
+        file: FileFingerprint,
+    },
+    /// A model an upstream server runs (`--engine openai`), by its name there.
+    Upstream {
+        /// The upstream's name for it.
+        name: String,
+    },
+}
+
+/// The engine that runs a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    /// The deterministic reference engine: text corpora.
+    Reference,
+    /// llama.cpp in process: GGUF files.
+    Llama,
+    /// An OpenAI-compatible upstream server.
+    Upstream,
+}
+
+/// A registered model: metadata only; a file stays where the user keeps it (P-1).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelRecord {
     /// Its id.
     pub id: ModelId,
-    /// Its file's format, e.g. `text` for the reference engine's corpus or `gguf`.
-    pub format: String,
-    /// The file as hashed.
-    pub file: FileFingerprint,
+    /// Its file or upstream name.
+    pub source: ModelSource,
     /// When it was registered.
     pub created_at: Timestamp,
 }
 
-/// The format name of a model file, from its extension (`reference.txt` → `text`).
-pub fn format_of_path(path: &str) -> String {
-    let extension = path
-        .rsplit_once('.')
-        .map(|(_, ext)| ext.to_ascii_lowercase());
-    match extension.as_deref() {
-        Some("txt") | Some("text") => String::from("text"),
-        Some(ext) if !ext.is_empty() && !ext.contains('/') => ext.to_owned(),
-        _ => String::from("unknown"),
+impl ModelRecord {
+    /// The engine that runs it, or `None` when no engine runs its format.
+    pub fn engine(&self) -> Option<EngineKind> {
+        match &self.source {
+            ModelSource::File {
+                format: ModelFormat::Text,
+                ..
+            } => Some(EngineKind::Reference),
+            ModelSource::File {
+                format: ModelFormat::Gguf,
+                ..
+            } => Some(EngineKind::Llama),
+            ModelSource::File {
+                format: ModelFormat::Other(_),
+                ..
+            } => None,
+            ModelSource::Upstream { .. } => Some(EngineKind::Upstream),
+        }
     }
+
+    /// Its file, when it has one.
+    pub fn file(&self) -> Option<&FileFingerprint> {
+        match &self.source {
+            ModelSource::File { file, .. } => Some(file),
+            ModelSource::Upstream { .. } => None,
+        }
+    }
+
+    /// The format name: the file's, or `upstream`.
+    pub fn format_name(&self) -> &str {
+        match &self.source {
+            ModelSource::File { format, .. } => format.as_str(),
+            ModelSource::Upstream { .. } => "upstream",
+        }
+    }
+}
+
+/// A model as an engine is given it: the record, and the file's absolute path on this machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelToLoad {
+    /// The record.
+    pub record: ModelRecord,
+    /// The absolute path of its file on this instance's disk (`None` for an upstream model).
+    pub path: Option<String>,
 }
 
 #[cfg(test)]
@@ -188,9 +288,56 @@ mod tests {
     }
 
     #[test]
-    fn a_format_is_named_by_the_file_extension() {
-        assert_eq!(format_of_path("/m/reference.txt"), "text");
-        assert_eq!(format_of_path("/m/llama.GGUF"), "gguf");
-        assert_eq!(format_of_path("/m/blob"), "unknown");
+    fn only_model_files_have_a_format() {
+        assert_eq!(
+            ModelFormat::of_path("/m/reference.txt"),
+            Some(ModelFormat::Text)
+        );
+        assert_eq!(
+            ModelFormat::of_path("/m/llama.GGUF"),
+            Some(ModelFormat::Gguf)
+        );
+        for not_a_model in ["/m/blob", "/m/notes.md", "/m.d/readme", "/m/.gguf.bak"] {
+            assert_eq!(ModelFormat::of_path(not_a_model), None, "{not_a_model}");
+        }
+        assert_eq!(ModelFormat::parse("gguf"), ModelFormat::Gguf);
+        assert_eq!(ModelFormat::parse("md").as_str(), "md");
+    }
+
+    #[test]
+    fn each_model_names_its_engine() {
+        let file = FileFingerprint {
+            path: "m.gguf".into(),
+            size_bytes: 1,
+            modified_millis: 0,
+            digest: Digest::from_sha256([0; 32]),
+        };
+        let record = |source| ModelRecord {
+            id: ModelId::parse("m").unwrap(),
+            source,
+            created_at: Timestamp::from_millis(0),
+        };
+        let gguf = record(ModelSource::File {
+            format: ModelFormat::Gguf,
+            file: file.clone(),
+        });
+        assert_eq!(gguf.engine(), Some(EngineKind::Llama));
+        assert_eq!(gguf.format_name(), "gguf");
+        let text = record(ModelSource::File {
+            format: ModelFormat::Text,
+            file: file.clone(),
+        });
+        assert_eq!(text.engine(), Some(EngineKind::Reference));
+        let other = record(ModelSource::File {
+            format: ModelFormat::Other("bin".into()),
+            file,
+        });
+        assert_eq!(other.engine(), None);
+        let upstream = record(ModelSource::Upstream {
+            name: "llama3:8b".into(),
+        });
+        assert_eq!(upstream.engine(), Some(EngineKind::Upstream));
+        assert_eq!(upstream.file(), None);
+        assert_eq!(upstream.format_name(), "upstream");
     }
 }

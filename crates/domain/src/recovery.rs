@@ -1,28 +1,40 @@
-//! Restart policies and the recovery table of API.md §7 (P-7…P-11).
+//! Restart policies and the recovery table (P-7…P-11).
 //!
-//! At startup every leftover task (`queued`, `loading`, `running`, `cancelling`) moves by its
+//! When an instance stops before its tasks finish (a restart, a crash, a lost lease), every
+//! leftover task in its care (`queued`, `loading`, `running`, `cancelling`) moves by its
 //! `on_restart` policy. [`plan`] is the table itself; [`recover`] applies it to a task and returns
-//! the new row with its one event, to be written in one transaction (P-11).
+//! the new row with its events, to be written in one transaction (P-11).
 //!
-//! Recovery must be idempotent (I-5): run twice in one start, the second run changes nothing. The
-//! only cell whose new status is itself a leftover that the table moves again is `running` under
-//! `resume`; so each start has a [`StartEpoch`] and a task moved in this start is not moved again in
-//! it ([`needs_recovery`]). A later start moves it again, as it should: it was interrupted again.
+//! Recovery is idempotent (I-5): a moved task passes into the care of the instance that moved it
+//! (its owner), and only tasks owned by another instance are leftovers ([`is_leftover`]); so a
+//! second pass changes nothing, and the next restart moves the task again, as it should: it was
+//! interrupted again.
 
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
+use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::error_code::TaskErrorCode;
-use crate::event::{EventKind, EventPayload, QueueReason};
+use crate::event::{ClosedItem, EventKind, EventPayload, QueueReason};
+use crate::ids::InstanceId;
 use crate::status::TaskStatus;
-use crate::task::{Task, TaskError};
+use crate::task::{ItemStatus, Task, TaskError};
 use crate::time::Timestamp;
 use crate::transition::{apply, Advanced, Transition};
 
-/// What happens to an unfinished task when the service restarts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// What happens to an unfinished task when its instance stops.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    EnumString,
+    IntoStaticStr,
+    VariantArray,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum RestartPolicy {
     /// Fail it with `server_restarted` (the default).
     #[default]
@@ -40,58 +52,29 @@ pub struct UnknownPolicy(pub String);
 
 impl RestartPolicy {
     /// All three policies.
-    pub const ALL: [RestartPolicy; 3] = [
-        RestartPolicy::Fail,
-        RestartPolicy::Retry,
-        RestartPolicy::Resume,
-    ];
+    pub const ALL: &'static [RestartPolicy] = Self::VARIANTS;
 
-    /// The wire name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            RestartPolicy::Fail => "fail",
-            RestartPolicy::Retry => "retry",
-            RestartPolicy::Resume => "resume",
-        }
+    /// The name.
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
-    /// Parses a wire name.
+    /// Parses a name.
     pub fn parse(text: &str) -> Result<Self, UnknownPolicy> {
-        RestartPolicy::ALL
-            .into_iter()
-            .find(|policy| policy.as_str() == text)
-            .ok_or_else(|| UnknownPolicy(text.to_owned()))
+        text.parse().map_err(|_| UnknownPolicy(text.to_owned()))
     }
 }
-
-impl fmt::Display for RestartPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for RestartPolicy {
-    type Err = UnknownPolicy;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse(s)
-    }
-}
-
-/// The number of a service start; each start has a larger one than the last.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct StartEpoch(pub u64);
 
 /// One cell of the recovery table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Move {
     /// Nothing is written: a finished task, or a `queued` task that stays `queued`.
     Untouched,
-    /// The task moves, with one event, in one transaction.
+    /// The task moves, with its event, in one transaction.
     Moved {
         /// The new status.
         status: TaskStatus,
-        /// The one event written with it.
+        /// The event that records the move (the last one written).
         event: EventKind,
         /// The task error code, for moves to `failed` (P-9).
         error_code: Option<TaskErrorCode>,
@@ -99,12 +82,15 @@ pub enum Move {
         increments_restarts: bool,
         /// Whether the engine continues from the task's snapshot.
         resumes_from_snapshot: bool,
+        /// Whether an open output item is closed as incomplete first (the run is abandoned and
+        /// the next one opens a new item).
+        closes_open_item: bool,
     },
 }
 
-/// The recovery table of API.md §7 / spec 11.3 (P-8…P-10).
+/// The recovery table (P-8…P-10).
 pub const fn plan(status: TaskStatus, policy: RestartPolicy) -> Move {
-    const fn moved(status: TaskStatus, event: EventKind, resumes: bool) -> Move {
+    const fn moved(status: TaskStatus, event: EventKind, resumes: bool, closes: bool) -> Move {
         Move::Moved {
             status,
             event,
@@ -114,56 +100,86 @@ pub const fn plan(status: TaskStatus, policy: RestartPolicy) -> Move {
             },
             increments_restarts: true,
             resumes_from_snapshot: resumes,
+            closes_open_item: closes,
         }
     }
     match (status, policy) {
         (TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled, _) => Move::Untouched,
-        (TaskStatus::Cancelling, _) => moved(TaskStatus::Cancelled, EventKind::Cancelled, false),
+        (TaskStatus::Cancelling, _) => {
+            moved(TaskStatus::Cancelled, EventKind::Cancelled, false, false)
+        }
         (TaskStatus::Queued | TaskStatus::Loading | TaskStatus::Running, RestartPolicy::Fail) => {
-            moved(TaskStatus::Failed, EventKind::Failed, false)
+            moved(TaskStatus::Failed, EventKind::Failed, false, false)
         }
         (TaskStatus::Queued, RestartPolicy::Retry | RestartPolicy::Resume) => Move::Untouched,
-        (TaskStatus::Loading, RestartPolicy::Retry | RestartPolicy::Resume)
-        | (TaskStatus::Running, RestartPolicy::Retry) => {
-            moved(TaskStatus::Queued, EventKind::Queued, false)
+        (TaskStatus::Loading, RestartPolicy::Retry | RestartPolicy::Resume) => {
+            moved(TaskStatus::Queued, EventKind::Queued, false, true)
+        }
+        (TaskStatus::Running, RestartPolicy::Retry) => {
+            moved(TaskStatus::Queued, EventKind::Queued, false, true)
         }
         (TaskStatus::Running, RestartPolicy::Resume) => {
-            moved(TaskStatus::Running, EventKind::Resumed, true)
+            moved(TaskStatus::Running, EventKind::Resumed, true, false)
         }
     }
 }
 
-/// Whether a task must be looked at by recovery in the start `current` (P-7): it is unfinished
-/// and was not already moved by this same start.
-pub fn needs_recovery(task: &Task, current: StartEpoch) -> bool {
-    !task.status.is_finished() && task.recovered_in != Some(current)
+/// Whether `task` is a leftover for `rescuer` (P-7): unfinished, and in the care of another
+/// instance (one that is gone: callers pass only tasks of stopped instances).
+pub fn is_leftover(task: &Task, rescuer: InstanceId) -> bool {
+    !task.status.is_finished() && task.owner != rescuer
 }
 
-/// Applies [`plan`] to a leftover task in the start `current` at time `at`.
+/// Whether [`recover`] needs the text of the task's open item: its move closes an open item.
+pub fn needs_open_item_text(task: &Task) -> bool {
+    task.items.open
+        && matches!(
+            plan(task.status, task.on_restart),
+            Move::Moved {
+                closes_open_item: true,
+                ..
+            }
+        )
+}
+
+/// Applies [`plan`] to a leftover task on behalf of `rescuer` at time `at`; the moved task passes
+/// into the rescuer's care.
 ///
 /// `snapshot_covers` is the sequence number of the last event the task's stored snapshot covers,
 /// if it has one; a resumed task's `response.resumed` names it (or, with no snapshot, the task's
 /// last event: the resumed run then starts from nothing, which is where the log leaves it).
-/// Returns `None` when nothing is to be written.
+/// `open_item_text` is the text of the task's open item, asked for by
+/// [`needs_open_item_text`]. Returns `None` when nothing is to be written.
 pub fn recover(
     task: &Task,
-    current: StartEpoch,
+    rescuer: InstanceId,
     snapshot_covers: Option<u64>,
+    open_item_text: Option<String>,
     at: Timestamp,
 ) -> Option<Advanced> {
-    if !needs_recovery(task, current) {
+    if !is_leftover(task, rescuer) {
         return None;
     }
     let Move::Moved {
         status,
         event,
         increments_restarts,
+        closes_open_item,
         ..
     } = plan(task.status, task.on_restart)
     else {
         return None;
     };
-    let payload = match event {
+    let mut events = Vec::with_capacity(2);
+    let open_item = task.items.open_item(task.id).filter(|_| closes_open_item);
+    if let Some(item) = open_item {
+        events.push(EventPayload::OutputItemDone(ClosedItem {
+            item,
+            text: open_item_text.unwrap_or_default(),
+            status: ItemStatus::Incomplete,
+        }));
+    }
+    events.push(match event {
         EventKind::Failed => EventPayload::Failed {
             error: TaskError::server_restarted(),
         },
@@ -173,19 +189,15 @@ pub fn recover(
         EventKind::Resumed => EventPayload::Resumed {
             from_sequence_number: snapshot_covers.unwrap_or(task.last_sequence_number),
         },
-        _ => EventPayload::Cancelled {},
-    };
-    let mut advanced = apply(
-        task,
-        Transition {
-            status,
-            events: vec![payload],
-        },
-        at,
-    );
+        _ => EventPayload::Cancelled,
+    });
+    let mut advanced = apply(task, Transition { status, events }, at);
     if increments_restarts {
         advanced.task.restarts += 1;
     }
-    advanced.task.recovered_in = Some(current);
+    if open_item.is_some() {
+        advanced.task.items.open = false;
+    }
+    advanced.task.owner = rescuer;
     Some(advanced)
 }

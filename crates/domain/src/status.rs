@@ -1,12 +1,24 @@
-//! The seven statuses of a task (API.md §4).
+//! The seven statuses of a task.
 
-use std::fmt;
-
-use serde::{Deserialize, Serialize};
+use strum::{EnumIter, EnumString, IntoStaticStr, VariantArray};
 
 /// Where a task is in its life. `completed`, `failed` and `cancelled` are finished and absorbing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    EnumString,
+    IntoStaticStr,
+    EnumIter,
+    VariantArray,
+    strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum TaskStatus {
     /// Accepted and waiting for a worker.
     Queued,
@@ -31,17 +43,9 @@ pub struct UnknownStatus(pub String);
 
 impl TaskStatus {
     /// All seven statuses, unfinished first.
-    pub const ALL: [TaskStatus; 7] = [
-        TaskStatus::Queued,
-        TaskStatus::Loading,
-        TaskStatus::Running,
-        TaskStatus::Cancelling,
-        TaskStatus::Completed,
-        TaskStatus::Failed,
-        TaskStatus::Cancelled,
-    ];
+    pub const ALL: &'static [TaskStatus] = Self::VARIANTS;
 
-    /// The statuses a task can be left in when the process stops (P-7).
+    /// The statuses a task can be left in when its instance stops (P-7).
     pub const UNFINISHED: [TaskStatus; 4] = [
         TaskStatus::Queued,
         TaskStatus::Loading,
@@ -57,31 +61,14 @@ impl TaskStatus {
         )
     }
 
-    /// The wire name, e.g. `queued`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Queued => "queued",
-            TaskStatus::Loading => "loading",
-            TaskStatus::Running => "running",
-            TaskStatus::Cancelling => "cancelling",
-            TaskStatus::Completed => "completed",
-            TaskStatus::Failed => "failed",
-            TaskStatus::Cancelled => "cancelled",
-        }
+    /// The name, e.g. `queued`.
+    pub fn as_str(self) -> &'static str {
+        self.into()
     }
 
-    /// Parses a wire name.
+    /// Parses a name.
     pub fn parse(text: &str) -> Result<Self, UnknownStatus> {
-        TaskStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == text)
-            .ok_or_else(|| UnknownStatus(text.to_owned()))
-    }
-}
-
-impl fmt::Display for TaskStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        text.parse().map_err(|_| UnknownStatus(text.to_owned()))
     }
 }
 
@@ -92,7 +79,8 @@ mod tests {
     #[test]
     fn exactly_three_statuses_are_finished() {
         let finished: Vec<_> = TaskStatus::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|s| s.is_finished())
             .collect();
         assert_eq!(
@@ -104,17 +92,27 @@ mod tests {
             ]
         );
         assert!(TaskStatus::UNFINISHED.iter().all(|s| !s.is_finished()));
+        assert_eq!(TaskStatus::ALL.len(), 7);
     }
 
     #[test]
-    fn every_status_parses_from_its_wire_name() {
-        for status in TaskStatus::ALL {
-            assert_eq!(TaskStatus::parse(status.as_str()), Ok(status));
-            assert_eq!(
-                serde_json::to_value(status).unwrap(),
-                serde_json::Value::String(status.as_str().into())
-            );
+    fn every_status_parses_from_its_name_and_nothing_else_does() {
+        let names = [
+            "queued",
+            "loading",
+            "running",
+            "cancelling",
+            "completed",
+            "failed",
+            "cancelled",
+        ];
+        for (status, name) in TaskStatus::ALL.iter().zip(names) {
+            assert_eq!(status.as_str(), name);
+            assert_eq!(status.to_string(), name);
+            assert_eq!(TaskStatus::parse(name), Ok(*status));
         }
-        assert!(TaskStatus::parse("done").is_err());
+        for bad in ["done", "Queued", "", " queued"] {
+            assert!(TaskStatus::parse(bad).is_err(), "{bad:?}");
+        }
     }
 }

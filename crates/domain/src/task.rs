@@ -3,12 +3,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::error_code::TaskErrorCode;
-use crate::ids::{ClientId, ResponseId, TaskId};
+use crate::ids::{ClientId, InstanceId, ItemId, ResponseId, TaskId};
 use crate::model::ModelId;
-use crate::recovery::{RestartPolicy, StartEpoch};
+use crate::recovery::RestartPolicy;
 use crate::status::TaskStatus;
 use crate::time::Timestamp;
 
@@ -16,19 +16,35 @@ use crate::time::Timestamp;
 pub type Metadata = BTreeMap<String, String>;
 
 /// Who speaks a message of a conversation input.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, EnumString, IntoStaticStr, VariantArray, strum::Display,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum Role {
     /// Instructions for the model.
     System,
+    /// Instructions from the application's developer (treated like `system`).
+    Developer,
     /// The user's turn.
     User,
     /// The model's earlier turn.
     Assistant,
 }
 
+impl Role {
+    /// The name, e.g. `user`.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// Parses a name; `None` for an unknown one.
+    pub fn parse(text: &str) -> Option<Self> {
+        text.parse().ok()
+    }
+}
+
 /// One message of a conversation input.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     /// Who speaks.
     pub role: Role,
@@ -37,8 +53,7 @@ pub struct Message {
 }
 
 /// What the model is asked: a plain prompt or a conversation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Input {
     /// A non-empty prompt.
     Text(String),
@@ -47,56 +62,86 @@ pub enum Input {
 }
 
 impl Input {
-    /// The input as one prompt text: the string, or the messages' contents joined by newlines.
-    pub fn prompt_text(&self) -> String {
+    /// The input as messages: a prompt is one `user` message.
+    pub fn messages(&self) -> Vec<Message> {
         match self {
-            Input::Text(text) => text.clone(),
-            Input::Messages(messages) => messages
-                .iter()
-                .map(|m| m.content.as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
+            Input::Text(text) => vec![Message {
+                role: Role::User,
+                content: text.clone(),
+            }],
+            Input::Messages(messages) => messages.clone(),
         }
     }
 }
 
-/// A validated `POST /v1/responses` request (see [`crate::validation`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SubmitRequest {
-    /// The model to run.
-    pub model: ModelId,
-    /// The prompt or conversation.
-    pub input: Input,
-    /// Whether the request returns at once (202) instead of waiting for the result.
-    pub background: bool,
-    /// Whether the reply is an event stream.
-    pub stream: bool,
-    /// The restart policy; `None` means the service default.
-    pub on_restart: Option<RestartPolicy>,
-    /// 1…100 000.
-    pub max_output_tokens: u32,
-    /// The sampler's seed; `None` means the service picks one and stores it.
-    pub seed: Option<u64>,
-    /// At most 16 string pairs.
-    pub metadata: Metadata,
+/// A sampling parameter (`temperature`, `top_p`): a finite, non-negative number, compared by
+/// value. The only way in is [`Fraction::new`], so it is never NaN.
+#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+pub struct Fraction(f64);
+
+// Sound: `new` admits no NaN, so equality is reflexive.
+impl Eq for Fraction {}
+
+impl Fraction {
+    /// `value` when it is finite and not negative.
+    pub fn new(value: f64) -> Option<Self> {
+        (value.is_finite() && value >= 0.0).then_some(Self(value))
+    }
+
+    /// The number.
+    pub fn get(self) -> f64 {
+        self.0
+    }
 }
 
-/// The default of `max_output_tokens`.
-pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 256;
-
-/// What a task asks of its engine; stored with the task and never changed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What a task asks of its engine; stored with the task and never changed, so a resumed or
+/// retried run asks exactly the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskSpec {
-    /// The prompt or conversation.
+    /// The prompt or conversation, with the earlier response's turns first when the request named
+    /// a `previous_response_id`.
     pub input: Input,
+    /// Instructions that come before the input (a system message).
+    pub instructions: Option<String>,
     /// The most tokens to generate.
     pub max_output_tokens: u32,
     /// The sampler's seed.
     pub seed: u64,
+    /// The sampling temperature (0 is greedy); `None`: the engine's default.
+    pub temperature: Option<Fraction>,
+    /// Nucleus sampling's probability mass; `None`: the engine's default.
+    pub top_p: Option<Fraction>,
+    /// The response whose conversation this one continues, as the request named it.
+    pub previous_response_id: Option<ResponseId>,
+}
+
+impl TaskSpec {
+    /// The whole conversation an engine is given: the instructions as a `system` message, then
+    /// the input's messages.
+    pub fn conversation(&self) -> Vec<Message> {
+        let mut messages = Vec::new();
+        if let Some(instructions) = &self.instructions {
+            messages.push(Message {
+                role: Role::System,
+                content: instructions.clone(),
+            });
+        }
+        messages.extend(self.input.messages());
+        messages
+    }
+
+    /// The conversation as one prompt text: the messages' contents joined by newlines.
+    pub fn prompt_text(&self) -> String {
+        self.conversation()
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }
 
 /// Why a task failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskError {
     /// The stable code.
     pub code: TaskErrorCode,
@@ -105,28 +150,68 @@ pub struct TaskError {
 }
 
 impl TaskError {
+    /// An error with this code and message.
+    pub fn new(code: TaskErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
     /// The error recovery gives a task whose policy is `fail` (P-9).
     pub fn server_restarted() -> Self {
-        Self {
-            code: TaskErrorCode::ServerRestarted,
-            message: String::from("the service restarted while the task was unfinished"),
-        }
+        Self::new(
+            TaskErrorCode::ServerRestarted,
+            "the service restarted while the task was unfinished",
+        )
+    }
+}
+
+/// Where a task's output items are: how many its runs opened, and whether the last is open.
+///
+/// Each run that produces output opens one item (`response.output_item.added`); a resumed run
+/// continues the open item; a run put back in the queue has its item closed as incomplete, and
+/// the next run opens the next one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutputItems {
+    /// How many items were opened.
+    pub opened: u32,
+    /// Whether the last opened item is still open.
+    pub open: bool,
+}
+
+impl OutputItems {
+    /// The open item of `task`, if any.
+    pub fn open_item(&self, task: TaskId) -> Option<ItemId> {
+        (self.open && self.opened > 0).then(|| ItemId::of(task, self.opened - 1))
+    }
+
+    /// The item the next run opens.
+    pub fn next_item(&self, task: TaskId) -> ItemId {
+        ItemId::of(task, self.opened)
     }
 }
 
 /// A task: one unit of inference work and everything the service knows about it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Task {
     /// Its id.
     pub id: TaskId,
+    /// Its response's id, assigned at creation (its own ULID with the `resp_` prefix): a task
+    /// has exactly one.
+    pub response_id: ResponseId,
     /// The client that submitted it (isolation, I-7).
     pub client_id: ClientId,
+    /// The instance in whose care it is: the one that accepted it, claimed it or recovered it.
+    pub owner: InstanceId,
     /// Where it is.
     pub status: TaskStatus,
     /// The model it runs on.
     pub model: ModelId,
-    /// What happens to it when the service restarts before it finishes.
+    /// What happens to it when its instance stops before it finishes.
     pub on_restart: RestartPolicy,
+    /// Whether the request returned at once instead of waiting for the result.
+    pub background: bool,
     /// What it asks; shared, since it never changes and may be large (an input up to 2 MiB).
     pub spec: Arc<TaskSpec>,
     /// The client's metadata.
@@ -139,76 +224,82 @@ pub struct Task {
     pub finished_at: Option<Timestamp>,
     /// The highest event sequence number stored for it (P-3).
     pub last_sequence_number: u64,
-    /// How many restarts moved it (API.md §7).
+    /// How many restarts moved it (recovery).
     pub restarts: u32,
     /// Why it failed, when it did.
     pub error: Option<TaskError>,
-    /// Its response, once completed.
-    pub response_id: Option<ResponseId>,
-    /// The start whose recovery last moved it, so one start never moves it twice (I-5).
-    pub recovered_in: Option<StartEpoch>,
+    /// Its output items.
+    pub items: OutputItems,
+}
+
+/// What the app knows of a new task before it is stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTask {
+    /// Its id.
+    pub id: TaskId,
+    /// The client that submits it.
+    pub client_id: ClientId,
+    /// The instance that accepts it.
+    pub owner: InstanceId,
+    /// The model.
+    pub model: ModelId,
+    /// The restart policy (the request's, or the service's default).
+    pub on_restart: RestartPolicy,
+    /// Whether the request returns at once.
+    pub background: bool,
+    /// What it asks.
+    pub spec: TaskSpec,
+    /// The client's metadata.
+    pub metadata: Metadata,
+    /// When it is accepted.
+    pub created_at: Timestamp,
 }
 
 impl Task {
     /// A new task in `queued` with no events yet; [`crate::ports::TaskStore::create_task`]
     /// stores it together with its `response.created` event (P-2).
-    pub fn new_queued(
-        id: TaskId,
-        client_id: ClientId,
-        model: ModelId,
-        on_restart: RestartPolicy,
-        spec: TaskSpec,
-        metadata: Metadata,
-        created_at: Timestamp,
-    ) -> Self {
+    pub fn new_queued(new: NewTask) -> Self {
         Self {
-            id,
-            client_id,
+            id: new.id,
+            response_id: ResponseId::from_ulid(new.id.ulid()),
+            client_id: new.client_id,
+            owner: new.owner,
             status: TaskStatus::Queued,
-            model,
-            on_restart,
-            spec: Arc::new(spec),
-            metadata,
-            created_at,
+            model: new.model,
+            on_restart: new.on_restart,
+            background: new.background,
+            spec: Arc::new(new.spec),
+            metadata: new.metadata,
+            created_at: new.created_at,
             started_at: None,
             finished_at: None,
             last_sequence_number: 1,
             restarts: 0,
             error: None,
-            response_id: None,
-            recovered_in: None,
+            items: OutputItems::default(),
         }
     }
-}
 
-impl Task {
     /// The task as it was when it was created: the data of its `response.created` event.
     ///
     /// Only fields that never change are kept; every other field is at its initial value. So a
     /// store may keep the creation event's task as a reference to the task instead of a copy.
     pub fn as_created(&self) -> Task {
         Task {
-            id: self.id,
-            client_id: self.client_id,
             status: TaskStatus::Queued,
-            model: self.model.clone(),
-            on_restart: self.on_restart,
-            spec: Arc::clone(&self.spec),
-            metadata: self.metadata.clone(),
-            created_at: self.created_at,
             started_at: None,
             finished_at: None,
             last_sequence_number: 1,
             restarts: 0,
             error: None,
-            response_id: None,
-            recovered_in: None,
+            items: OutputItems::default(),
+            ..self.clone()
         }
     }
 }
 
-/// Token counts of a response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// Token counts of a response, in the engine's own tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Usage {
     /// Tokens in the input.
     pub input_tokens: u64,
@@ -216,10 +307,17 @@ pub struct Usage {
     pub output_tokens: u64,
 }
 
-/// The result of a completed task.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+impl Usage {
+    /// Input and output together.
+    pub fn total_tokens(&self) -> u64 {
+        self.input_tokens.saturating_add(self.output_tokens)
+    }
+}
+
+/// The result of a completed task, stored when it completes.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
-    /// Its id.
+    /// Its id (the task's `response_id`).
     pub id: ResponseId,
     /// The task that produced it.
     pub task_id: TaskId,
@@ -233,4 +331,21 @@ pub struct Response {
     pub created_at: Timestamp,
     /// When its task completed.
     pub completed_at: Timestamp,
+}
+
+/// The status of an output item when it is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumString, IntoStaticStr, strum::Display)]
+#[strum(serialize_all = "snake_case")]
+pub enum ItemStatus {
+    /// The run finished the item.
+    Completed,
+    /// The run was interrupted and put back in the queue.
+    Incomplete,
+}
+
+impl ItemStatus {
+    /// The name, e.g. `completed`.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
 }

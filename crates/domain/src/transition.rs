@@ -1,36 +1,38 @@
 //! The life of a task as one transition function (P-3, P-4).
 //!
-//! [`transition`] decides, from a status and a [`Step`], the next status and the events to append,
-//! or refuses with a [`Refusal`]. [`advance`] applies that decision to a whole [`Task`]: it numbers
-//! the events after the task's `last_sequence_number` and sets the timestamps, error and response
-//! id. Storage adapters call [`advance`] inside their transaction and write exactly what it returns,
-//! so there is one place where the rules live.
-
-use serde::{Deserialize, Serialize};
+//! [`transition`] is the state machine: from a status and the kind of a [`Step`], the next
+//! status, or a [`Refusal`]. [`advance`] applies a step to a whole [`Task`]: the events it writes
+//! (with the output item structure of the log), numbered after the task's
+//! `last_sequence_number`, and the timestamps, error and items of the new row. [`advance_all`]
+//! folds a worker's batch of steps, refusing steps from an instance that does not own the task
+//! or that saw an older log. Storage adapters call these inside their transaction and write
+//! exactly what they return, so there is one place where the rules live.
 
 use crate::cancel::decide_cancel;
-use crate::event::{Event, EventPayload};
+use crate::event::{ClosedItem, Event, EventPayload};
+use crate::ids::InstanceId;
 use crate::model::ModelId;
 use crate::status::TaskStatus;
-use crate::task::{Response, Task, TaskError};
+use crate::task::{ItemStatus, Response, Task, TaskError};
 use crate::time::Timestamp;
 
 /// Something that can happen to a task while the service runs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// A worker takes a queued task and starts loading its model (`queued → loading`).
-    ClaimForLoading {
+    /// A worker takes a queued task and starts loading its model (`queued → loading`); the task
+    /// passes into the care of the worker's instance.
+    Claim {
         /// The model being loaded (the `response.loading` data).
         model: ModelId,
     },
     /// The model is loaded and generation starts (`loading → running`).
     Loaded,
-    /// The engine produced output (`running → running`).
+    /// The engine produced output (`running → running`); the run's first output opens its item.
     Output {
         /// The text.
         delta: String,
     },
-    /// The engine finished (`running → completed`).
+    /// The engine finished (`running → completed`): the item is closed and the response stored.
     Complete {
         /// The stored response.
         response: Box<Response>,
@@ -46,12 +48,11 @@ pub enum Step {
     AcknowledgeCancel,
 }
 
-/// The kind of a [`Step`], without its data (for refusals and logs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// The kind of a [`Step`], without its data (for the state machine, refusals and logs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StepKind {
-    /// [`Step::ClaimForLoading`].
-    ClaimForLoading,
+    /// [`Step::Claim`].
+    Claim,
     /// [`Step::Loaded`].
     Loaded,
     /// [`Step::Output`].
@@ -66,11 +67,30 @@ pub enum StepKind {
     AcknowledgeCancel,
 }
 
+impl StepKind {
+    /// Every kind.
+    pub const ALL: [StepKind; 7] = [
+        StepKind::Claim,
+        StepKind::Loaded,
+        StepKind::Output,
+        StepKind::Complete,
+        StepKind::Fail,
+        StepKind::RequestCancel,
+        StepKind::AcknowledgeCancel,
+    ];
+
+    /// Whether only the instance that owns the task may take this step (a worker's step); a
+    /// cancel may come from any instance, and a claim moves the task into the claimer's care.
+    pub const fn needs_owner(self) -> bool {
+        !matches!(self, StepKind::Claim | StepKind::RequestCancel)
+    }
+}
+
 impl Step {
     /// The kind of this step.
     pub const fn kind(&self) -> StepKind {
         match self {
-            Step::ClaimForLoading { .. } => StepKind::ClaimForLoading,
+            Step::Claim { .. } => StepKind::Claim,
             Step::Loaded => StepKind::Loaded,
             Step::Output { .. } => StepKind::Output,
             Step::Complete { .. } => StepKind::Complete,
@@ -83,7 +103,7 @@ impl Step {
 
 /// Why a step was refused. Refusals are expected outcomes (a worker lost a race with a cancel, a
 /// caller is stale), not failures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum Refusal {
     /// The task is finished; finished statuses are absorbing.
     #[error("the task is {status} and accepts no {step:?}")]
@@ -107,6 +127,40 @@ pub enum Refusal {
         /// The refused step.
         step: StepKind,
     },
+    /// The step comes from an instance that does not own the task (it was recovered by another).
+    #[error("the task is in the care of another instance")]
+    NotOwner,
+    /// The caller's view of the log is older than the stored one (its earlier write committed
+    /// after all, or another writer moved the task).
+    #[error("the task's log is at {stored}, not where the caller saw it")]
+    Stale {
+        /// The stored `last_sequence_number`.
+        stored: u64,
+    },
+}
+
+/// The state machine: the status after a step of `kind` from `status`, or why not.
+pub fn transition(status: TaskStatus, kind: StepKind) -> Result<TaskStatus, Refusal> {
+    if kind == StepKind::RequestCancel {
+        return decide_cancel(status)
+            .new_status()
+            .ok_or(Refusal::Finished { status, step: kind });
+    }
+    if status.is_finished() {
+        return Err(Refusal::Finished { status, step: kind });
+    }
+    if status == TaskStatus::Cancelling && kind != StepKind::AcknowledgeCancel {
+        return Err(Refusal::CancelPending { step: kind });
+    }
+    match (status, kind) {
+        (TaskStatus::Queued, StepKind::Claim) => Ok(TaskStatus::Loading),
+        (TaskStatus::Loading, StepKind::Loaded) => Ok(TaskStatus::Running),
+        (TaskStatus::Running, StepKind::Output) => Ok(TaskStatus::Running),
+        (TaskStatus::Running, StepKind::Complete) => Ok(TaskStatus::Completed),
+        (TaskStatus::Loading | TaskStatus::Running, StepKind::Fail) => Ok(TaskStatus::Failed),
+        (TaskStatus::Cancelling, StepKind::AcknowledgeCancel) => Ok(TaskStatus::Cancelled),
+        _ => Err(Refusal::WrongStatus { status, step: kind }),
+    }
 }
 
 /// What a permitted step does: the new status and the events to append, in order.
@@ -118,74 +172,67 @@ pub struct Transition {
     pub events: Vec<EventPayload>,
 }
 
-/// Decides a step from a status: the heart of the task state machine.
-pub fn transition(status: TaskStatus, step: &Step) -> Result<Transition, Refusal> {
-    let kind = step.kind();
-    if let Step::RequestCancel = step {
-        return cancel_transition(status);
-    }
-    if status.is_finished() {
-        return Err(Refusal::Finished { status, step: kind });
-    }
-    if status == TaskStatus::Cancelling && kind != StepKind::AcknowledgeCancel {
-        return Err(Refusal::CancelPending { step: kind });
-    }
-    let moved = |status, payload| {
-        Ok(Transition {
-            status,
-            events: vec![payload],
-        })
+/// The events a permitted step writes, with the output structure of the log.
+fn events_of(task: &Task, step: &Step) -> Vec<EventPayload> {
+    let open = task.items.open_item(task.id);
+    let opening = || {
+        let item = task.items.next_item(task.id);
+        [
+            EventPayload::OutputItemAdded { item },
+            EventPayload::ContentPartAdded { item },
+        ]
     };
-    match (status, step) {
-        (TaskStatus::Queued, Step::ClaimForLoading { model }) => moved(
-            TaskStatus::Loading,
-            EventPayload::Loading {
-                model: model.clone(),
-            },
-        ),
-        (TaskStatus::Loading, Step::Loaded) => {
-            moved(TaskStatus::Running, EventPayload::InProgress {})
-        }
-        (TaskStatus::Running, Step::Output { delta }) => moved(
-            TaskStatus::Running,
-            EventPayload::OutputTextDelta {
+    match step {
+        Step::Claim { model } => vec![EventPayload::Loading {
+            model: model.clone(),
+        }],
+        Step::Loaded => vec![EventPayload::InProgress],
+        Step::Output { delta } => {
+            let mut events = Vec::with_capacity(3);
+            let item = match open {
+                Some(item) => item,
+                None => {
+                    events.extend(opening());
+                    task.items.next_item(task.id)
+                }
+            };
+            events.push(EventPayload::OutputTextDelta {
+                item,
                 delta: delta.clone(),
-            },
-        ),
-        (TaskStatus::Running, Step::Complete { response }) => moved(
-            TaskStatus::Completed,
-            EventPayload::Completed {
-                response: response.clone(),
-            },
-        ),
-        (TaskStatus::Loading | TaskStatus::Running, Step::Fail { error }) => moved(
-            TaskStatus::Failed,
-            EventPayload::Failed {
-                error: error.clone(),
-            },
-        ),
-        (TaskStatus::Cancelling, Step::AcknowledgeCancel) => {
-            moved(TaskStatus::Cancelled, EventPayload::Cancelled {})
+            });
+            events
         }
-        _ => Err(Refusal::WrongStatus { status, step: kind }),
+        Step::Complete { response } => {
+            let mut events = Vec::with_capacity(6);
+            let item = match open {
+                Some(item) => item,
+                None => {
+                    events.extend(opening());
+                    task.items.next_item(task.id)
+                }
+            };
+            let closed = ClosedItem {
+                item,
+                text: response.output_text.clone(),
+                status: ItemStatus::Completed,
+            };
+            events.push(EventPayload::OutputTextDone(closed.clone()));
+            events.push(EventPayload::ContentPartDone(closed.clone()));
+            events.push(EventPayload::OutputItemDone(closed));
+            events.push(EventPayload::Completed {
+                response: response.clone(),
+            });
+            events
+        }
+        Step::Fail { error } => vec![EventPayload::Failed {
+            error: error.clone(),
+        }],
+        Step::RequestCancel => decide_cancel(task.status).event().into_iter().collect(),
+        Step::AcknowledgeCancel => vec![EventPayload::Cancelled],
     }
 }
 
-fn cancel_transition(status: TaskStatus) -> Result<Transition, Refusal> {
-    let decision = decide_cancel(status);
-    match decision.new_status() {
-        Some(new_status) => Ok(Transition {
-            status: new_status,
-            events: decision.event().into_iter().collect(),
-        }),
-        None => Err(Refusal::Finished {
-            status,
-            step: StepKind::RequestCancel,
-        }),
-    }
-}
-
-/// A task after a permitted step, and the numbered events to store with it.
+/// A task after permitted steps, and the numbered events to store with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Advanced {
     /// The task as it must be stored.
@@ -196,11 +243,56 @@ pub struct Advanced {
 
 /// Applies a step to a task at a time: the new task row and its numbered events (P-3).
 ///
-/// `started_at` is set on the first claim, `finished_at` when the task finishes, `error` on a
-/// failure and `response_id` on completion. `last_sequence_number` becomes the last new event's.
-pub fn advance(task: &Task, step: &Step, at: Timestamp) -> Result<Advanced, Refusal> {
-    let decided = transition(task.status, step)?;
-    Ok(apply(task, decided, at))
+/// A claim moves the task into the care of `claimer` and sets `started_at` the first time;
+/// a finishing step sets `finished_at`; a failure sets `error`; output opens and completion closes
+/// the run's output item. `last_sequence_number` becomes the last new event's.
+pub fn advance(
+    task: &Task,
+    step: &Step,
+    claimer: InstanceId,
+    at: Timestamp,
+) -> Result<Advanced, Refusal> {
+    let status = transition(task.status, step.kind())?;
+    let events = events_of(task, step);
+    let mut advanced = apply(task, Transition { status, events }, at);
+    if step.kind() == StepKind::Claim {
+        advanced.task.owner = claimer;
+    }
+    Ok(advanced)
+}
+
+/// Applies a worker's batch of steps in order, all or nothing: each step through [`advance`], and
+/// every step that needs the owner refused unless `by` owns the task. When `expected` is given,
+/// the task's stored `last_sequence_number` must equal it (the log is where the worker saw it).
+pub fn advance_all(
+    task: &Task,
+    steps: &[Step],
+    by: InstanceId,
+    expected: Option<u64>,
+    at: Timestamp,
+) -> Result<Advanced, Refusal> {
+    if let Some(expected) = expected {
+        if expected != task.last_sequence_number {
+            return Err(Refusal::Stale {
+                stored: task.last_sequence_number,
+            });
+        }
+    }
+    let mut current = Advanced {
+        task: task.clone(),
+        events: Vec::with_capacity(steps.len()),
+    };
+    for step in steps {
+        if step.kind().needs_owner() && current.task.owner != by {
+            // A finished task refuses as finished, whoever asks: the more telling answer.
+            transition(current.task.status, step.kind())?;
+            return Err(Refusal::NotOwner);
+        }
+        let next = advance(&current.task, step, by, at)?;
+        current.task = next.task;
+        current.events.extend(next.events);
+    }
+    Ok(current)
 }
 
 /// Writes a decided transition into a task: shared by [`advance`] and recovery.
@@ -213,8 +305,12 @@ pub(crate) fn apply(task: &Task, decided: Transition, at: Timestamp) -> Advanced
             EventPayload::Loading { .. } if next.started_at.is_none() => {
                 next.started_at = Some(at);
             }
+            EventPayload::OutputItemAdded { .. } => {
+                next.items.opened += 1;
+                next.items.open = true;
+            }
+            EventPayload::OutputItemDone(_) => next.items.open = false,
             EventPayload::Failed { error } => next.error = Some(error.clone()),
-            EventPayload::Completed { response } => next.response_id = Some(response.id),
             _ => {}
         }
         next.last_sequence_number += 1;

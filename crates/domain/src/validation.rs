@@ -1,14 +1,14 @@
-//! Validation of `POST /v1/responses` bodies (API.md §2, §4), before anything is stored (I-9).
+//! Validation of a request for work, before anything is stored (I-9).
 //!
-//! [`validate_submit`] takes the parsed JSON body and returns a [`SubmitRequest`] or the first
-//! rule it breaks, with the offending `param`. It never panics, whatever the JSON (property-tested).
+//! The driving adapter parses its wire format into a [`SubmitDraft`] of typed but unchecked values
+//! (it rejects unknown fields and wrong JSON types itself); [`validate_submit`] checks the values
+//! (ranges, lengths, names of roles and policies) and returns a [`SubmitRequest`] or the first rule
+//! the draft breaks, with the offending `param`. It never panics (property-tested).
 
-use serde_json::{Map, Value};
-
-use crate::error_code::ErrorCode;
+use crate::ids::ResponseId;
 use crate::model::ModelId;
 use crate::recovery::RestartPolicy;
-use crate::task::{Input, Message, Metadata, Role, SubmitRequest, DEFAULT_MAX_OUTPUT_TOKENS};
+use crate::task::{Fraction, Input, Message, Metadata, Role};
 
 /// The most metadata pairs a task may carry.
 pub const MAX_METADATA_PAIRS: usize = 16;
@@ -18,195 +18,223 @@ pub const MAX_METADATA_KEY_CHARS: usize = 64;
 pub const MAX_METADATA_VALUE_CHARS: usize = 512;
 /// The largest `max_output_tokens`.
 pub const MAX_OUTPUT_TOKENS: u64 = 100_000;
+/// The default of `max_output_tokens`.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 256;
+/// The largest `temperature`.
+pub const MAX_TEMPERATURE: f64 = 2.0;
 
-const FIELDS: [&str; 8] = [
-    "model",
-    "input",
-    "background",
-    "stream",
-    "on_restart",
-    "max_output_tokens",
-    "seed",
-    "metadata",
-];
+/// A request for work as the driving adapter parsed it: typed, not yet checked.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SubmitDraft {
+    /// The model id.
+    pub model: String,
+    /// The prompt or conversation.
+    pub input: DraftInput,
+    /// Instructions for the model.
+    pub instructions: Option<String>,
+    /// Whether the request returns at once.
+    pub background: Option<bool>,
+    /// Whether the reply is a stream of events.
+    pub stream: Option<bool>,
+    /// The restart policy's name.
+    pub on_restart: Option<String>,
+    /// The output budget.
+    pub max_output_tokens: Option<u64>,
+    /// The sampler's seed.
+    pub seed: Option<u64>,
+    /// The sampling temperature.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling's mass.
+    pub top_p: Option<f64>,
+    /// The client's string pairs.
+    pub metadata: Option<Metadata>,
+    /// The earlier response this one continues.
+    pub previous_response_id: Option<String>,
+}
 
-/// A rejected request: its error code, a message, and the field at fault.
+/// The input of a draft.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DraftInput {
+    /// A prompt.
+    Text(String),
+    /// A conversation.
+    Messages(Vec<DraftMessage>),
+}
+
+impl Default for DraftInput {
+    fn default() -> Self {
+        DraftInput::Text(String::new())
+    }
+}
+
+/// One message of a draft's conversation (its text parts already joined by the adapter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraftMessage {
+    /// The role's name.
+    pub role: String,
+    /// What is said.
+    pub content: String,
+}
+
+/// A validated request for work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitRequest {
+    /// The model to run.
+    pub model: ModelId,
+    /// The prompt or conversation.
+    pub input: Input,
+    /// Instructions that come before the input.
+    pub instructions: Option<String>,
+    /// Whether the request returns at once instead of waiting for the result.
+    pub background: bool,
+    /// Whether the reply is an event stream.
+    pub stream: bool,
+    /// The restart policy; `None` means the service default.
+    pub on_restart: Option<RestartPolicy>,
+    /// 1…100 000.
+    pub max_output_tokens: u32,
+    /// The sampler's seed; `None` means the service picks one and stores it.
+    pub seed: Option<u64>,
+    /// 0…2.
+    pub temperature: Option<Fraction>,
+    /// 0…1.
+    pub top_p: Option<Fraction>,
+    /// At most 16 string pairs.
+    pub metadata: Metadata,
+    /// The earlier response whose conversation comes first.
+    pub previous_response_id: Option<ResponseId>,
+}
+
+/// A rejected request: a message, and the field at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct ValidationError {
-    /// The error code (always a 4xx code).
-    pub code: ErrorCode,
     /// Human text.
     pub message: String,
-    /// The offending field, e.g. `input[1].role`, or `None` for the body as a whole.
+    /// The offending field, e.g. `input[1].role`, or `None` for the request as a whole.
     pub param: Option<String>,
 }
 
-fn invalid(param: impl Into<String>, message: impl Into<String>) -> ValidationError {
-    ValidationError {
-        code: ErrorCode::InvalidRequest,
-        message: message.into(),
-        param: Some(param.into()),
+impl ValidationError {
+    /// An error naming `param`.
+    pub fn new(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            param: Some(param.into()),
+        }
     }
 }
 
-/// Validates a `POST /v1/responses` body.
-pub fn validate_submit(body: &Value) -> Result<SubmitRequest, ValidationError> {
-    let Value::Object(fields) = body else {
-        return Err(ValidationError {
-            code: ErrorCode::InvalidRequest,
-            message: String::from("the body must be a JSON object"),
-            param: None,
-        });
-    };
-    if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(invalid(
-            unknown.clone(),
-            format!("unknown field `{unknown}`"),
-        ));
-    }
-    let model = match fields.get("model") {
-        None | Some(Value::Null) => return Err(invalid("model", "`model` is required")),
-        Some(Value::String(text)) => {
-            ModelId::parse(text).map_err(|e| invalid("model", e.to_string()))?
+fn invalid(param: &str, message: impl Into<String>) -> ValidationError {
+    ValidationError::new(param, message)
+}
+
+/// Validates a request for work.
+pub fn validate_submit(draft: SubmitDraft) -> Result<SubmitRequest, ValidationError> {
+    let model = ModelId::parse(&draft.model).map_err(|e| invalid("model", e.to_string()))?;
+    let input = validate_input(draft.input)?;
+    let on_restart = draft
+        .on_restart
+        .map(|name| RestartPolicy::parse(&name).map_err(|e| invalid("on_restart", e.to_string())))
+        .transpose()?;
+    let max_output_tokens = match draft.max_output_tokens {
+        None => DEFAULT_MAX_OUTPUT_TOKENS,
+        Some(n @ 1..=MAX_OUTPUT_TOKENS) => n as u32,
+        Some(_) => {
+            return Err(invalid(
+                "max_output_tokens",
+                "`max_output_tokens` must be an integer from 1 to 100000",
+            ))
         }
-        Some(_) => return Err(invalid("model", "`model` must be a string")),
     };
-    let input = validate_input(fields.get("input"))?;
-    let background = optional_bool(fields, "background")?.unwrap_or(false);
-    let stream = optional_bool(fields, "stream")?.unwrap_or(false);
-    let on_restart = match fields.get("on_restart") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(text)) => {
-            Some(RestartPolicy::parse(text).map_err(|e| invalid("on_restart", e.to_string()))?)
-        }
-        Some(_) => return Err(invalid("on_restart", "`on_restart` must be a string")),
-    };
-    let max_output_tokens = match fields.get("max_output_tokens") {
-        None | Some(Value::Null) => DEFAULT_MAX_OUTPUT_TOKENS,
-        Some(value) => match value.as_u64() {
-            Some(n @ 1..=MAX_OUTPUT_TOKENS) => n as u32,
-            _ => {
-                return Err(invalid(
-                    "max_output_tokens",
-                    "`max_output_tokens` must be an integer from 1 to 100000",
-                ))
-            }
-        },
-    };
-    let seed =
-        match fields.get("seed") {
-            None | Some(Value::Null) => None,
-            Some(value) => Some(value.as_u64().ok_or_else(|| {
-                invalid("seed", "`seed` must be a non-negative integer below 2^64")
-            })?),
-        };
-    let metadata = validate_metadata(fields.get("metadata"))?;
+    let temperature = sampling(draft.temperature, "temperature", MAX_TEMPERATURE)?;
+    let top_p = sampling(draft.top_p, "top_p", 1.0)?;
+    let metadata = validate_metadata(draft.metadata.unwrap_or_default())?;
+    let previous_response_id = draft
+        .previous_response_id
+        .map(|id| {
+            ResponseId::parse(&id).map_err(|_| {
+                invalid(
+                    "previous_response_id",
+                    "`previous_response_id` must be a response id (`resp_…`)",
+                )
+            })
+        })
+        .transpose()?;
     Ok(SubmitRequest {
         model,
         input,
-        background,
-        stream,
+        instructions: draft.instructions.filter(|text| !text.is_empty()),
+        background: draft.background.unwrap_or(false),
+        stream: draft.stream.unwrap_or(false),
         on_restart,
         max_output_tokens,
-        seed,
+        seed: draft.seed,
+        temperature,
+        top_p,
         metadata,
+        previous_response_id,
     })
 }
 
-fn optional_bool(fields: &Map<String, Value>, name: &str) -> Result<Option<bool>, ValidationError> {
-    match fields.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(flag)) => Ok(Some(*flag)),
-        Some(_) => Err(invalid(name, format!("`{name}` must be a boolean"))),
+fn sampling(
+    value: Option<f64>,
+    param: &str,
+    max: f64,
+) -> Result<Option<Fraction>, ValidationError> {
+    match value {
+        None => Ok(None),
+        Some(value) => Fraction::new(value)
+            .filter(|fraction| fraction.get() <= max)
+            .map(Some)
+            .ok_or_else(|| invalid(param, format!("`{param}` must be a number from 0 to {max}"))),
     }
 }
 
-fn validate_input(value: Option<&Value>) -> Result<Input, ValidationError> {
-    match value {
-        None | Some(Value::Null) => Err(invalid("input", "`input` is required")),
-        Some(Value::String(text)) if text.trim().is_empty() => {
+fn validate_input(input: DraftInput) -> Result<Input, ValidationError> {
+    match input {
+        DraftInput::Text(text) if text.trim().is_empty() => {
             Err(invalid("input", "`input` must not be empty"))
         }
-        Some(Value::String(text)) => Ok(Input::Text(text.clone())),
-        Some(Value::Array(items)) if items.is_empty() => {
+        DraftInput::Text(text) => Ok(Input::Text(text)),
+        DraftInput::Messages(items) if items.is_empty() => {
             Err(invalid("input", "`input` must not be an empty list"))
         }
-        Some(Value::Array(items)) => items
-            .iter()
+        DraftInput::Messages(items) => items
+            .into_iter()
             .enumerate()
-            .map(|(index, item)| validate_message(index, item))
+            .map(|(index, item)| {
+                let role = Role::parse(&item.role).ok_or_else(|| {
+                    invalid(
+                        &format!("input[{index}].role"),
+                        "`role` must be system, developer, user or assistant",
+                    )
+                })?;
+                Ok(Message {
+                    role,
+                    content: item.content,
+                })
+            })
             .collect::<Result<Vec<_>, _>>()
             .map(Input::Messages),
-        Some(_) => Err(invalid(
-            "input",
-            "`input` must be a string or a list of {role, content} messages",
-        )),
     }
 }
 
-fn validate_message(index: usize, item: &Value) -> Result<Message, ValidationError> {
-    let at = |field: &str| format!("input[{index}]{field}");
-    let Value::Object(fields) = item else {
-        return Err(invalid(
-            at(""),
-            "each message must be an object with `role` and `content`",
-        ));
-    };
-    if let Some(unknown) = fields
-        .keys()
-        .find(|k| k.as_str() != "role" && k.as_str() != "content")
-    {
-        return Err(invalid(
-            at(&format!(".{unknown}")),
-            format!("unknown field `{unknown}`"),
-        ));
-    }
-    let role = match fields.get("role").and_then(Value::as_str) {
-        Some("system") => Role::System,
-        Some("user") => Role::User,
-        Some("assistant") => Role::Assistant,
-        _ => {
-            return Err(invalid(
-                at(".role"),
-                "`role` must be system, user or assistant",
-            ))
-        }
-    };
-    let content = match fields.get("content") {
-        Some(Value::String(text)) => text.clone(),
-        _ => return Err(invalid(at(".content"), "`content` must be a string")),
-    };
-    Ok(Message { role, content })
-}
-
-fn validate_metadata(value: Option<&Value>) -> Result<Metadata, ValidationError> {
-    let fields = match value {
-        None | Some(Value::Null) => return Ok(Metadata::new()),
-        Some(Value::Object(fields)) => fields,
-        Some(_) => {
-            return Err(invalid(
-                "metadata",
-                "`metadata` must be an object of strings",
-            ))
-        }
-    };
-    if fields.len() > MAX_METADATA_PAIRS {
+fn validate_metadata(metadata: Metadata) -> Result<Metadata, ValidationError> {
+    if metadata.len() > MAX_METADATA_PAIRS {
         return Err(invalid("metadata", "`metadata` holds at most 16 pairs"));
     }
-    let mut metadata = Metadata::new();
-    for (key, value) in fields {
+    for (key, value) in &metadata {
         let param = format!("metadata.{key}");
         if key.is_empty() || key.chars().count() > MAX_METADATA_KEY_CHARS {
-            return Err(invalid(param, "metadata keys are 1–64 characters"));
+            return Err(invalid(&param, "metadata keys are 1–64 characters"));
         }
-        let Value::String(text) = value else {
-            return Err(invalid(param, "metadata values must be strings"));
-        };
-        if text.chars().count() > MAX_METADATA_VALUE_CHARS {
-            return Err(invalid(param, "metadata values are at most 512 characters"));
+        if value.chars().count() > MAX_METADATA_VALUE_CHARS {
+            return Err(invalid(
+                &param,
+                "metadata values are at most 512 characters",
+            ));
         }
-        metadata.insert(key.clone(), text.clone());
     }
     Ok(metadata)
 }
@@ -214,106 +242,224 @@ fn validate_metadata(value: Option<&Value>) -> Result<Metadata, ValidationError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
-    fn rejected(body: Value) -> (ErrorCode, Option<String>) {
-        let error = validate_submit(&body).expect_err("the body must be rejected");
-        (error.code, error.param)
+    fn draft() -> SubmitDraft {
+        SubmitDraft {
+            model: "reference".into(),
+            input: DraftInput::Text("Once upon a time".into()),
+            ..SubmitDraft::default()
+        }
+    }
+
+    fn rejected(draft: SubmitDraft) -> Option<String> {
+        validate_submit(draft)
+            .expect_err("the draft must be rejected")
+            .param
     }
 
     #[test]
     fn a_full_request_is_accepted_with_its_values() {
-        let request = validate_submit(&json!({
-            "model": "reference", "input": "Once upon a time", "background": true,
-            "stream": false, "on_restart": "resume", "max_output_tokens": 16, "seed": 42,
-            "metadata": {"k": "v"}
-        }))
+        let request = validate_submit(SubmitDraft {
+            background: Some(true),
+            stream: Some(false),
+            on_restart: Some("resume".into()),
+            max_output_tokens: Some(16),
+            seed: Some(42),
+            temperature: Some(0.0),
+            top_p: Some(0.9),
+            instructions: Some("Be brief.".into()),
+            metadata: Some([("k".to_string(), "v".to_string())].into()),
+            previous_response_id: Some("resp_01ARZ3NDEKTSV4RRFFQ69G5FAV".into()),
+            ..draft()
+        })
         .unwrap();
         assert_eq!(request.model.as_str(), "reference");
         assert!(request.background);
         assert_eq!(request.on_restart, Some(RestartPolicy::Resume));
         assert_eq!(request.max_output_tokens, 16);
         assert_eq!(request.seed, Some(42));
+        assert_eq!(request.temperature.map(Fraction::get), Some(0.0));
+        assert_eq!(request.top_p.map(Fraction::get), Some(0.9));
+        assert_eq!(request.instructions.as_deref(), Some("Be brief."));
         assert_eq!(request.metadata.get("k").map(String::as_str), Some("v"));
+        assert!(request.previous_response_id.is_some());
     }
 
     #[test]
     fn defaults_fill_what_is_left_out() {
-        let request = validate_submit(&json!({"model": "reference", "input": [
-            {"role": "user", "content": "hi"}
-        ]}))
+        let request = validate_submit(SubmitDraft {
+            input: DraftInput::Messages(vec![DraftMessage {
+                role: "developer".into(),
+                content: "hi".into(),
+            }]),
+            instructions: Some(String::new()),
+            ..draft()
+        })
         .unwrap();
         assert_eq!(request.max_output_tokens, DEFAULT_MAX_OUTPUT_TOKENS);
         assert!(!request.background && !request.stream);
         assert_eq!(request.on_restart, None);
+        assert_eq!(request.instructions, None, "empty instructions are none");
+        assert_eq!(
+            request.input,
+            Input::Messages(vec![Message {
+                role: Role::Developer,
+                content: "hi".into()
+            }])
+        );
     }
 
-    /// I-9: every rule of API.md §4 rejects with `invalid_request` and names its field.
+    /// I-9: every value rule rejects with the field it names.
     #[test]
     fn each_broken_rule_names_its_field_i9() {
-        let table = [
-            (json!([]), None),
-            (json!({"input": "x"}), Some("model")),
-            (json!({"model": 7, "input": "x"}), Some("model")),
-            (json!({"model": "reference"}), Some("input")),
-            (json!({"model": "reference", "input": ""}), Some("input")),
-            (json!({"model": "reference", "input": []}), Some("input")),
-            (json!({"model": "reference", "input": 3}), Some("input")),
+        let message = |role: &str| DraftMessage {
+            role: role.into(),
+            content: "x".into(),
+        };
+        let cases: Vec<(SubmitDraft, &str)> = vec![
             (
-                json!({"model": "reference", "input": [{"role": "bot", "content": "x"}]}),
-                Some("input[0].role"),
+                SubmitDraft {
+                    model: "../x".into(),
+                    ..draft()
+                },
+                "model",
             ),
             (
-                json!({"model": "reference", "input": [{"role": "user"}]}),
-                Some("input[0].content"),
+                SubmitDraft {
+                    model: String::new(),
+                    ..draft()
+                },
+                "model",
             ),
             (
-                json!({"model": "reference", "input": "x", "max_output_tokens": 0}),
-                Some("max_output_tokens"),
+                SubmitDraft {
+                    input: DraftInput::Text("  ".into()),
+                    ..draft()
+                },
+                "input",
             ),
             (
-                json!({"model": "reference", "input": "x", "max_output_tokens": 100001}),
-                Some("max_output_tokens"),
+                SubmitDraft {
+                    input: DraftInput::Messages(vec![]),
+                    ..draft()
+                },
+                "input",
             ),
             (
-                json!({"model": "reference", "input": "x", "max_output_tokens": 1.5}),
-                Some("max_output_tokens"),
+                SubmitDraft {
+                    input: DraftInput::Messages(vec![message("user"), message("bot")]),
+                    ..draft()
+                },
+                "input[1].role",
             ),
             (
-                json!({"model": "reference", "input": "x", "background": "yes"}),
-                Some("background"),
+                SubmitDraft {
+                    max_output_tokens: Some(0),
+                    ..draft()
+                },
+                "max_output_tokens",
             ),
             (
-                json!({"model": "reference", "input": "x", "on_restart": "later"}),
-                Some("on_restart"),
+                SubmitDraft {
+                    max_output_tokens: Some(100_001),
+                    ..draft()
+                },
+                "max_output_tokens",
             ),
             (
-                json!({"model": "reference", "input": "x", "seed": -1}),
-                Some("seed"),
+                SubmitDraft {
+                    on_restart: Some("later".into()),
+                    ..draft()
+                },
+                "on_restart",
             ),
             (
-                json!({"model": "reference", "input": "x", "metadata": {"k": 1}}),
-                Some("metadata.k"),
+                SubmitDraft {
+                    temperature: Some(2.5),
+                    ..draft()
+                },
+                "temperature",
             ),
             (
-                json!({"model": "reference", "input": "x", "extra": 1}),
-                Some("extra"),
+                SubmitDraft {
+                    temperature: Some(-0.1),
+                    ..draft()
+                },
+                "temperature",
+            ),
+            (
+                SubmitDraft {
+                    temperature: Some(f64::NAN),
+                    ..draft()
+                },
+                "temperature",
+            ),
+            (
+                SubmitDraft {
+                    top_p: Some(1.5),
+                    ..draft()
+                },
+                "top_p",
+            ),
+            (
+                SubmitDraft {
+                    previous_response_id: Some("task_x".into()),
+                    ..draft()
+                },
+                "previous_response_id",
+            ),
+            (
+                SubmitDraft {
+                    metadata: Some([(String::new(), "v".to_string())].into()),
+                    ..draft()
+                },
+                "metadata.",
+            ),
+            (
+                SubmitDraft {
+                    metadata: Some([("k".to_string(), "v".repeat(513))].into()),
+                    ..draft()
+                },
+                "metadata.k",
             ),
         ];
-        for (body, param) in table {
-            let shown = body.to_string();
-            assert_eq!(
-                rejected(body),
-                (ErrorCode::InvalidRequest, param.map(String::from)),
-                "{shown}"
-            );
+        for (index, (draft, param)) in cases.into_iter().enumerate() {
+            assert_eq!(rejected(draft).as_deref(), Some(param), "case {index}");
+        }
+    }
+
+    #[test]
+    fn the_edges_of_each_range_are_accepted() {
+        for (tokens, temperature, top_p) in [(1, 0.0, 0.0), (100_000, 2.0, 1.0)] {
+            let request = validate_submit(SubmitDraft {
+                max_output_tokens: Some(tokens),
+                temperature: Some(temperature),
+                top_p: Some(top_p),
+                ..draft()
+            })
+            .unwrap();
+            assert_eq!(u64::from(request.max_output_tokens), tokens);
         }
     }
 
     #[test]
     fn metadata_holds_at_most_sixteen_pairs() {
-        let pairs: Map<String, Value> = (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
-        let body = json!({"model": "reference", "input": "x", "metadata": pairs});
-        assert_eq!(rejected(body).1.as_deref(), Some("metadata"));
+        let pairs: Metadata = (0..17)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        let sixteen: Metadata = pairs.clone().into_iter().take(16).collect();
+        assert_eq!(
+            rejected(SubmitDraft {
+                metadata: Some(pairs),
+                ..draft()
+            })
+            .as_deref(),
+            Some("metadata")
+        );
+        assert!(validate_submit(SubmitDraft {
+            metadata: Some(sixteen),
+            ..draft()
+        })
+        .is_ok());
     }
 }

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 
 use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationItem, GenerationJob};
-use lmsp_domain::{Input, ModelRecord, Role, Usage};
+use lmsp_domain::{Message, ModelSource, ModelToLoad, Role, Usage};
 
 /// Where the upstream server is.
 #[derive(Debug, Clone)]
@@ -48,21 +48,19 @@ impl OpenAiEngine {
 
 fn role_name(role: Role) -> &'static str {
     match role {
-        Role::System => "system",
+        Role::System | Role::Developer => "system",
         Role::User => "user",
         Role::Assistant => "assistant",
     }
 }
 
-/// The chat messages for a job: its input, and when resuming, the text so far as the assistant's.
-fn messages(input: &Input, text_so_far: Option<&str>) -> Vec<Value> {
-    let mut messages: Vec<Value> = match input {
-        Input::Text(text) => vec![json!({"role": "user", "content": text})],
-        Input::Messages(list) => list
-            .iter()
-            .map(|m| json!({"role": role_name(m.role), "content": m.content}))
-            .collect(),
-    };
+/// The chat messages for a job: its conversation, and when resuming, the text so far as the
+/// assistant's.
+fn messages(conversation: &[Message], text_so_far: Option<&str>) -> Vec<Value> {
+    let mut messages: Vec<Value> = conversation
+        .iter()
+        .map(|m| json!({"role": role_name(m.role), "content": m.content}))
+        .collect();
     if let Some(text) = text_so_far.filter(|t| !t.is_empty()) {
         messages.push(json!({"role": "assistant", "content": text}));
     }
@@ -71,7 +69,7 @@ fn messages(input: &Input, text_so_far: Option<&str>) -> Vec<Value> {
 
 #[async_trait]
 impl Engine for OpenAiEngine {
-    async fn load(&self, _model: &ModelRecord) -> Result<(), EngineError> {
+    async fn load(&self, _model: &ModelToLoad) -> Result<(), EngineError> {
         // The upstream loads its models itself; check that it answers.
         let response = self
             .http
@@ -79,12 +77,12 @@ impl Engine for OpenAiEngine {
             .send()
             .await
             .map_err(|e| {
-                EngineError::ModelUnavailable(format!("the upstream does not answer: {e}"))
+                EngineError::UpstreamUnavailable(format!("the upstream does not answer: {e}"))
             })?;
         if response.status().is_success() {
             Ok(())
         } else {
-            Err(EngineError::ModelUnavailable(format!(
+            Err(EngineError::UpstreamUnavailable(format!(
                 "the upstream answered {}",
                 response.status()
             )))
@@ -101,9 +99,13 @@ impl Engine for OpenAiEngine {
         let remaining = u64::from(job.spec.max_output_tokens)
             .saturating_sub(produced)
             .max(1);
+        let model = match &job.model.record.source {
+            ModelSource::Upstream { name } => name.clone(),
+            ModelSource::File { .. } => job.model.record.id.as_str().to_owned(),
+        };
         let body = json!({
-            "model": job.model.id.as_str(),
-            "messages": messages(&job.spec.input, Some(&text_so_far)),
+            "model": model,
+            "messages": messages(&job.spec.conversation(), Some(&text_so_far)),
             "stream": true,
             "max_tokens": remaining,
             "seed": job.spec.seed,
@@ -114,19 +116,20 @@ impl Engine for OpenAiEngine {
             .json(&body)
             .send()
             .await
-            .map_err(|e| EngineError::Failed(format!("the upstream does not answer: {e}")))?;
+            .map_err(|e| {
+                EngineError::UpstreamUnavailable(format!("the upstream does not answer: {e}"))
+            })?;
         if !response.status().is_success() {
-            return Err(EngineError::Failed(format!(
+            return Err(EngineError::UpstreamUnavailable(format!(
                 "the upstream answered {}",
                 response.status()
             )));
         }
-        let input_tokens = job.spec.input.prompt_text().split_whitespace().count() as u64;
+        let input_tokens = job.spec.prompt_text().split_whitespace().count() as u64;
         Ok(Box::new(UpstreamGeneration {
             body: Box::pin(response.bytes_stream()),
             buffer: String::new(),
             pending: VecDeque::new(),
-            job,
             usage: Usage {
                 input_tokens,
                 output_tokens: produced,
@@ -143,7 +146,6 @@ struct UpstreamGeneration {
     body: ByteStream,
     buffer: String,
     pending: VecDeque<GenerationItem>,
-    job: GenerationJob,
     usage: Usage,
     done: bool,
 }
@@ -202,11 +204,6 @@ impl UpstreamGeneration {
 impl Generation for UpstreamGeneration {
     async fn next_item(&mut self) -> Result<Option<GenerationItem>, EngineError> {
         loop {
-            if self.job.cancel.is_raised() && !self.done {
-                self.done = true;
-                self.pending.clear();
-                return Ok(Some(GenerationItem::Cancelled));
-            }
             if let Some(item) = self.pending.pop_front() {
                 return Ok(Some(item));
             }
@@ -219,7 +216,7 @@ impl Generation for UpstreamGeneration {
                     self.drain_lines()?;
                 }
                 Some(Err(error)) => {
-                    return Err(EngineError::Failed(format!(
+                    return Err(EngineError::UpstreamUnavailable(format!(
                         "the upstream stream broke: {error}"
                     )))
                 }
@@ -230,5 +227,11 @@ impl Generation for UpstreamGeneration {
                 }
             }
         }
+    }
+
+    async fn stop(&mut self) {
+        // Dropping the body closes the upstream request.
+        self.body = Box::pin(futures::stream::empty());
+        self.done = true;
     }
 }

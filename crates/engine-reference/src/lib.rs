@@ -12,12 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lmsp_domain::model::{Digest, ModelRecord};
-use lmsp_domain::ports::{
-    CancelFlag, Engine, EngineError, Generation, GenerationItem, GenerationJob,
-};
-use lmsp_domain::task::Usage;
-use tokio::sync::Mutex;
+use lmsp_domain::model::{Digest, ModelToLoad};
+use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationItem, GenerationJob};
+use lmsp_domain::task::{Fraction, Usage};
+use tokio::sync::OnceCell;
 
 /// How slow the reference engine pretends to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -38,11 +36,15 @@ async fn pause(delay: Duration) {
     }
 }
 
-/// The reference engine: loaded corpora are cached in memory by digest.
+/// A corpus being loaded or loaded: one load per digest, whoever asks for it meanwhile.
+type Slot = Arc<OnceCell<Arc<Corpus>>>;
+
+/// The reference engine: loaded corpora are cached in memory by digest. A slow load of one
+/// model holds up no other model's generations.
 #[derive(Debug)]
 pub struct ReferenceEngine {
     settings: ReferenceSettings,
-    loaded: Mutex<HashMap<Digest, Arc<Corpus>>>,
+    loaded: std::sync::Mutex<HashMap<Digest, Slot>>,
 }
 
 impl ReferenceEngine {
@@ -50,35 +52,46 @@ impl ReferenceEngine {
     pub fn new(settings: ReferenceSettings) -> Self {
         Self {
             settings,
-            loaded: Mutex::new(HashMap::new()),
+            loaded: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
     /// Whether the model with this digest is loaded.
-    pub async fn is_loaded(&self, digest: &Digest) -> bool {
-        self.loaded.lock().await.contains_key(digest)
+    pub fn is_loaded(&self, digest: &Digest) -> bool {
+        self.slot(digest).initialized()
     }
 
-    async fn corpus(&self, model: &ModelRecord) -> Result<Arc<Corpus>, EngineError> {
-        let mut loaded = self.loaded.lock().await;
-        if let Some(corpus) = loaded.get(&model.file.digest) {
-            return Ok(corpus.clone());
-        }
-        let text = tokio::fs::read_to_string(&model.file.path)
-            .await
-            .map_err(|error| {
-                EngineError::ModelUnavailable(format!("{}: {error}", model.file.path))
-            })?;
-        pause(self.settings.load_delay).await;
-        let corpus = Arc::new(Corpus::new(&text));
-        loaded.insert(model.file.digest.clone(), corpus.clone());
-        Ok(corpus)
+    fn slot(&self, digest: &Digest) -> Slot {
+        let mut loaded = self
+            .loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(loaded.entry(digest.clone()).or_default())
+    }
+
+    async fn corpus(&self, model: &ModelToLoad) -> Result<Arc<Corpus>, EngineError> {
+        let (Some(file), Some(path)) = (model.record.file(), model.path.as_deref()) else {
+            return Err(EngineError::ModelUnavailable(String::from(
+                "the reference engine runs text files only",
+            )));
+        };
+        let slot = self.slot(&file.digest);
+        let corpus = slot
+            .get_or_try_init(|| async {
+                let text = tokio::fs::read_to_string(path)
+                    .await
+                    .map_err(|error| EngineError::ModelUnavailable(format!("{path}: {error}")))?;
+                pause(self.settings.load_delay).await;
+                Ok::<_, EngineError>(Arc::new(Corpus::new(&text)))
+            })
+            .await?;
+        Ok(Arc::clone(corpus))
     }
 }
 
 #[async_trait]
 impl Engine for ReferenceEngine {
-    async fn load(&self, model: &ModelRecord) -> Result<(), EngineError> {
+    async fn load(&self, model: &ModelToLoad) -> Result<(), EngineError> {
         self.corpus(model).await.map(|_| ())
     }
 
@@ -89,7 +102,7 @@ impl Engine for ReferenceEngine {
                 "the model file holds no words",
             )));
         }
-        let prompt = job.spec.input.prompt_text();
+        let prompt = job.spec.prompt_text();
         let base = splitmix64(job.spec.seed) ^ fnv1a64(prompt.as_bytes());
         let max = u64::from(job.spec.max_output_tokens);
         let (next, context) = match &job.resume {
@@ -112,7 +125,7 @@ impl Engine for ReferenceEngine {
             max,
             input_tokens: prompt.split_whitespace().count() as u64,
             settings: self.settings,
-            cancel: job.cancel,
+            sampling: Sampling::of(job.spec.temperature, job.spec.top_p),
             done: false,
         }))
     }
@@ -197,6 +210,74 @@ impl Corpus {
     }
 }
 
+/// How the next word is picked among the followers of the context.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Sampling {
+    /// By frequency: a follower seen twice is twice as likely (temperature 1, no top-p).
+    Frequency,
+    /// The most frequent follower (temperature 0).
+    Greedy,
+    /// Frequencies raised to `1 / temperature`, the least likely cut off past `top_p` of the mass.
+    Shaped { temperature: f64, top_p: f64 },
+}
+
+impl Sampling {
+    fn of(temperature: Option<Fraction>, top_p: Option<Fraction>) -> Self {
+        let temperature = temperature.map_or(1.0, Fraction::get);
+        let top_p = top_p.map_or(1.0, Fraction::get);
+        if temperature == 0.0 {
+            Sampling::Greedy
+        } else if temperature == 1.0 && top_p >= 1.0 {
+            Sampling::Frequency
+        } else {
+            Sampling::Shaped { temperature, top_p }
+        }
+    }
+
+    /// Picks a follower with the PRNG `value`.
+    fn pick(self, followers: &[u32], value: u64) -> u32 {
+        if let Sampling::Frequency = self {
+            return followers[(value % followers.len() as u64) as usize];
+        }
+        // Each distinct follower with its count, most frequent first (ties by id: stable).
+        let mut counts: Vec<(u32, u32)> = Vec::new();
+        for follower in followers {
+            match counts.iter_mut().find(|(id, _)| id == follower) {
+                Some((_, count)) => *count += 1,
+                None => counts.push((*follower, 1)),
+            }
+        }
+        counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let Sampling::Shaped { temperature, top_p } = self else {
+            return counts[0].0;
+        };
+        let weights: Vec<f64> = counts
+            .iter()
+            .map(|(_, count)| f64::from(*count).powf(1.0 / temperature))
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let mut kept = 0;
+        let mut mass = 0.0;
+        for weight in &weights {
+            kept += 1;
+            mass += weight / total;
+            if mass >= top_p {
+                break;
+            }
+        }
+        let kept_total: f64 = weights[..kept].iter().sum();
+        // A uniform number in [0, 1) from the top 53 bits of the PRNG value.
+        let mut target = (value >> 11) as f64 / (1u64 << 53) as f64 * kept_total;
+        for (index, weight) in weights[..kept].iter().enumerate() {
+            if target < *weight {
+                return counts[index].0;
+            }
+            target -= weight;
+        }
+        counts[kept - 1].0
+    }
+}
+
 /// A running reference generation.
 #[derive(Debug)]
 struct ReferenceGeneration {
@@ -207,16 +288,8 @@ struct ReferenceGeneration {
     max: u64,
     input_tokens: u64,
     settings: ReferenceSettings,
-    cancel: CancelFlag,
+    sampling: Sampling,
     done: bool,
-}
-
-impl ReferenceGeneration {
-    async fn cancelled(&mut self) -> Option<GenerationItem> {
-        pause(self.settings.cancel_delay).await;
-        self.done = true;
-        Some(GenerationItem::Cancelled)
-    }
 }
 
 #[async_trait]
@@ -224,9 +297,6 @@ impl Generation for ReferenceGeneration {
     async fn next_item(&mut self) -> Result<Option<GenerationItem>, EngineError> {
         if self.done {
             return Ok(None);
-        }
-        if self.cancel.is_raised() {
-            return Ok(self.cancelled().await);
         }
         if self.next >= self.max {
             self.done = true;
@@ -237,15 +307,11 @@ impl Generation for ReferenceGeneration {
                 },
             }));
         }
+        // Cancel-safe: nothing changes before the pause is over.
         pause(self.settings.token_delay).await;
-        if self.cancel.is_raised() {
-            return Ok(self.cancelled().await);
-        }
         let value = splitmix64(self.base ^ self.next.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let word = match self.corpus.followers(&self.context) {
-            Some(followers) if !followers.is_empty() => {
-                followers[(value % followers.len() as u64) as usize]
-            }
+            Some(followers) if !followers.is_empty() => self.sampling.pick(followers, value),
             _ => u32::try_from(value % self.corpus.vocabulary.len() as u64).unwrap_or(0),
         };
         self.context.push(word);
@@ -258,6 +324,12 @@ impl Generation for ReferenceGeneration {
             text,
             state: encode_state(self.next, &self.context, &self.corpus),
         }))
+    }
+
+    /// Takes `--reference-cancel-delay` to stop, like a real model finishing its current step.
+    async fn stop(&mut self) {
+        pause(self.settings.cancel_delay).await;
+        self.done = true;
     }
 }
 
@@ -337,6 +409,35 @@ mod tests {
     use std::task::{Context, Poll, Waker};
 
     use super::*;
+
+    #[test]
+    fn greedy_sampling_takes_the_most_frequent_follower_and_shaping_keeps_top_p() {
+        let followers = [7, 3, 7, 9, 7, 3];
+        for value in [0, 1, 2, u64::MAX] {
+            assert_eq!(Sampling::Greedy.pick(&followers, value), 7);
+        }
+        let narrow = Sampling::Shaped {
+            temperature: 1.0,
+            top_p: 0.4,
+        };
+        for value in [0, 12_345, u64::MAX / 3, u64::MAX] {
+            assert_eq!(
+                narrow.pick(&followers, value),
+                7,
+                "top_p keeps the most likely only"
+            );
+        }
+        let wide = Sampling::Shaped {
+            temperature: 2.0,
+            top_p: 1.0,
+        };
+        let picked: std::collections::BTreeSet<u32> = (0..64u64)
+            .map(|n| wide.pick(&followers, splitmix64(n)))
+            .collect();
+        assert_eq!(picked.into_iter().collect::<Vec<_>>(), vec![3, 7, 9]);
+        assert_eq!(Sampling::of(None, None), Sampling::Frequency);
+        assert_eq!(Sampling::of(Fraction::new(0.0), None), Sampling::Greedy);
+    }
 
     /// With zero delays the engine never waits on the timer: a zero-length tokio sleep would
     /// still wait for the next millisecond tick and cap a task at ~1 000 tokens per second.

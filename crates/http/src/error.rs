@@ -1,15 +1,104 @@
-//! The error envelope of API.md §2 and the one place where error codes become HTTP statuses.
+//! The error envelope and the one place where error codes become HTTP statuses.
+//!
+//! Every error reply is `{"error": {"code", "message", "param", "type"}}`: `code` is one of
+//! [`ErrorCode`] (or, for a synchronous request whose task failed, the task's error code),
+//! `type` the class OpenAI's SDKs read. [`ErrorCode::status`] is the only code → status table.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
+use strum::{IntoStaticStr, VariantArray};
 use utoipa::ToSchema;
 
-use lmsp_app::AppError;
-use lmsp_domain::ErrorCode;
+use lmsp_app::{AppError, STORAGE_RETRY_AFTER_SECONDS};
+use lmsp_domain::TaskError;
 
-/// The body of every error reply: `{"error": {"code", "message", "param"}}`.
+/// The code of an error envelope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, VariantArray)]
+#[strum(serialize_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400 (408, 414, 431 too: a request too slow, or a URI or headers too large).
+    InvalidRequest,
+    /// 400: the `Idempotency-Key` header is not 1–255 visible ASCII characters.
+    InvalidIdempotencyKey,
+    /// 401: missing, malformed, unknown or revoked token; or a bad pairing code.
+    Unauthorized,
+    /// 403: valid token, scope missing.
+    Forbidden,
+    /// 404: no such thing (or not yours).
+    NotFound,
+    /// 404: a task request names an unknown model.
+    ModelNotFound,
+    /// 409: the task is finished and cannot be cancelled.
+    TaskNotCancellable,
+    /// 409: a synchronous request's task was cancelled meanwhile.
+    TaskCancelled,
+    /// 409: the first request with this idempotency key is still being answered.
+    IdempotencyKeyInUse,
+    /// 409: the id exists already.
+    AlreadyExists,
+    /// 409: the task is unfinished, so its response cannot be deleted yet.
+    TaskNotFinished,
+    /// 413: the body is over 2 MiB.
+    PayloadTooLarge,
+    /// 415: the body is not `application/json`.
+    UnsupportedMediaType,
+    /// 422: the idempotency key was used with another body.
+    IdempotencyKeyReused,
+    /// 429: too many failures; see `Retry-After`.
+    RateLimited,
+    /// 503: the service is shutting down, or has too many connections.
+    ServiceUnavailable,
+    /// 503: the store cannot commit now.
+    StorageUnavailable,
+    /// 500: something failed inside; details are logged, never sent.
+    InternalError,
+}
+
+impl ErrorCode {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// The HTTP status of this code: the one table.
+    pub const fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::InvalidRequest | ErrorCode::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+            ErrorCode::NotFound | ErrorCode::ModelNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::TaskNotCancellable
+            | ErrorCode::TaskCancelled
+            | ErrorCode::IdempotencyKeyInUse
+            | ErrorCode::AlreadyExists
+            | ErrorCode::TaskNotFinished => StatusCode::CONFLICT,
+            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::ServiceUnavailable | ErrorCode::StorageUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ErrorCode::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// The error class OpenAI's SDKs read (`error.type`), by status.
+pub fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        500..=599 => "server_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// The body of every error reply.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorEnvelope {
     /// What went wrong.
@@ -19,8 +108,8 @@ pub struct ErrorEnvelope {
 /// The inside of the error envelope.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorBody {
-    /// A stable snake_case code of API.md §2; a synchronous `POST /v1/responses` whose task
-    /// failed carries the task's error code instead.
+    /// A stable snake_case code; a synchronous request whose task failed carries the task's
+    /// error code instead.
     #[schema(schema_with = crate::openapi::error_code)]
     pub code: String,
     /// Human text (never internals).
@@ -28,46 +117,45 @@ pub struct ErrorBody {
     /// The field (or header) at fault, or `null`.
     #[schema(required = true)]
     pub param: Option<String>,
+    /// The error's class, as OpenAI's SDKs read it.
+    #[schema(schema_with = crate::openapi::error_type)]
+    #[serde(rename = "type")]
+    pub kind: &'static str,
 }
 
-impl ErrorEnvelope {
-    /// An envelope with this code and message and no `param`.
-    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Self {
-            error: ErrorBody {
-                code: code.into(),
-                message: message.into(),
-                param: None,
-            },
-        }
-    }
-}
-
-/// An error reply: `{"error": {"code", "message", "param"}}` with the status of its code.
+/// An error reply: the envelope with the status of its code, and its headers.
 #[derive(Debug, Clone)]
 pub struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
-    /// The stable code string.
+    /// The code string.
     pub code: String,
     /// Human text (never internals).
     pub message: String,
     /// The field at fault.
     pub param: Option<String>,
-    /// `Retry-After` seconds, for 429.
+    /// `Retry-After` seconds.
     pub retry_after: Option<u64>,
+    /// Whether a client must not retry it (`x-should-retry: false`): the request's task is
+    /// finished, so a retry could only start a second one.
+    pub final_answer: bool,
 }
 
 impl ApiError {
-    /// An error with a code of API.md §2.
+    /// An error with a code.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        let retry_after = matches!(
+            code,
+            ErrorCode::ServiceUnavailable | ErrorCode::StorageUnavailable
+        )
+        .then_some(STORAGE_RETRY_AFTER_SECONDS);
         Self {
-            status: StatusCode::from_u16(code.http_status())
-                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            status: code.status(),
             code: code.as_str().to_owned(),
             message: message.into(),
             param: None,
-            retry_after: None,
+            retry_after,
+            final_answer: false,
         }
     }
 
@@ -82,6 +170,30 @@ impl ApiError {
         Self::new(ErrorCode::NotFound, "no such resource")
     }
 
+    /// 400 `invalid_request` for a field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message).with_param(param)
+    }
+
+    /// The 500 a synchronous request gets when its task failed: the task's own code, final.
+    pub fn task_failed(error: &TaskError) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            code: error.code.as_str().to_owned(),
+            message: error.message.clone(),
+            param: None,
+            retry_after: None,
+            final_answer: true,
+        }
+    }
+
+    /// The 409 a synchronous request gets when its task was cancelled, final.
+    pub fn task_cancelled() -> Self {
+        let mut error = Self::new(ErrorCode::TaskCancelled, "the task was cancelled");
+        error.final_answer = true;
+        error
+    }
+
     /// The body of this error.
     pub fn envelope(&self) -> ErrorEnvelope {
         ErrorEnvelope {
@@ -89,46 +201,47 @@ impl ApiError {
                 code: self.code.clone(),
                 message: self.message.clone(),
                 param: self.param.clone(),
+                kind: error_type(self.status),
             },
         }
-    }
-
-    /// 400 `invalid_request` for a field.
-    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
-        Self::new(ErrorCode::InvalidRequest, message).with_param(param)
     }
 }
 
 impl From<AppError> for ApiError {
     fn from(error: AppError) -> Self {
-        match &error {
-            AppError::Store(inner) => {
-                tracing::error!(error = %inner, "storage failure");
-                ApiError::new(
+        let code = match &error {
+            AppError::Invalid(_) | AppError::ModelFile(_) => ErrorCode::InvalidRequest,
+            AppError::Unauthorized | AppError::BadPairingCode => ErrorCode::Unauthorized,
+            AppError::Forbidden(_) | AppError::ScopesNotGranted => ErrorCode::Forbidden,
+            AppError::NotFound | AppError::UnknownReference { .. } => ErrorCode::NotFound,
+            AppError::ModelNotFound(_) => ErrorCode::ModelNotFound,
+            AppError::NotCancellable(_) => ErrorCode::TaskNotCancellable,
+            AppError::Unfinished(_) => ErrorCode::TaskNotFinished,
+            AppError::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            AppError::TaskCancelled => return ApiError::task_cancelled(),
+            AppError::TaskFailed(task_error) => return ApiError::task_failed(task_error),
+            AppError::KeyInUse => ErrorCode::IdempotencyKeyInUse,
+            AppError::KeyReused => ErrorCode::IdempotencyKeyReused,
+            AppError::RateLimited { .. } => ErrorCode::RateLimited,
+            AppError::ShuttingDown => ErrorCode::ServiceUnavailable,
+            AppError::StorageUnavailable => ErrorCode::StorageUnavailable,
+            AppError::InstanceNameInUse(_) | AppError::Store(_) => {
+                tracing::error!(%error, "a request failed inside the service");
+                return ApiError::new(
                     ErrorCode::InternalError,
                     "the service failed to answer; it has been logged",
-                )
+                );
             }
-            AppError::TaskFailed(task_error) => ApiError {
-                status: StatusCode::INTERNAL_SERVER_ERROR,
-                code: task_error.code.as_str().to_owned(),
-                message: task_error.message.clone(),
-                param: None,
-                retry_after: None,
-            },
-            AppError::RateLimited {
-                retry_after_seconds,
-            } => {
-                let mut api = ApiError::new(ErrorCode::RateLimited, error.to_string());
-                api.retry_after = Some(*retry_after_seconds);
-                api
-            }
-            _ => {
-                let mut api = ApiError::new(error.code(), error.to_string());
-                api.param = error.param();
-                api
-            }
+        };
+        let mut api = ApiError::new(code, error.to_string());
+        api.param = error.param();
+        if let AppError::RateLimited {
+            retry_after_seconds,
+        } = error
+        {
+            api.retry_after = Some(retry_after_seconds);
         }
+        api
     }
 }
 
@@ -142,6 +255,78 @@ impl IntoResponse for ApiError {
         if let Some(seconds) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if self.final_answer {
+            headers.insert("x-should-retry", HeaderValue::from_static("false"));
+        }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every code has its status of the contract; 5xx and 429 tell clients to wait.
+    #[test]
+    fn each_code_has_the_status_of_the_contract() {
+        let expected = [
+            (ErrorCode::InvalidRequest, 400),
+            (ErrorCode::InvalidIdempotencyKey, 400),
+            (ErrorCode::Unauthorized, 401),
+            (ErrorCode::Forbidden, 403),
+            (ErrorCode::NotFound, 404),
+            (ErrorCode::ModelNotFound, 404),
+            (ErrorCode::TaskNotCancellable, 409),
+            (ErrorCode::TaskCancelled, 409),
+            (ErrorCode::IdempotencyKeyInUse, 409),
+            (ErrorCode::AlreadyExists, 409),
+            (ErrorCode::TaskNotFinished, 409),
+            (ErrorCode::PayloadTooLarge, 413),
+            (ErrorCode::UnsupportedMediaType, 415),
+            (ErrorCode::IdempotencyKeyReused, 422),
+            (ErrorCode::RateLimited, 429),
+            (ErrorCode::ServiceUnavailable, 503),
+            (ErrorCode::StorageUnavailable, 503),
+            (ErrorCode::InternalError, 500),
+        ];
+        assert_eq!(expected.len(), ErrorCode::VARIANTS.len());
+        for (code, status) in expected {
+            assert_eq!(code.status().as_u16(), status, "{code:?}");
+        }
+        assert_eq!(
+            ErrorCode::StorageUnavailable.as_str(),
+            "storage_unavailable"
+        );
+        assert_eq!(
+            ApiError::new(ErrorCode::StorageUnavailable, "x").retry_after,
+            Some(STORAGE_RETRY_AFTER_SECONDS)
+        );
+    }
+
+    #[test]
+    fn the_error_type_follows_the_status_as_the_sdks_expect() {
+        assert_eq!(error_type(StatusCode::BAD_REQUEST), "invalid_request_error");
+        assert_eq!(error_type(StatusCode::UNAUTHORIZED), "authentication_error");
+        assert_eq!(error_type(StatusCode::FORBIDDEN), "permission_error");
+        assert_eq!(error_type(StatusCode::NOT_FOUND), "not_found_error");
+        assert_eq!(
+            error_type(StatusCode::TOO_MANY_REQUESTS),
+            "rate_limit_error"
+        );
+        assert_eq!(error_type(StatusCode::SERVICE_UNAVAILABLE), "server_error");
+        assert_eq!(error_type(StatusCode::CONFLICT), "invalid_request_error");
+    }
+
+    #[test]
+    fn a_finished_tasks_error_tells_sdks_not_to_retry() {
+        let response = ApiError::task_cancelled().into_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()["x-should-retry"], "false");
+        let response = ApiError::new(ErrorCode::StorageUnavailable, "x").into_response();
+        assert!(response.headers().get("x-should-retry").is_none());
+        assert!(response.headers().get(header::RETRY_AFTER).is_some());
     }
 }

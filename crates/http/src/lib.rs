@@ -1,4 +1,7 @@
-//! The HTTP edge of the LMSP service: routes of API.md mapped to the app's use cases.
+//! The HTTP edge of the LMSP service: the routes of the API mapped to the app's use cases —
+//! LMSP's own task API and the OpenAI-compatible Responses and chat completions — the two
+//! renderings of a task's log as Server-Sent Events, the error envelope, and the HTTP/1.1 server
+//! with its timeouts and connection limit.
 //!
 //! [`router`] builds the whole API over an [`AppState`]; it can be driven with `oneshot` in tests
 //! without binding a port. No business rule lives here: handlers parse, call a use case, render.
@@ -7,11 +10,12 @@
 pub mod error;
 pub mod extract;
 pub mod openapi;
+pub mod replies;
 mod routes;
 pub mod server;
+pub mod sse;
 pub mod wire;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
@@ -26,52 +30,61 @@ use lmsp_app::Service;
 type Request = axum::http::Request<axum::body::Body>;
 type Response = axum::http::Response<axum::body::Body>;
 
-pub use routes::IdempotencyLocks;
-
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
     /// The use cases.
     pub service: Service,
-    /// Idempotency keys whose first request is still being answered.
-    pub in_flight: Arc<IdempotencyLocks>,
 }
 
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState")
             .field("service", &self.service)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
 /// The route table: every route of the API with its OpenAPI operation (the handler's
 /// `#[utoipa::path]`). [`router`] serves these routes and [`openapi`] documents them. Add a route
 /// here, never with a plain `Router::route`: that one would be served but not documented, which
-/// `tests/openapi.rs` catches for every path of API.md.
+/// `tests/openapi.rs` catches.
 fn api() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .routes(routes!(routes::health))
-        .routes(routes!(routes::openapi_json))
-        .routes(routes!(routes::service_info))
-        .routes(routes!(routes::create_response))
-        .routes(routes!(routes::get_response))
-        .routes(routes!(routes::list_tasks))
-        .routes(routes!(routes::get_task))
-        .routes(routes!(routes::cancel_task))
-        .routes(routes!(routes::task_events))
-        .routes(routes!(routes::list_models, routes::create_model))
-        .routes(routes!(routes::get_model, routes::delete_model))
-        .routes(routes!(routes::metrics))
-        .routes(routes!(routes::create_pairing))
-        .routes(routes!(routes::pair))
-        .routes(routes!(routes::list_clients))
-        .routes(routes!(routes::delete_client))
+        .routes(routes!(routes::service::health))
+        .routes(routes!(routes::service::openapi_json))
+        .routes(routes!(routes::service::service_info))
+        .routes(routes!(routes::service::metrics))
+        .routes(routes!(routes::responses::create_response))
+        .routes(routes!(
+            routes::responses::get_response,
+            routes::responses::delete_response
+        ))
+        .routes(routes!(routes::responses::cancel_response))
+        .routes(routes!(routes::chat::create_chat_completion))
+        .routes(routes!(routes::tasks::list_tasks))
+        .routes(routes!(routes::tasks::get_task))
+        .routes(routes!(routes::tasks::cancel_task))
+        .routes(routes!(routes::tasks::task_events))
+        .routes(routes!(
+            routes::models::list_models,
+            routes::models::create_model
+        ))
+        .routes(routes!(
+            routes::models::get_model,
+            routes::models::delete_model
+        ))
+        .routes(routes!(routes::clients::create_pairing))
+        .routes(routes!(routes::clients::pair))
+        .routes(routes!(routes::clients::list_clients))
+        .routes(routes!(routes::clients::delete_client))
 }
 
 /// The OpenAPI 3.1 document of the routes [`router`] serves (`GET /v1/openapi.json`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api().into_openapi()
+    let mut document = api().into_openapi();
+    openapi::finish(&mut document);
+    document
 }
 
 /// The whole API.
@@ -87,8 +100,8 @@ pub fn router(state: AppState) -> Router {
         .on_eos(())
         .on_failure(());
     served
-        .fallback(routes::unknown_route)
-        .method_not_allowed_fallback(routes::method_not_allowed)
+        .fallback(routes::service::unknown_route)
+        .method_not_allowed_fallback(routes::service::method_not_allowed)
         .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
         .layer(request_log)
         .with_state(state)

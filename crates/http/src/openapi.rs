@@ -1,9 +1,9 @@
 //! The OpenAPI 3.1 document of `GET /v1/openapi.json`: its frame (info, bearer scheme, tags,
 //! reusable error replies) and the schemas of the domain's enumerations.
 //!
-//! The operations come from the `#[utoipa::path]` of each handler in `routes.rs`, gathered by the
+//! The operations come from the `#[utoipa::path]` of each handler in `routes/`, gathered by the
 //! route table in `lib.rs` that also builds the router, so what is served and what is documented
-//! are one list. The body schemas are derived from the reply structs of `wire.rs` and `error.rs`;
+//! are one list. The body schemas are derived from the structs of `wire/` and `error.rs`;
 //! the enumerations below are built from the domain's own lists (`TaskStatus::ALL`, …).
 
 use std::sync::OnceLock;
@@ -15,16 +15,16 @@ use utoipa::openapi::schema::{
 };
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::RefOr;
-use utoipa::{Modify, OpenApi, PartialSchema, ToResponse};
+use utoipa::{Modify, OpenApi, ToResponse};
+
+use strum::VariantArray;
 
 use lmsp_domain::auth::Scope;
 use lmsp_domain::{
-    ClientId, ErrorCode, QueueReason, ResponseId, RestartPolicy, ServiceId, TaskErrorCode, TaskId,
-    TaskStatus,
+    ClientId, ResponseId, RestartPolicy, ServiceId, TaskErrorCode, TaskId, TaskStatus,
 };
 
-use crate::error::ErrorEnvelope;
-use crate::wire::InputMessage;
+use crate::error::{ErrorCode, ErrorEnvelope};
 
 /// The name of the bearer security scheme in the document.
 pub const BEARER: &str = "bearer";
@@ -36,12 +36,12 @@ pub const BEARER: &str = "bearer";
         title = "LMSP 1.0 local model service",
         description = "Paired clients submit inference work; the service runs it asynchronously \
             and keeps every task, event, response, key and client in one embedded database.\n\n\
-            Conventions (API.md §2): JSON bodies with `Content-Type: application/json` (else 415), \
+            Conventions: JSON bodies with `Content-Type: application/json` (else 415), \
             at most 2 MiB (else 413); unknown request fields are 400; every list is \
             `{\"object\": \"list\", \"data\": [...], \"has_more\": bool}`; timestamps are RFC 3339 \
             UTC with milliseconds; a malformed or unknown id is 404 `not_found`; a method a path \
             does not serve is 405 with the error envelope. Every error is \
-            `{\"error\": {\"code\", \"message\", \"param\"}}`.\n\n\
+            `{\"error\": {\"code\", \"message\", \"param\", \"type\"}}`.\n\n\
             Every operation but `GET /v1/health`, `GET /v1/openapi.json` and `POST /v1/pair` needs \
             `Authorization: Bearer lmsp_…`; the scopes an operation needs are listed in its \
             security requirement (`admin` implies every scope)."
@@ -56,15 +56,18 @@ pub const BEARER: &str = "bearer";
             UnsupportedMediaType,
             RateLimited,
             InternalError,
-            ServiceUnavailable
+            ServiceUnavailable,
+            StorageUnavailable
         )
     ),
     tags(
         (name = "service", description = "Health, the service object and this document."),
-        (name = "responses", description = "Submitting work and reading its responses (API.md §4)."),
-        (name = "tasks", description = "Tasks, their cancel, and their event logs (API.md §4, §5)."),
-        (name = "models", description = "Registered model files (API.md §8)."),
-        (name = "clients", description = "Pairing and clients (API.md §3).")
+        (name = "responses", description = "Submitting work and reading its responses, \
+            OpenAI-compatible."),
+        (name = "chat", description = "Chat completions, OpenAI-compatible."),
+        (name = "tasks", description = "Tasks, their cancel, and their event logs."),
+        (name = "models", description = "Registered models."),
+        (name = "clients", description = "Pairing and clients.")
     )
 )]
 pub struct ApiDoc;
@@ -119,9 +122,17 @@ pub struct RateLimited(pub ErrorEnvelope);
 #[derive(Debug, ToResponse)]
 pub struct InternalError(pub ErrorEnvelope);
 
-/// 503 `service_unavailable`: the service is shutting down and takes no new work.
+/// 503 `service_unavailable` (the service is shutting down and takes no new work) or
+/// `storage_unavailable` (the store cannot commit now); both with `Retry-After`.
 #[derive(Debug, ToResponse)]
+#[response(headers(("Retry-After" = u64, description = "Seconds to wait before trying again.")))]
 pub struct ServiceUnavailable(pub ErrorEnvelope);
+
+/// 503 `storage_unavailable`: the store cannot commit now (disk full, I/O error, database
+/// unreachable).
+#[derive(Debug, ToResponse)]
+#[response(headers(("Retry-After" = u64, description = "Seconds to wait before trying again.")))]
+pub struct StorageUnavailable(pub ErrorEnvelope);
 
 /// The document as JSON, built once.
 pub fn document_json() -> Option<&'static str> {
@@ -208,26 +219,27 @@ pub fn service_id() -> Object {
 
 /// A task status.
 pub fn task_status() -> Object {
-    one_of_names(TaskStatus::ALL.map(TaskStatus::as_str))
+    one_of_names(TaskStatus::ALL.iter().map(|s| s.as_str()))
 }
 
 /// A restart policy.
 pub fn restart_policy() -> Object {
-    one_of_names(RestartPolicy::ALL.map(RestartPolicy::as_str))
+    one_of_names(RestartPolicy::ALL.iter().map(|p| p.as_str()))
 }
 
 /// A restart policy or `null` (the service default).
 pub fn nullable_restart_policy() -> Object {
     let mut names: Vec<Value> = RestartPolicy::ALL
+        .iter()
         .map(|policy| Value::from(policy.as_str()))
-        .to_vec();
+        .collect();
     names.push(Value::Null);
     nullable_string().enum_values(Some(names)).build()
 }
 
 /// Every scope name, for a list of scopes.
 fn scope_names() -> Object {
-    one_of_names(Scope::ALL.map(Scope::as_str))
+    one_of_names(Scope::ALL.iter().map(|s| s.as_str()))
 }
 
 /// A list of scope names.
@@ -242,11 +254,34 @@ pub fn scopes_request() -> ArrayBuilder {
 
 /// `input` of `POST /v1/responses`: a non-empty prompt, or a non-empty list of messages.
 pub fn response_input() -> Schema {
+    let content = OneOfBuilder::new()
+        .item(string())
+        .item(
+            ArrayBuilder::new().items(
+                ObjectBuilder::new()
+                    .property("type", one_of_names(["input_text", "output_text"]))
+                    .property("text", string())
+                    .required("type")
+                    .required("text"),
+            ),
+        )
+        .build();
+    let message = ObjectBuilder::new()
+        .property("type", constant("message"))
+        .property(
+            "role",
+            one_of_names(lmsp_domain::Role::VARIANTS.iter().map(|r| r.as_str())),
+        )
+        .property("content", Schema::OneOf(content))
+        .required("role")
+        .required("content")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+        .build();
     let one_of = OneOfBuilder::new()
         .item(string().min_length(Some(1)).description(Some("A prompt.")))
         .item(
             ArrayBuilder::new()
-                .items(InputMessage::schema())
+                .items(message)
                 .min_items(Some(1))
                 .description(Some("A conversation.")),
         )
@@ -274,35 +309,19 @@ pub fn metadata_request() -> Object {
 
 /// Why a task went back to the queue.
 pub fn queue_reason() -> Object {
-    one_of_names(
-        every(QueueReason::ServerRestarted, next_queue_reason)
-            .into_iter()
-            .map(|reason| match reason {
-                QueueReason::ServerRestarted => "server_restarted",
-            }),
-    )
+    one_of_names([lmsp_domain::QueueReason::ServerRestarted.as_str()])
 }
 
 /// A task error code.
 pub fn task_error_code() -> Object {
-    one_of_names(
-        every_task_error_code()
-            .into_iter()
-            .map(TaskErrorCode::as_str),
-    )
+    one_of_names(TaskErrorCode::VARIANTS.iter().map(|code| code.as_str()))
 }
 
-/// The code of an error envelope: a request error code, or a task error code (synchronous
-/// `POST /v1/responses` whose task failed).
+/// The code of an error envelope: a request error code, or a task error code (a synchronous
+/// request whose task failed).
 pub fn error_code() -> Object {
-    let mut names: Vec<&'static str> = every(ErrorCode::InvalidRequest, next_error_code)
-        .into_iter()
-        .map(ErrorCode::as_str)
-        .collect();
-    for name in every_task_error_code()
-        .into_iter()
-        .map(TaskErrorCode::as_str)
-    {
+    let mut names: Vec<&'static str> = ErrorCode::VARIANTS.iter().map(|c| c.as_str()).collect();
+    for name in TaskErrorCode::VARIANTS.iter().map(|code| code.as_str()) {
         if !names.contains(&name) {
             names.push(name);
         }
@@ -310,59 +329,69 @@ pub fn error_code() -> Object {
     one_of_names(names)
 }
 
-fn every_task_error_code() -> Vec<TaskErrorCode> {
-    every(TaskErrorCode::ServerRestarted, next_task_error_code)
+/// The class of an error, as OpenAI's SDKs read it.
+pub fn error_type() -> Object {
+    one_of_names([
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "rate_limit_error",
+        "server_error",
+    ])
 }
 
-/// `first` and its successors, in order (a successor seen already ends the chain).
-fn every<T: Copy + PartialEq>(first: T, next: fn(T) -> Option<T>) -> Vec<T> {
-    let mut all = vec![first];
-    let mut current = first;
-    while let Some(following) = next(current).filter(|n| !all.contains(n)) {
-        all.push(following);
-        current = following;
-    }
-    all
+/// How an output item was closed.
+pub fn item_status() -> Object {
+    one_of_names(["completed", "incomplete"])
 }
 
-// The domain has no list of these enums' variants; these chains are exhaustive matches, so a
-// variant added to the domain does not compile until it is chained in (and so documented).
-
-const fn next_queue_reason(reason: QueueReason) -> Option<QueueReason> {
-    match reason {
-        QueueReason::ServerRestarted => None,
-    }
+/// Where an output item is.
+pub fn item_progress() -> Object {
+    one_of_names(["in_progress", "completed", "incomplete"])
 }
 
-const fn next_task_error_code(code: TaskErrorCode) -> Option<TaskErrorCode> {
-    match code {
-        TaskErrorCode::ServerRestarted => Some(TaskErrorCode::ModelNotFound),
-        TaskErrorCode::ModelNotFound => Some(TaskErrorCode::ModelUnavailable),
-        TaskErrorCode::ModelUnavailable => Some(TaskErrorCode::ModelDigestMismatch),
-        TaskErrorCode::ModelDigestMismatch => Some(TaskErrorCode::EngineError),
-        TaskErrorCode::EngineError => Some(TaskErrorCode::Timeout),
-        TaskErrorCode::Timeout => None,
-    }
+/// The status of a response object.
+pub fn response_status() -> Object {
+    one_of_names(["queued", "in_progress", "completed", "failed", "cancelled"])
 }
 
-const fn next_error_code(code: ErrorCode) -> Option<ErrorCode> {
-    match code {
-        ErrorCode::InvalidRequest => Some(ErrorCode::InvalidIdempotencyKey),
-        ErrorCode::InvalidIdempotencyKey => Some(ErrorCode::Unauthorized),
-        ErrorCode::Unauthorized => Some(ErrorCode::Forbidden),
-        ErrorCode::Forbidden => Some(ErrorCode::NotFound),
-        ErrorCode::NotFound => Some(ErrorCode::ModelNotFound),
-        ErrorCode::ModelNotFound => Some(ErrorCode::TaskNotCancellable),
-        ErrorCode::TaskNotCancellable => Some(ErrorCode::TaskCancelled),
-        ErrorCode::TaskCancelled => Some(ErrorCode::IdempotencyKeyInUse),
-        ErrorCode::IdempotencyKeyInUse => Some(ErrorCode::AlreadyExists),
-        ErrorCode::AlreadyExists => Some(ErrorCode::PayloadTooLarge),
-        ErrorCode::PayloadTooLarge => Some(ErrorCode::UnsupportedMediaType),
-        ErrorCode::UnsupportedMediaType => Some(ErrorCode::IdempotencyKeyReused),
-        ErrorCode::IdempotencyKeyReused => Some(ErrorCode::RateLimited),
-        ErrorCode::RateLimited => Some(ErrorCode::ServiceUnavailable),
-        ErrorCode::ServiceUnavailable => Some(ErrorCode::InternalError),
-        ErrorCode::InternalError => None,
+/// The plain-text output format.
+pub fn text_format_type() -> Object {
+    constant("text")
+}
+
+/// `response.deleted`.
+pub fn deleted_tag() -> Object {
+    constant("response.deleted")
+}
+
+/// `assistant`.
+pub fn assistant_role() -> Object {
+    constant("assistant")
+}
+
+/// Why a chat completion's output ended.
+pub fn finish_reason() -> Object {
+    one_of_names(["stop", "length"])
+}
+
+/// The status of `GET /v1/health`.
+pub fn health_status() -> Object {
+    one_of_names(["ok", "unavailable"])
+}
+
+/// Why health is unavailable.
+pub fn health_reason() -> Object {
+    constant("storage_unavailable")
+}
+
+/// Adds what the route table cannot say to the built document: the path of a model id (which
+/// may hold `/`, so the router serves it as a wildcard) under its plain name.
+pub fn finish(document: &mut utoipa::openapi::OpenApi) {
+    let paths = &mut document.paths.paths;
+    if let Some(item) = paths.swap_remove("/v1/models/{*id}") {
+        paths.insert(String::from("/v1/models/{id}"), item);
     }
 }
 
@@ -371,24 +400,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_code_chains_reach_every_code_once() {
-        let codes = every(ErrorCode::InvalidRequest, next_error_code);
-        let mut names: Vec<_> = codes.iter().map(|code| code.as_str()).collect();
-        names.sort_unstable();
-        names.dedup();
-        assert_eq!(names.len(), 16);
-        assert_eq!(every_task_error_code().len(), 6);
-    }
-
-    #[test]
-    fn queue_reasons_are_named_as_they_serialise() {
-        for reason in every(QueueReason::ServerRestarted, next_queue_reason) {
-            let named = queue_reason();
-            let value = serde_json::to_value(reason).ok();
-            assert!(named
-                .enum_values
-                .as_ref()
-                .is_some_and(|names| value.is_some_and(|v| names.contains(&v))));
+    fn the_error_code_schema_names_every_request_and_task_code_once() {
+        let schema = error_code();
+        let names = schema.enum_values.unwrap_or_default();
+        let mut unique = names.clone();
+        unique.sort_by_key(|v| v.to_string());
+        unique.dedup();
+        assert_eq!(names.len(), unique.len());
+        for code in ErrorCode::VARIANTS {
+            assert!(names.contains(&Value::from(code.as_str())), "{code:?}");
+        }
+        for code in TaskErrorCode::VARIANTS {
+            assert!(names.contains(&Value::from(code.as_str())), "{code:?}");
         }
     }
 }

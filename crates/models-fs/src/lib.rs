@@ -3,7 +3,9 @@
 //! [`FsModelFiles`] implements the [`ModelFiles`] port: it resolves a path (links followed) to a
 //! regular file inside the models directory, hashes it with a fixed 64 KiB buffer (memory stays
 //! flat whatever the file's size) on a blocking thread, and re-checks registered files, re-hashing
-//! only when their size or modification time changed. It never writes or deletes a user's file;
+//! only when their size or modification time changed. A file inside the models directory is
+//! recorded by its path relative to the directory, so that instances sharing one store, each
+//! with its own models directory, share the record. It never writes or deletes a user's file;
 //! the only file this crate ever writes is the built-in reference corpus, and only where none
 //! exists ([`write_reference_corpus`]).
 
@@ -15,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
 use async_trait::async_trait;
-use lmsp_domain::model::{Digest, FileFingerprint};
-use lmsp_domain::ports::{ModelFileError, ModelFiles};
+use lmsp_domain::model::{Digest, FileFingerprint, ModelFormat};
+use lmsp_domain::ports::{ModelFileError, ModelFiles, Progress, VerifiedFile};
 use sha2::{Digest as _, Sha256};
 
 pub use corpus::{write_reference_corpus, REFERENCE_CORPUS};
@@ -40,6 +42,35 @@ impl FsModelFiles {
     /// The models directory as given.
     pub fn models_dir(&self) -> &Path {
         &self.models_dir
+    }
+
+    /// The path to store for a canonical `path`: relative to the models directory when inside
+    /// it, else absolute.
+    pub fn stored_path(&self, canonical: &Path) -> String {
+        let relative = std::fs::canonicalize(&self.models_dir)
+            .ok()
+            .and_then(|dir| canonical.strip_prefix(dir).ok().map(Path::to_path_buf));
+        match relative {
+            Some(relative) if !relative.as_os_str().is_empty() => {
+                relative.to_string_lossy().into_owned()
+            }
+            _ => canonical.to_string_lossy().into_owned(),
+        }
+    }
+
+    /// The file a stored path names on this machine.
+    pub fn absolute(&self, stored: &str) -> PathBuf {
+        let path = Path::new(stored);
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.models_dir.join(path)
+        }
+    }
+
+    fn with_stored_path(&self, mut fingerprint: FileFingerprint) -> FileFingerprint {
+        fingerprint.path = self.stored_path(Path::new(&fingerprint.path));
+        fingerprint
     }
 
     /// Resolves `path` to the canonical path of a regular file inside the models directory.
@@ -106,40 +137,93 @@ impl ModelFiles for FsModelFiles {
         let path = path.to_owned();
         blocking(move || {
             let canonical = this.resolve(&path)?;
-            hash_file_with_progress(&canonical, |_, _| {})
+            let hashed = hash_file_with_progress(&canonical, |_, _| {})?;
+            Ok(this.with_stored_path(hashed))
         })
         .await
     }
 
-    async fn verify(
+    async fn fingerprint_any(
         &self,
-        known: &FileFingerprint,
-    ) -> Result<Option<FileFingerprint>, ModelFileError> {
-        let known = known.clone();
+        path: &str,
+        progress: Option<Progress>,
+    ) -> Result<FileFingerprint, ModelFileError> {
+        let this = self.clone();
+        let path = PathBuf::from(path);
         blocking(move || {
-            let path = Path::new(&known.path);
-            let metadata = std::fs::metadata(path).map_err(|error| unavailable(path, &error))?;
+            let hashed = hash_file_with_progress(&path, |done, total| {
+                if let Some(progress) = &progress {
+                    progress(done, total);
+                }
+            })?;
+            Ok(this.with_stored_path(hashed))
+        })
+        .await
+    }
+
+    async fn verify(&self, known: &FileFingerprint) -> Result<VerifiedFile, ModelFileError> {
+        let known = known.clone();
+        let this = self.clone();
+        blocking(move || {
+            let path = this.absolute(&known.path);
+            let metadata = std::fs::metadata(&path).map_err(|error| unavailable(&path, &error))?;
             if !metadata.is_file() {
                 return Err(ModelFileError::Unavailable(format!(
                     "{} is no longer a regular file",
                     path.display()
                 )));
             }
+            let absolute = path.to_string_lossy().into_owned();
             if metadata.len() == known.size_bytes
                 && modified_millis(&metadata) == known.modified_millis
             {
-                return Ok(None);
+                return Ok(VerifiedFile {
+                    path: absolute,
+                    rehashed: None,
+                });
             }
-            let rehashed = hash_file_with_progress(path, |_, _| {})?;
+            let mut rehashed = hash_file_with_progress(&path, |_, _| {})?;
+            rehashed.path = known.path.clone();
             if rehashed.digest == known.digest {
-                Ok(Some(rehashed))
+                Ok(VerifiedFile {
+                    path: absolute,
+                    rehashed: Some(rehashed),
+                })
             } else {
                 Err(ModelFileError::DigestMismatch)
             }
         })
         .await
     }
+
+    async fn find_models(&self) -> Result<Vec<String>, ModelFileError> {
+        let dir = self.models_dir.clone();
+        blocking(move || {
+            let entries = std::fs::read_dir(&dir).map_err(|error| unavailable(&dir, &error))?;
+            let mut found: Vec<String> = entries
+                .flatten()
+                .filter(|entry| entry.path().is_file())
+                .filter_map(|entry| entry.file_name().into_string().ok())
+                .filter(|name| !name.starts_with('.') && ModelFormat::of_path(name).is_some())
+                .collect();
+            found.sort();
+            Ok(found)
+        })
+        .await
+    }
+
+    async fn install_reference_corpus(&self) -> Result<String, ModelFileError> {
+        let path = self.models_dir.join(REFERENCE_FILE);
+        blocking(move || {
+            write_reference_corpus(&path).map_err(|error| unavailable(&path, &error))?;
+            Ok(String::from(REFERENCE_FILE))
+        })
+        .await
+    }
 }
+
+/// The name of the reference corpus in the models directory.
+pub const REFERENCE_FILE: &str = "reference.txt";
 
 /// Hashes the file at `path` (links followed) with streaming SHA-256 and a fixed 64 KiB buffer,
 /// calling `on_progress(bytes_done, total_bytes)` once before reading and after every chunk.

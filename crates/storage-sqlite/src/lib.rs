@@ -2,16 +2,20 @@
 //! of `lmsp_domain::ports` (so it is a [`lmsp_domain::ports::Store`]).
 //!
 //! Writes go to one writer thread that commits every pending command in one `BEGIN IMMEDIATE`
-//! transaction with a savepoint per command (group commit, DESIGN.md §2) and only then answers the
-//! callers and tells the [`CommittedEvents`] hook. Reads use a small pool of read-only
-//! connections on tokio's blocking threads. All SQL of the service lives in this crate.
+//! transaction with a savepoint per command (group commit) and only then answers the callers and
+//! tells the [`StoreListener`]. Reads use a small pool of read-only connections on tokio's
+//! blocking threads. SQLite serves one process: the data directory's lock (taken by the binary
+//! before the store is opened) keeps a second one out, so every instance but the current one is
+//! stopped. All SQL of the service lives in this crate and `lmsp-storage-postgres`.
 
+mod codec;
 mod error;
 mod ops;
+mod reads;
 pub mod schema;
 mod writer;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -20,22 +24,25 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lmsp_domain::auth::{Client, Pairing, SecretHash};
 use lmsp_domain::event::Event;
-use lmsp_domain::idempotency::{IdempotencyKey, IdempotencyRecord, IdempotencyScope};
-use lmsp_domain::ids::{ClientId, ResponseId, TaskId};
+use lmsp_domain::idempotency::{
+    IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
+};
+use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
-    CancelOutcome, ClientStore, CommittedEvents, CreateOutcome, IdempotencyStore, ModelStore, Page,
-    PurgeReport, RecoveryReport, Redemption, ServiceIdentity, ServiceStore, Snapshot, StartInfo,
-    StepOutcome, StoreError, TaskFilter, TaskStore,
+    CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome, IdempotencyStore, Initialized,
+    InstanceInfo, InstanceStore, ModelStore, Page, PurgeReport, RecoveryReport, Redemption,
+    Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError, StoreListener,
+    TaskFilter, TaskStore,
 };
-use lmsp_domain::recovery::StartEpoch;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::Connection;
 
 use crate::error::DbError;
+use crate::reads::ReadPool;
 use crate::writer::{Command, Typed, Work};
 
 /// How hard a commit waits for the disk.
@@ -81,50 +88,12 @@ impl Default for SqliteOptions {
     }
 }
 
-/// A hook that hears nothing.
+/// A listener that hears nothing.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NoHook;
+pub struct NoListener;
 
-impl CommittedEvents for NoHook {
+impl StoreListener for NoListener {
     fn committed(&self, _events: &[Event]) {}
-}
-
-/// The read-only connections.
-#[derive(Debug)]
-struct ReadPool {
-    path: PathBuf,
-    busy_timeout: Duration,
-    keep: usize,
-    idle: Mutex<Vec<Connection>>,
-}
-
-impl ReadPool {
-    fn open_one(&self) -> Result<Connection, DbError> {
-        let conn = Connection::open_with_flags(
-            &self.path,
-            OpenFlags::SQLITE_OPEN_READ_ONLY
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX
-                | OpenFlags::SQLITE_OPEN_URI,
-        )?;
-        conn.busy_timeout(self.busy_timeout)?;
-        conn.set_prepared_statement_cache_capacity(64);
-        Ok(conn)
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, DbError>) -> Result<T, DbError> {
-        let taken = self.idle.lock().ok().and_then(|mut idle| idle.pop());
-        let conn = match taken {
-            Some(conn) => conn,
-            None => self.open_one()?,
-        };
-        let result = f(&conn);
-        if let Ok(mut idle) = self.idle.lock() {
-            if idle.len() < self.keep {
-                idle.push(conn);
-            }
-        }
-        result
-    }
 }
 
 /// The SQLite storage adapter.
@@ -163,12 +132,12 @@ fn configure_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), Db
 }
 
 impl SqliteStore {
-    /// Opens (creating and migrating if needed) the database at `path`; committed events go to
-    /// `hook`.
+    /// Opens (creating and migrating if needed) the database at `path`; what it commits is told
+    /// to `listener`.
     pub fn open(
         path: &Path,
         options: SqliteOptions,
-        hook: Arc<dyn CommittedEvents>,
+        listener: Arc<dyn StoreListener>,
     ) -> Result<SqliteStore, StoreError> {
         let mut conn = Connection::open(path).map_err(DbError::from)?;
         configure_writer(&conn, &options)?;
@@ -180,30 +149,29 @@ impl SqliteStore {
         let (sender, receiver) = std::sync::mpsc::channel::<Box<dyn Command>>();
         let writer = std::thread::Builder::new()
             .name(String::from("lmsp-sqlite-writer"))
-            .spawn(move || writer::run(conn, receiver, hook))
+            .spawn(move || writer::run(conn, receiver, listener))
             .map_err(|e| StoreError::Unavailable(format!("cannot start the writer: {e}")))?;
-        let reads = Arc::new(ReadPool {
-            path: path.to_path_buf(),
-            busy_timeout: options.busy_timeout,
-            keep: options.read_connections.max(1),
-            idle: Mutex::new(Vec::new()),
-        });
+        let reads = Arc::new(ReadPool::new(
+            path.to_path_buf(),
+            options.busy_timeout,
+            options.read_connections,
+        ));
         Ok(SqliteStore {
             sender: Mutex::new(Some(sender)),
             writer: Mutex::new(Some(writer)),
-            read_permits: tokio::sync::Semaphore::new(reads.keep),
+            read_permits: tokio::sync::Semaphore::new(reads.size()),
             reads,
             recovery_batch: options.recovery_batch.max(1),
             purge_max_events: options.purge_max_events.max(1),
         })
     }
 
-    /// Opens the store with a hook that hears nothing.
-    pub fn open_without_hook(
+    /// Opens the store with a listener that hears nothing.
+    pub fn open_without_listener(
         path: &Path,
         options: SqliteOptions,
     ) -> Result<SqliteStore, StoreError> {
-        Self::open(path, options, Arc::new(NoHook))
+        Self::open(path, options, Arc::new(NoListener))
     }
 
     /// Stops the writer after the commands already queued; later writes fail as unavailable.
@@ -254,6 +222,33 @@ impl SqliteStore {
     }
 }
 
+/// Writes a consistent copy of the database at `database` to `out` with SQLite's online backup,
+/// whether or not a server is writing it meanwhile; `out` must not exist yet.
+pub fn backup(database: &Path, out: &Path) -> Result<(), StoreError> {
+    if out.exists() {
+        return Err(StoreError::Unavailable(format!(
+            "{} exists already; name a new file",
+            out.display()
+        )));
+    }
+    let source = Connection::open_with_flags(database, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(DbError::from)?;
+    source
+        .busy_timeout(Duration::from_secs(10))
+        .map_err(DbError::from)?;
+    let mut target = Connection::open(out).map_err(DbError::from)?;
+    {
+        let copy = rusqlite::backup::Backup::new(&source, &mut target).map_err(DbError::from)?;
+        copy.run_to_completion(256, Duration::from_millis(5), None)
+            .map_err(DbError::from)?;
+    }
+    // The copy is a plain database file, not in WAL mode, so that it is one complete file.
+    target
+        .pragma_update(None, "journal_mode", "DELETE")
+        .map_err(DbError::from)?;
+    Ok(())
+}
+
 impl Drop for SqliteStore {
     fn drop(&mut self) {
         self.close();
@@ -271,8 +266,9 @@ impl TaskStore for SqliteStore {
         task: Task,
         idempotency: Option<IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
+        let at = task.created_at;
         self.write(Box::new(move |conn| {
-            ops::create_task(conn, task, idempotency)
+            ops::tasks::create_task(conn, task, idempotency, at)
         }))
         .await
     }
@@ -280,12 +276,22 @@ impl TaskStore for SqliteStore {
     async fn append(
         &self,
         task_id: TaskId,
+        by: InstanceId,
+        expected_last_sequence: u64,
         steps: Vec<Step>,
         snapshot: Option<Snapshot>,
         at: Timestamp,
     ) -> Result<StepOutcome, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::append(conn, task_id, &steps, snapshot.as_ref(), at, false)
+            ops::tasks::append(
+                conn,
+                task_id,
+                by,
+                Some(expected_last_sequence),
+                &steps,
+                snapshot.as_ref(),
+                at,
+            )
         }))
         .await
     }
@@ -293,17 +299,26 @@ impl TaskStore for SqliteStore {
     async fn finish(
         &self,
         task_id: TaskId,
+        by: InstanceId,
         step: Step,
         at: Timestamp,
     ) -> Result<StepOutcome, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::append(conn, task_id, std::slice::from_ref(&step), None, at, true)
+            ops::tasks::append(
+                conn,
+                task_id,
+                by,
+                None,
+                std::slice::from_ref(&step),
+                None,
+                at,
+            )
         }))
         .await
     }
 
-    async fn claim_next(&self, at: Timestamp) -> Result<Option<Task>, StoreError> {
-        self.write(Box::new(move |conn| ops::claim_next(conn, at)))
+    async fn claim_next(&self, by: InstanceId, at: Timestamp) -> Result<Option<Task>, StoreError> {
+        self.write(Box::new(move |conn| ops::tasks::claim_next(conn, by, at)))
             .await
     }
 
@@ -314,31 +329,9 @@ impl TaskStore for SqliteStore {
         at: Timestamp,
     ) -> Result<CancelOutcome, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::cancel(conn, task_id, client_id, at)
+            ops::tasks::cancel(conn, task_id, client_id, at)
         }))
         .await
-    }
-
-    async fn recover_leftovers(
-        &self,
-        start: StartEpoch,
-        at: Timestamp,
-    ) -> Result<RecoveryReport, StoreError> {
-        let mut report = RecoveryReport::default();
-        let mut cursor = Some(ops::RecoveryCursor::START);
-        let limit = self.recovery_batch;
-        while let Some(from) = cursor {
-            let (part, next) = self
-                .write(Box::new(move |conn| {
-                    ops::recover_batch(conn, start, at, from, limit)
-                }))
-                .await?;
-            report.moved += part.moved;
-            report.untouched += part.untouched;
-            report.resumed.extend(part.resumed);
-            cursor = next;
-        }
-        Ok(report)
     }
 
     async fn purge_finished(
@@ -348,7 +341,18 @@ impl TaskStore for SqliteStore {
     ) -> Result<PurgeReport, StoreError> {
         let max_events = self.purge_max_events;
         self.write(Box::new(move |conn| {
-            ops::purge_finished(conn, cutoff, batch, max_events).map(no_events)
+            ops::purge::purge_finished(conn, cutoff, batch, max_events).map(no_events)
+        }))
+        .await
+    }
+
+    async fn delete_finished(
+        &self,
+        task_id: TaskId,
+        client_id: Option<ClientId>,
+    ) -> Result<DeleteOutcome, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::tasks::delete_finished(conn, task_id, client_id).map(no_events)
         }))
         .await
     }
@@ -357,8 +361,14 @@ impl TaskStore for SqliteStore {
         self.read(move |conn| ops::load_task(conn, task_id)).await
     }
 
+    async fn task_by_response(&self, response_id: ResponseId) -> Result<Option<Task>, StoreError> {
+        self.read(move |conn| ops::tasks::task_by_response(conn, response_id))
+            .await
+    }
+
     async fn list_tasks(&self, filter: TaskFilter) -> Result<Page<Task>, StoreError> {
-        self.read(move |conn| ops::list_tasks(conn, &filter)).await
+        self.read(move |conn| ops::tasks::list_tasks(conn, &filter))
+            .await
     }
 
     async fn events(
@@ -367,21 +377,27 @@ impl TaskStore for SqliteStore {
         after: u64,
         limit: usize,
     ) -> Result<Page<Event>, StoreError> {
-        self.read(move |conn| ops::events(conn, task_id, after, limit))
+        self.read(move |conn| ops::events::events(conn, task_id, after, limit))
             .await
     }
 
-    async fn response(&self, response_id: ResponseId) -> Result<Option<Response>, StoreError> {
-        self.read(move |conn| ops::response(conn, response_id))
+    async fn response(&self, task_id: TaskId) -> Result<Option<Response>, StoreError> {
+        self.read(move |conn| ops::tasks::response(conn, task_id))
             .await
     }
 
     async fn snapshot(&self, task_id: TaskId) -> Result<Option<Snapshot>, StoreError> {
-        self.read(move |conn| ops::snapshot(conn, task_id)).await
+        self.read(move |conn| ops::tasks::snapshot(conn, task_id))
+            .await
     }
 
     async fn count_by_status(&self) -> Result<Vec<(TaskStatus, u64)>, StoreError> {
-        self.read(ops::count_by_status).await
+        self.read(ops::tasks::count_by_status).await
+    }
+
+    async fn cancelling_tasks(&self, owner: InstanceId) -> Result<Vec<TaskId>, StoreError> {
+        self.read(move |conn| ops::tasks::cancelling_tasks(conn, owner))
+            .await
     }
 }
 
@@ -389,30 +405,35 @@ impl TaskStore for SqliteStore {
 impl ClientStore for SqliteStore {
     async fn insert_client(&self, client: Client) -> Result<(), StoreError> {
         self.write(Box::new(move |conn| {
-            ops::insert_client(conn, &client).map(no_events)
+            ops::clients::insert_client(conn, &client).map(no_events)
         }))
         .await
     }
 
     async fn client_by_token_hash(&self, hash: SecretHash) -> Result<Option<Client>, StoreError> {
-        self.read(move |conn| ops::client_by_token_hash(conn, &hash))
+        self.read(move |conn| ops::clients::client_by_token_hash(conn, &hash))
+            .await
+    }
+
+    async fn client(&self, client_id: ClientId) -> Result<Option<Client>, StoreError> {
+        self.read(move |conn| ops::clients::client(conn, client_id))
             .await
     }
 
     async fn list_clients(&self) -> Result<Vec<Client>, StoreError> {
-        self.read(ops::list_clients).await
+        self.read(ops::clients::list_clients).await
     }
 
     async fn revoke_client(&self, client_id: ClientId, at: Timestamp) -> Result<bool, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::revoke_client(conn, client_id, at).map(no_events)
+            ops::clients::revoke_client(conn, client_id, at).map(no_events)
         }))
         .await
     }
 
     async fn insert_pairing(&self, pairing: Pairing) -> Result<(), StoreError> {
         self.write(Box::new(move |conn| {
-            ops::insert_pairing(conn, &pairing).map(no_events)
+            ops::clients::insert_pairing(conn, &pairing).map(no_events)
         }))
         .await
     }
@@ -424,14 +445,9 @@ impl ClientStore for SqliteStore {
         at: Timestamp,
     ) -> Result<Redemption, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::redeem_pairing(conn, &code_hash, &client, at).map(no_events)
+            ops::clients::redeem_pairing(conn, &code_hash, &client, at).map(no_events)
         }))
         .await
-    }
-
-    async fn burn_pairings(&self) -> Result<u64, StoreError> {
-        self.write(Box::new(|conn| ops::burn_pairings(conn).map(no_events)))
-            .await
     }
 }
 
@@ -439,24 +455,32 @@ impl ClientStore for SqliteStore {
 impl ModelStore for SqliteStore {
     async fn insert_model(&self, model: ModelRecord) -> Result<bool, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::insert_model(conn, &model).map(no_events)
+            ops::models::insert_model(conn, &model).map(no_events)
+        }))
+        .await
+    }
+
+    async fn insert_found_model(&self, model: ModelRecord) -> Result<bool, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::models::insert_found_model(conn, &model).map(no_events)
         }))
         .await
     }
 
     async fn model(&self, model_id: &ModelId) -> Result<Option<ModelRecord>, StoreError> {
         let model_id = model_id.clone();
-        self.read(move |conn| ops::model(conn, &model_id)).await
+        self.read(move |conn| ops::models::model(conn, &model_id))
+            .await
     }
 
     async fn list_models(&self) -> Result<Vec<ModelRecord>, StoreError> {
-        self.read(ops::list_models).await
+        self.read(ops::models::list_models).await
     }
 
     async fn delete_model(&self, model_id: &ModelId) -> Result<bool, StoreError> {
         let model_id = model_id.clone();
         self.write(Box::new(move |conn| {
-            ops::delete_model(conn, &model_id).map(no_events)
+            ops::models::delete_model(conn, &model_id).map(no_events)
         }))
         .await
     }
@@ -468,7 +492,7 @@ impl ModelStore for SqliteStore {
     ) -> Result<(), StoreError> {
         let model_id = model_id.clone();
         self.write(Box::new(move |conn| {
-            ops::update_model_file(conn, &model_id, &file).map(no_events)
+            ops::models::update_model_file(conn, &model_id, &file).map(no_events)
         }))
         .await
     }
@@ -476,40 +500,131 @@ impl ModelStore for SqliteStore {
 
 #[async_trait]
 impl IdempotencyStore for SqliteStore {
-    async fn idempotency_record(
+    async fn claim_key(&self, claim: &KeyClaim, now: Timestamp) -> Result<KeyDecision, StoreError> {
+        let claim = claim.clone();
+        self.write(Box::new(move |conn| {
+            ops::idempotency::claim_key(conn, &claim, now).map(no_events)
+        }))
+        .await
+    }
+
+    async fn answer_key(
         &self,
         scope: &IdempotencyScope,
         key: &IdempotencyKey,
-        at: Timestamp,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        reply: StoredReply,
+    ) -> Result<(), StoreError> {
         let (scope, key) = (scope.clone(), key.clone());
-        self.read(move |conn| ops::idempotency_record(conn, &scope, &key, at))
-            .await
+        self.write(Box::new(move |conn| {
+            ops::idempotency::answer_key(conn, &scope, &key, &reply).map(no_events)
+        }))
+        .await
     }
 
-    async fn insert_idempotency_record(
+    async fn release_key(
         &self,
-        record: IdempotencyRecord,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        scope: &IdempotencyScope,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
+        let (scope, key) = (scope.clone(), key.clone());
         self.write(Box::new(move |conn| {
-            ops::insert_idempotency_record(conn, &record).map(no_events)
+            ops::idempotency::release_key(conn, &scope, &key).map(no_events)
         }))
         .await
     }
 
     async fn purge_idempotency(&self, at: Timestamp, batch: usize) -> Result<u64, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::purge_idempotency(conn, at, batch).map(no_events)
+            ops::idempotency::purge_idempotency(conn, at, batch).map(no_events)
         }))
         .await
     }
 }
 
 #[async_trait]
-impl ServiceStore for SqliteStore {
-    async fn begin_start(&self, candidate: ServiceIdentity) -> Result<StartInfo, StoreError> {
+impl InstanceStore for SqliteStore {
+    async fn register_instance(&self, instance: InstanceInfo) -> Result<Registration, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::begin_start(conn, &candidate).map(no_events)
+            ops::instances::register(conn, &instance).map(no_events)
+        }))
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        instance: InstanceId,
+        lease_until: Timestamp,
+        _at: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::instances::renew(conn, instance, lease_until).map(no_events)
+        }))
+        .await
+    }
+
+    async fn retire_instance(&self, instance: InstanceId, at: Timestamp) -> Result<(), StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::instances::retire(conn, instance, at).map(no_events)
+        }))
+        .await
+    }
+
+    async fn stopped_instances(
+        &self,
+        me: InstanceId,
+        at: Timestamp,
+    ) -> Result<Vec<InstanceId>, StoreError> {
+        self.read(move |conn| ops::instances::stopped(conn, me, at))
+            .await
+    }
+
+    async fn recover_instance(
+        &self,
+        stopped: InstanceId,
+        rescuer: InstanceId,
+        at: Timestamp,
+    ) -> Result<RecoveryReport, StoreError> {
+        let mut report = RecoveryReport::default();
+        let mut cursor = Some(ops::instances::RecoveryCursor::START);
+        let limit = self.recovery_batch;
+        while let Some(from) = cursor {
+            let (part, next) = self
+                .write(Box::new(move |conn| {
+                    ops::instances::recover_batch(conn, stopped, rescuer, at, from, limit)
+                }))
+                .await?;
+            report.absorb(part);
+            cursor = next;
+        }
+        self.write(Box::new(move |conn| {
+            ops::instances::mark_recovered(conn, stopped, at).map(no_events)
+        }))
+        .await?;
+        Ok(report)
+    }
+
+    async fn lead_maintenance(&self, _instance: InstanceId) -> Result<bool, StoreError> {
+        // One process at a time uses a SQLite store: it always leads.
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl ServiceStore for SqliteStore {
+    async fn initialize(
+        &self,
+        candidate: ServiceIdentity,
+        admin: Client,
+    ) -> Result<Initialized, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::service::initialize(conn, &candidate, &admin).map(no_events)
+        }))
+        .await
+    }
+
+    async fn check_writable(&self, at: Timestamp) -> Result<(), StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::service::probe(conn, at).map(no_events)
         }))
         .await
     }

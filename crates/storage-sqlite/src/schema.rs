@@ -1,11 +1,17 @@
-//! The schema: versioned migrations applied in order, tracked in `PRAGMA user_version`.
+//! The schema: versioned migrations applied in order (`rusqlite_migration`, tracked in
+//! `PRAGMA user_version`). Version 1 is the layout of the first release; version 2 adds instances
+//! and ownership, output items, upstream models, sticky model deletions, and idempotency records
+//! that hold a key across processes. A migration that moves data does so in Rust, in the same
+//! transaction as its SQL.
 
-use rusqlite::Connection;
+use rusqlite::{params, Connection, Transaction};
+use rusqlite_migration::{HookError, HookResult, Migrations, M};
+use serde::Deserialize;
 
 use crate::error::DbError;
 
-/// The migrations, in order; migration `i` brings the database to `user_version = i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+/// Version 1: the first release.
+const V1: &str = r#"
 CREATE TABLE service_config (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -104,42 +110,193 @@ CREATE TABLE idempotency_keys (
 ) WITHOUT ROWID;
 CREATE INDEX idempotency_expiry ON idempotency_keys (expires_at);
 CREATE INDEX idempotency_task ON idempotency_keys (task_id) WHERE task_id IS NOT NULL;
-"#];
+"#;
+
+/// Version 2. Tasks get an owner instance (the first release's tasks belong to the instance
+/// `LEGACY_INSTANCE`, stopped, so the next start recovers them), whether they ran in the
+/// background, and where their output items are; events name their output item; the response id
+/// of a task is its own ULID with the `resp_` prefix unless the first release stored another.
+const V2: &str = r#"
+ALTER TABLE tasks ADD COLUMN owner BLOB NOT NULL DEFAULT x'00000000000000000000000000000000';
+ALTER TABLE tasks ADD COLUMN background INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN items_opened INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN item_open INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks DROP COLUMN recovered_in;
+ALTER TABLE task_events ADD COLUMN item INTEGER;
+-- Only the first release's responses have ids of their own; newer ones are their task's ULID.
+CREATE INDEX tasks_response ON tasks (response_id) WHERE response_id IS NOT NULL;
+
+CREATE TABLE instances (
+    id           BLOB PRIMARY KEY,
+    name         TEXT NOT NULL,
+    started_at   INTEGER NOT NULL,
+    lease_until  INTEGER NOT NULL,
+    retired_at   INTEGER,
+    recovered_at INTEGER
+) WITHOUT ROWID;
+INSERT INTO instances (id, name, started_at, lease_until, retired_at)
+    VALUES (x'00000000000000000000000000000000', 'release 0.1', 0, 0, 0);
+
+CREATE TABLE models_v2 (
+    id              TEXT PRIMARY KEY,
+    format          TEXT NOT NULL,
+    path            TEXT,
+    size_bytes      INTEGER,
+    modified_millis INTEGER,
+    digest          TEXT,
+    upstream_model  TEXT,
+    created_at      INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO models_v2 (id, format, path, size_bytes, modified_millis, digest, created_at)
+    SELECT id, format, path, size_bytes, modified_millis, digest, created_at FROM models;
+DROP TABLE models;
+ALTER TABLE models_v2 RENAME TO models;
+
+-- Files whose model a user deleted: not registered again when found at startup.
+CREATE TABLE removed_model_files (
+    path TEXT PRIMARY KEY
+) WITHOUT ROWID;
+
+-- `reply` is NULL while the first request is pending; `held_until` while it is being answered.
+CREATE TABLE idempotency_v2 (
+    client_id  BLOB NOT NULL,
+    operation  TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    digest     BLOB NOT NULL,
+    reply      BLOB,
+    reply_task BLOB REFERENCES tasks (id),
+    held_until INTEGER,
+    held_by    BLOB,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (client_id, operation, key)
+) WITHOUT ROWID;
+"#;
+
+/// Version 2, after its data moved: the old idempotency table goes.
+const V2_AFTER: &str = r#"
+DROP TABLE idempotency_keys;
+ALTER TABLE idempotency_v2 RENAME TO idempotency_keys;
+CREATE INDEX idempotency_expiry ON idempotency_keys (expires_at);
+CREATE INDEX idempotency_task ON idempotency_keys (reply_task) WHERE reply_task IS NOT NULL;
+CREATE INDEX idempotency_holder ON idempotency_keys (held_by) WHERE held_by IS NOT NULL;
+DELETE FROM service_config WHERE key = 'start_epoch';
+"#;
+
+/// The instance that owns every task the first release wrote.
+pub const LEGACY_INSTANCE: [u8; 16] = [0; 16];
+
+/// A first-release idempotency record (`idempotency_keys.doc`).
+#[derive(Debug, Deserialize)]
+struct LegacyRecord {
+    digest: Vec<u8>,
+    reply: serde_json::Value,
+}
+
+fn hook_failure(error: impl std::fmt::Display) -> HookError {
+    HookError::Hook(error.to_string())
+}
+
+/// A first-release `idempotency_keys` row: client, path, key, task, created, expires, document.
+type LegacyRow = (String, String, String, Option<Vec<u8>>, i64, i64, String);
+
+/// Moves the first release's idempotency records into the new table: the operation from the
+/// path, the client id as its 16 bytes, the digest as bytes, and the stored reply kept as the
+/// JSON document it was (the HTTP edge reads that shape).
+fn move_idempotency_records(tx: &Transaction<'_>) -> HookResult {
+    let rows: Vec<LegacyRow> = {
+        let mut stmt = tx.prepare(
+            "SELECT client_id, path, key, task_id, created_at, expires_at, doc FROM idempotency_keys",
+        )?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                    row.get(5)?,
+                    row.get(6)?,
+                ))
+            })?
+            .collect::<Result<_, _>>()?;
+        rows
+    };
+    for (client, path, key, task, created_at, expires_at, doc) in rows {
+        let operation = match path.as_str() {
+            "/v1/responses" => "create_response",
+            "/v1/models" => "register_model",
+            _ => continue,
+        };
+        let client = lmsp_domain::ClientId::parse(&client).map_err(hook_failure)?;
+        let record: LegacyRecord = serde_json::from_str(&doc).map_err(hook_failure)?;
+        let reply = serde_json::to_vec(&record.reply).map_err(hook_failure)?;
+        tx.execute(
+            "INSERT INTO idempotency_v2 (client_id, operation, key, digest, reply, reply_task, \
+             held_until, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL, ?7, ?8)",
+            params![
+                client.ulid().to_bytes().as_slice(),
+                operation,
+                key,
+                record.digest,
+                reply,
+                task,
+                created_at,
+                expires_at
+            ],
+        )?;
+    }
+    tx.execute_batch(V2_AFTER)?;
+    Ok(())
+}
+
+fn migrations() -> Migrations<'static> {
+    Migrations::new(vec![
+        M::up(V1),
+        M::up_with_hook(V2, move_idempotency_records),
+    ])
+}
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+pub const SCHEMA_VERSION: usize = 2;
 
 /// Applies every migration newer than the database's `user_version`, each in its own transaction,
 /// then checks that the layout is the one this build expects.
 pub fn migrate(conn: &mut Connection) -> Result<(), DbError> {
-    apply_migrations(conn)?;
     // Pre-release builds wrote a different version-1 layout (tasks as JSON documents, no
     // `task_specs`); such a database cannot be read, so say so instead of failing on a query.
-    let expected: i64 = conn.query_row(
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    let has_specs: i64 = conn.query_row(
         "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'task_specs'",
         [],
         |row| row.get(0),
     )?;
-    if expected != 1 {
+    if version >= 1 && has_specs != 1 {
         return Err(DbError::Corrupt(String::from(
             "this database was written by a pre-release build of lmsp with another layout; \
              move its data directory aside and start with a new one",
         )));
     }
-    Ok(())
+    if version > SCHEMA_VERSION as i64 {
+        return Err(DbError::Corrupt(format!(
+            "this database has schema version {version}, newer than this build's \
+             {SCHEMA_VERSION}: run a newer lmsp"
+        )));
+    }
+    migrations()
+        .to_latest(conn)
+        .map_err(|error| DbError::Corrupt(format!("the schema migration failed: {error}")))
 }
 
-fn apply_migrations(conn: &mut Connection) -> rusqlite::Result<()> {
-    let current: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-    for (index, script) in MIGRATIONS.iter().enumerate() {
-        let version = index as i64 + 1;
-        if version <= current {
-            continue;
-        }
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        tx.execute_batch(script)?;
-        tx.pragma_update(None, "user_version", version)?;
-        tx.commit()?;
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_migrations_are_valid() {
+        assert!(migrations().validate().is_ok());
     }
-    Ok(())
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lmsp_domain::event::Event;
-use lmsp_domain::ports::{CommitStats, CommittedEvents, StoreError};
+use lmsp_domain::ports::{CommitStats, StoreError, StoreListener};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
@@ -112,7 +112,7 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 const CHECKPOINT_EVERY: u64 = 512;
 
 /// The writer loop: runs until every sender is gone.
-pub fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, hook: Arc<dyn CommittedEvents>) {
+pub fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, hook: Arc<dyn StoreListener>) {
     let mut commits: u64 = 0;
     while let Ok(first) = rx.recv() {
         let mut batch = Vec::with_capacity(16);
@@ -143,6 +143,9 @@ pub fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, hook: Arc<dyn Commi
             let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
         }
     }
+    // Every sender is gone: a clean close. Fold the WAL into the database file, so that
+    // `lmsp.db` alone is complete (a copy of it is a backup).
+    let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
 }
 
 fn commit_batch(

@@ -1,0 +1,91 @@
+//! The model engine port.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::model::ModelToLoad;
+use crate::task::{TaskSpec, Usage};
+
+/// Why an engine failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// The model file is missing or unreadable, or no engine runs its format.
+    #[error("the model is unavailable: {0}")]
+    ModelUnavailable(String),
+    /// The model file does not match its stored digest.
+    #[error("the model file does not match its digest")]
+    DigestMismatch,
+    /// The upstream server cannot be reached, refused the work or broke off.
+    #[error("the upstream is unavailable: {0}")]
+    UpstreamUnavailable(String),
+    /// The engine sent nothing for too long.
+    #[error("the engine timed out: {0}")]
+    Timeout(String),
+    /// Anything else.
+    #[error("the engine failed: {0}")]
+    Failed(String),
+}
+
+/// One item of a generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GenerationItem {
+    /// Output text, and the state to resume from right after it.
+    Delta {
+        /// The text (whole characters: a delta never splits one).
+        text: String,
+        /// The engine state after this text.
+        state: Vec<u8>,
+    },
+    /// The generation finished.
+    Finished {
+        /// Token counts of the whole output, in the engine's tokens (including any part before a
+        /// resume).
+        usage: Usage,
+    },
+}
+
+/// A running generation, pulled item by item.
+///
+/// A cancel is the app's business: it stops pulling, calls [`Generation::stop`] and drops the
+/// generation. So [`Generation::next_item`] must be cancel-safe (its future may be dropped at any
+/// await point without losing or corrupting anything), and dropping a generation must stop
+/// whatever work it has under way.
+#[async_trait]
+pub trait Generation: Send {
+    /// The next item; after `Finished` there is none.
+    async fn next_item(&mut self) -> Result<Option<GenerationItem>, EngineError>;
+
+    /// Stops the generation and returns once the engine has stopped working on it.
+    async fn stop(&mut self);
+}
+
+/// What a generation is asked to do.
+#[derive(Debug, Clone)]
+pub struct GenerationJob {
+    /// The model (loaded with [`Engine::load`]).
+    pub model: ModelToLoad,
+    /// The task's conversation, budget and sampling.
+    pub spec: Arc<TaskSpec>,
+    /// When resuming: the state of the snapshot and the text produced before it.
+    pub resume: Option<ResumePoint>,
+}
+
+/// Where a resumed generation continues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// The snapshot's engine state.
+    pub state: Vec<u8>,
+    /// The text produced up to the snapshot.
+    pub text_so_far: String,
+}
+
+/// A model engine.
+#[async_trait]
+pub trait Engine: Send + Sync {
+    /// Loads a model (a no-op when it is loaded already). The app checks the file against its
+    /// digest before; dropping the future abandons the load.
+    async fn load(&self, model: &ModelToLoad) -> Result<(), EngineError>;
+    /// Starts generating; resumes from `job.resume` when given.
+    async fn generate(&self, job: GenerationJob) -> Result<Box<dyn Generation>, EngineError>;
+}

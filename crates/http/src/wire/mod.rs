@@ -1,0 +1,78 @@
+//! The JSON shapes of the API, and only here: domain values rendered for the wire, and the
+//! request bodies parsed from it.
+//!
+//! Every reply body is one of these structs, so the OpenAPI document (`GET /v1/openapi.json`) is
+//! derived from the very types the handlers serialise; every request body is parsed into one of
+//! these structs (serde, unknown fields refused), the same type the document describes, so the
+//! document and the parser cannot drift.
+
+pub mod chat;
+pub mod native;
+pub mod openai;
+pub mod requests;
+pub mod service;
+
+use lmsp_domain::Timestamp;
+
+/// A single-valued string, e.g. the `object` field of every API object; its schema is that one
+/// value.
+macro_rules! constant {
+    ($(#[$meta:meta])* $name:ident = $value:tt) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+        pub enum $name {
+            /// The one value.
+            #[default]
+            #[serde(rename = $value)]
+            Value,
+        }
+
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                crate::openapi::constant($value).into()
+            }
+        }
+
+        impl utoipa::ToSchema for $name {}
+    };
+}
+pub(crate) use constant;
+
+/// A page of a list: `{"object": "list", "data": [...], "has_more": bool}`, one type per item.
+macro_rules! list_of {
+    ($(#[$meta:meta])* $name:ident of $item:ty) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+        pub struct $name {
+            // Always `list`.
+            #[schema(inline)]
+            pub object: crate::wire::ListTag,
+            /// The items.
+            pub data: Vec<$item>,
+            /// Whether more items follow this page.
+            pub has_more: bool,
+        }
+
+        impl $name {
+            /// A page of these items.
+            pub fn new(data: Vec<$item>, has_more: bool) -> Self {
+                Self {
+                    object: crate::wire::ListTag::Value,
+                    data,
+                    has_more,
+                }
+            }
+        }
+    };
+}
+pub(crate) use list_of;
+
+constant!(
+    /// `"list"`.
+    ListTag = "list"
+);
+
+/// RFC 3339 with milliseconds, as every LMSP-native object shows times.
+pub fn time(at: Timestamp) -> String {
+    at.to_rfc3339()
+}

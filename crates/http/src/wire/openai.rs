@@ -1,0 +1,495 @@
+//! The OpenAI-compatible response object and its stream: the second rendering of a task's log.
+//!
+//! A task's response is OpenAI's `response` object, plus LMSP's own fields (`task_id`,
+//! `on_restart`, `seed`, `restarts`, `output_text`). A stream is OpenAI's flat events, each
+//! carrying the sequence number of the log event it renders, so resuming after a sequence number
+//! gives every later event exactly once. Log events OpenAI has no type for (`response.loading`,
+//! `response.cancelling`, `response.resumed`) are left out; a cancel ends the stream with
+//! `response.incomplete` carrying the response in status `cancelled`; a failure sends an `error`
+//! event before `response.failed`.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use lmsp_domain::{
+    ClosedItem, Event, EventPayload, ItemId, ItemStatus, Response, Task, TaskError, TaskStatus,
+};
+
+use crate::openapi as schema;
+use crate::wire::constant;
+use crate::wire::native::TaskErrorObject;
+
+constant!(
+    /// `"response"`.
+    ResponseTag = "response"
+);
+constant!(
+    /// `"message"`.
+    MessageTag = "message"
+);
+constant!(
+    /// `"assistant"`.
+    AssistantTag = "assistant"
+);
+constant!(
+    /// `"output_text"`.
+    OutputTextTag = "output_text"
+);
+constant!(
+    /// `"auto"`.
+    AutoTag = "auto"
+);
+
+/// The text part of an output message.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OutputText {
+    // Always `output_text`.
+    #[schema(inline)]
+    #[serde(rename = "type")]
+    pub kind: OutputTextTag,
+    /// The text.
+    pub text: String,
+    /// Always empty.
+    pub annotations: Vec<String>,
+    /// Always empty.
+    pub logprobs: Vec<String>,
+}
+
+impl OutputText {
+    /// A text part.
+    pub fn new(text: impl Into<String>) -> Self {
+        Self {
+            kind: OutputTextTag::Value,
+            text: text.into(),
+            annotations: Vec::new(),
+            logprobs: Vec::new(),
+        }
+    }
+}
+
+/// An output item: the assistant's message one run of the task produced.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OutputMessage {
+    // Always `message`.
+    #[schema(inline)]
+    #[serde(rename = "type")]
+    pub kind: MessageTag,
+    /// Its id (`msg_…`).
+    pub id: String,
+    // Always `assistant`.
+    #[schema(inline)]
+    pub role: AssistantTag,
+    /// `in_progress`, `completed` or `incomplete`.
+    #[schema(schema_with = schema::item_progress)]
+    pub status: &'static str,
+    /// Its text part (none yet while it is being opened).
+    pub content: Vec<OutputText>,
+}
+
+impl OutputMessage {
+    fn of(item: ItemId, status: &'static str, text: Option<&str>) -> Self {
+        Self {
+            kind: MessageTag::Value,
+            id: item.to_string(),
+            role: AssistantTag::Value,
+            status,
+            content: text.map(OutputText::new).into_iter().collect(),
+        }
+    }
+}
+
+/// `usage.input_tokens_details`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct InputTokensDetails {
+    /// Always 0.
+    pub cached_tokens: u64,
+}
+
+/// `usage.output_tokens_details`.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct OutputTokensDetails {
+    /// Always 0.
+    pub reasoning_tokens: u64,
+}
+
+/// Token counts, in the engine's tokens.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct UsageObject {
+    /// Tokens of the input.
+    pub input_tokens: u64,
+    /// Tokens generated.
+    pub output_tokens: u64,
+    /// Both.
+    pub total_tokens: u64,
+    /// Details of the input's tokens.
+    pub input_tokens_details: InputTokensDetails,
+    /// Details of the output's tokens.
+    pub output_tokens_details: OutputTokensDetails,
+}
+
+impl UsageObject {
+    fn of(usage: lmsp_domain::Usage) -> Self {
+        Self {
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            total_tokens: usage.total_tokens(),
+            input_tokens_details: InputTokensDetails { cached_tokens: 0 },
+            output_tokens_details: OutputTokensDetails {
+                reasoning_tokens: 0,
+            },
+        }
+    }
+}
+
+/// `text`: the output's format, always plain text.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TextConfig {
+    /// `{"type": "text"}`.
+    pub format: TextFormat,
+}
+
+/// The plain-text format.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TextFormat {
+    /// Always `text`.
+    #[serde(rename = "type")]
+    #[schema(schema_with = schema::text_format_type)]
+    pub kind: &'static str,
+}
+
+/// A response: OpenAI's `response` object, with LMSP's own fields.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ResponseObject {
+    // Always `response`.
+    #[schema(inline)]
+    pub object: ResponseTag,
+    /// Its id (`resp_…`), from the task's creation on.
+    #[schema(schema_with = schema::response_id)]
+    pub id: String,
+    /// `queued`; `in_progress` while the task loads, runs or is being cancelled; then
+    /// `completed`, `failed` or `cancelled`.
+    #[schema(schema_with = schema::response_status)]
+    pub status: &'static str,
+    /// The model.
+    pub model: String,
+    /// When the task was created (Unix seconds).
+    pub created_at: i64,
+    /// When it completed (Unix seconds), or `null`.
+    #[schema(required = true)]
+    pub completed_at: Option<i64>,
+    /// Whether the request returned at once.
+    pub background: bool,
+    /// The output budget.
+    pub max_output_tokens: u32,
+    /// The client's string pairs.
+    pub metadata: BTreeMap<String, String>,
+    /// The last run's message, once the task completed; empty before.
+    pub output: Vec<OutputMessage>,
+    /// The output's text (`""` until the task completed).
+    pub output_text: String,
+    /// Token counts once completed, or `null`.
+    #[schema(required = true)]
+    pub usage: Option<UsageObject>,
+    /// Why the task failed, or `null`.
+    #[schema(required = true)]
+    pub error: Option<TaskErrorObject>,
+    /// Always `null`.
+    #[schema(required = true, value_type = Option<String>)]
+    pub incomplete_details: Option<()>,
+    /// The request's instructions, or `null`.
+    #[schema(required = true)]
+    pub instructions: Option<String>,
+    /// The response this one continues, or `null`.
+    #[schema(required = true)]
+    pub previous_response_id: Option<String>,
+    /// The sampling temperature asked for, or `null`.
+    #[schema(required = true)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling's mass asked for, or `null`.
+    #[schema(required = true)]
+    pub top_p: Option<f64>,
+    /// Always empty: LMSP runs no tools.
+    pub tools: Vec<String>,
+    // Always `auto`.
+    #[schema(inline)]
+    pub tool_choice: AutoTag,
+    /// Always `false`.
+    pub parallel_tool_calls: bool,
+    /// The output format: plain text.
+    pub text: TextConfig,
+    /// Always `true`: every task is stored.
+    pub store: bool,
+    /// The task (`task_…`).
+    #[schema(schema_with = schema::task_id)]
+    pub task_id: String,
+    /// What happens to the task when the service restarts before it finishes.
+    #[schema(schema_with = schema::restart_policy)]
+    pub on_restart: &'static str,
+    /// The sampler's seed (the request's, or the one the service picked).
+    pub seed: u64,
+    /// How many service restarts moved the task.
+    pub restarts: u32,
+}
+
+/// The OpenAI status of a task in `status`.
+pub fn response_status(status: TaskStatus) -> &'static str {
+    match status {
+        TaskStatus::Queued => "queued",
+        TaskStatus::Loading | TaskStatus::Running | TaskStatus::Cancelling => "in_progress",
+        TaskStatus::Completed => "completed",
+        TaskStatus::Failed => "failed",
+        TaskStatus::Cancelled => "cancelled",
+    }
+}
+
+/// The item the completed output of `task` is (its last opened one).
+fn last_item(task: &Task) -> ItemId {
+    ItemId::of(task.id, task.items.opened.saturating_sub(1))
+}
+
+/// The response object of `task` as it is now, with its stored `response` once completed.
+pub fn response(task: &Task, stored: Option<&Response>) -> ResponseObject {
+    response_in(task, task.status, stored, task.error.as_ref())
+}
+
+/// The response object of `task` as it was in `status`.
+pub fn response_in(
+    task: &Task,
+    status: TaskStatus,
+    stored: Option<&Response>,
+    error: Option<&TaskError>,
+) -> ResponseObject {
+    let stored = stored.filter(|_| status == TaskStatus::Completed);
+    ResponseObject {
+        object: ResponseTag::Value,
+        id: task.response_id.to_string(),
+        status: response_status(status),
+        model: task.model.as_str().to_owned(),
+        created_at: task.created_at.as_unix_seconds(),
+        completed_at: stored.map(|r| r.completed_at.as_unix_seconds()),
+        background: task.background,
+        max_output_tokens: task.spec.max_output_tokens,
+        metadata: task.metadata.clone(),
+        output: stored
+            .map(|r| OutputMessage::of(last_item(task), "completed", Some(&r.output_text)))
+            .into_iter()
+            .collect(),
+        output_text: stored.map(|r| r.output_text.clone()).unwrap_or_default(),
+        usage: stored.map(|r| UsageObject::of(r.usage)),
+        error: error
+            .filter(|_| status == TaskStatus::Failed)
+            .map(TaskErrorObject::of),
+        incomplete_details: None,
+        instructions: task.spec.instructions.clone(),
+        previous_response_id: task.spec.previous_response_id.map(|id| id.to_string()),
+        temperature: task.spec.temperature.map(|t| t.get()),
+        top_p: task.spec.top_p.map(|t| t.get()),
+        tools: Vec::new(),
+        tool_choice: AutoTag::Value,
+        parallel_tool_calls: false,
+        text: TextConfig {
+            format: TextFormat { kind: "text" },
+        },
+        store: true,
+        task_id: task.id.to_string(),
+        on_restart: task.on_restart.as_str(),
+        seed: task.spec.seed,
+        restarts: task.restarts,
+    }
+}
+
+/// `DELETE /v1/responses/{id}`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DeletedResponse {
+    /// The response's id.
+    #[schema(schema_with = schema::response_id)]
+    pub id: String,
+    /// Always `response.deleted`.
+    #[schema(schema_with = schema::deleted_tag)]
+    pub object: &'static str,
+    /// Always `true`.
+    pub deleted: bool,
+}
+
+/// One event of the OpenAI rendering: its type and its JSON (with `type` and `sequence_number`).
+#[derive(Debug, Clone)]
+pub struct StreamEvent {
+    /// The event's type.
+    pub kind: &'static str,
+    /// The log's sequence number it renders.
+    pub sequence_number: u64,
+    /// The event's JSON.
+    pub data: serde_json::Value,
+}
+
+/// Renders a task's log as OpenAI's stream events, event by event. It keeps the task as it was
+/// when the stream began, so that each lifecycle event carries the whole response object.
+#[derive(Debug, Clone)]
+pub struct StreamRenderer {
+    task: Task,
+}
+
+fn item_json(closed: &ClosedItem) -> OutputMessage {
+    let status = match closed.status {
+        ItemStatus::Completed => "completed",
+        ItemStatus::Incomplete => "incomplete",
+    };
+    OutputMessage::of(closed.item, status, Some(&closed.text))
+}
+
+impl StreamRenderer {
+    /// A renderer for `task`'s log.
+    pub fn new(task: Task) -> Self {
+        Self { task }
+    }
+
+    fn lifecycle(
+        &self,
+        kind: &'static str,
+        seq: u64,
+        status: TaskStatus,
+        stored: Option<&Response>,
+        error: Option<&TaskError>,
+    ) -> StreamEvent {
+        let response = response_in(&self.task, status, stored, error);
+        StreamEvent {
+            kind,
+            sequence_number: seq,
+            data: serde_json::json!({"type": kind, "sequence_number": seq, "response": response}),
+        }
+    }
+
+    /// The OpenAI events of one log event (none for the events OpenAI has no type for).
+    pub fn render(&mut self, event: &Event) -> Vec<StreamEvent> {
+        self.note(event);
+        let seq = event.sequence_number;
+        let item_event = |kind: &'static str, item: ItemId, extra: serde_json::Value| {
+            let mut data = serde_json::json!({
+                "type": kind,
+                "sequence_number": seq,
+                "item_id": item.to_string(),
+                "output_index": item.output_index(),
+                "content_index": 0,
+            });
+            if let (Some(data), serde_json::Value::Object(extra)) = (data.as_object_mut(), extra) {
+                data.extend(extra);
+            }
+            StreamEvent {
+                kind,
+                sequence_number: seq,
+                data,
+            }
+        };
+        match &event.payload {
+            EventPayload::Created { .. } => {
+                vec![self.lifecycle("response.created", seq, TaskStatus::Queued, None, None)]
+            }
+            EventPayload::Queued { .. } => {
+                vec![self.lifecycle("response.queued", seq, TaskStatus::Queued, None, None)]
+            }
+            EventPayload::InProgress => {
+                vec![self.lifecycle("response.in_progress", seq, TaskStatus::Running, None, None)]
+            }
+            EventPayload::Loading { .. }
+            | EventPayload::Cancelling
+            | EventPayload::Resumed { .. } => Vec::new(),
+            EventPayload::OutputItemAdded { item } => {
+                let kind = "response.output_item.added";
+                let message = OutputMessage::of(*item, "in_progress", None);
+                vec![StreamEvent {
+                    kind,
+                    sequence_number: seq,
+                    data: serde_json::json!({
+                        "type": kind,
+                        "sequence_number": seq,
+                        "output_index": item.output_index(),
+                        "item": message,
+                    }),
+                }]
+            }
+            EventPayload::ContentPartAdded { item } => vec![item_event(
+                "response.content_part.added",
+                *item,
+                serde_json::json!({"part": OutputText::new("")}),
+            )],
+            EventPayload::OutputTextDelta { item, delta } => vec![item_event(
+                "response.output_text.delta",
+                *item,
+                serde_json::json!({"delta": delta, "logprobs": []}),
+            )],
+            EventPayload::OutputTextDone(closed) => vec![item_event(
+                "response.output_text.done",
+                closed.item,
+                serde_json::json!({"text": closed.text, "logprobs": []}),
+            )],
+            EventPayload::ContentPartDone(closed) => vec![item_event(
+                "response.content_part.done",
+                closed.item,
+                serde_json::json!({"part": OutputText::new(closed.text.clone())}),
+            )],
+            EventPayload::OutputItemDone(closed) => {
+                let kind = "response.output_item.done";
+                vec![StreamEvent {
+                    kind,
+                    sequence_number: seq,
+                    data: serde_json::json!({
+                        "type": kind,
+                        "sequence_number": seq,
+                        "output_index": closed.item.output_index(),
+                        "item": item_json(closed),
+                    }),
+                }]
+            }
+            EventPayload::Completed { response } => {
+                vec![self.lifecycle(
+                    "response.completed",
+                    seq,
+                    TaskStatus::Completed,
+                    Some(response),
+                    None,
+                )]
+            }
+            EventPayload::Failed { error } => {
+                let kind = "error";
+                let error_event = StreamEvent {
+                    kind,
+                    sequence_number: seq,
+                    data: serde_json::json!({
+                        "type": kind,
+                        "sequence_number": seq,
+                        "code": error.code.as_str(),
+                        "message": error.message,
+                        "param": null,
+                    }),
+                };
+                vec![
+                    error_event,
+                    self.lifecycle(
+                        "response.failed",
+                        seq,
+                        TaskStatus::Failed,
+                        None,
+                        Some(error),
+                    ),
+                ]
+            }
+            EventPayload::Cancelled => vec![self.lifecycle(
+                "response.incomplete",
+                seq,
+                TaskStatus::Cancelled,
+                None,
+                None,
+            )],
+        }
+    }
+
+    /// Notes an output item opened or closed, so that the completed response names the item
+    /// its last run produced.
+    fn note(&mut self, event: &Event) {
+        if let Some(item) = event.payload.item() {
+            self.task.items.opened = self.task.items.opened.max(item.output_index() + 1);
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The service, health, models, clients and pairing objects.
+
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use lmsp_app::{NewPairing, Paired};
+use lmsp_domain::auth::{Client, Scopes};
+use lmsp_domain::{ModelRecord, ModelSource};
+
+use crate::openapi as schema;
+use crate::wire::{constant, list_of, time};
+
+constant!(
+    /// `"model"`.
+    ModelTag = "model"
+);
+constant!(
+    /// `"client"`.
+    ClientTag = "client"
+);
+constant!(
+    /// `"service"`.
+    ServiceTag = "service"
+);
+constant!(
+    /// `"LMSP 1.0"`.
+    SpecTag = "LMSP 1.0"
+);
+constant!(
+    /// `"lmsp"`.
+    OwnerTag = "lmsp"
+);
+
+fn scope_names(scopes: &Scopes) -> Vec<&'static str> {
+    scopes.iter().map(|s| s.as_str()).collect()
+}
+
+/// A registered model.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ModelObject {
+    // Always `model`.
+    #[schema(inline)]
+    pub object: ModelTag,
+    /// Its id.
+    pub id: String,
+    /// The file's path as registered (relative to the models directory when inside it); shown
+    /// only to `admin` and `models:write`, and absent for an upstream model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// `text`, `gguf`, or `upstream` (a model an upstream server runs).
+    pub format: String,
+    /// The file's size (absent for an upstream model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// `sha256:` and the file's SHA-256 in hex (absent for an upstream model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^sha256:[0-9a-f]{64}$")]
+    pub digest: Option<String>,
+    /// The upstream's name for it (only for an upstream model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_model: Option<String>,
+    /// When it was registered.
+    #[schema(schema_with = schema::timestamp)]
+    pub created_at: String,
+    /// When it was registered (Unix seconds), as OpenAI's SDKs read it.
+    pub created: i64,
+    // Always `lmsp`.
+    #[schema(inline)]
+    pub owned_by: OwnerTag,
+}
+
+/// A model object; `show_path` for callers that may see where files are.
+pub fn model(model: &ModelRecord, show_path: bool) -> ModelObject {
+    let (path, size_bytes, digest, upstream_model) = match &model.source {
+        ModelSource::File { file, .. } => (
+            show_path.then(|| file.path.clone()),
+            Some(file.size_bytes),
+            Some(file.digest.as_str().to_owned()),
+            None,
+        ),
+        ModelSource::Upstream { name } => (None, None, None, Some(name.clone())),
+    };
+    ModelObject {
+        object: ModelTag::Value,
+        id: model.id.as_str().to_owned(),
+        path,
+        format: model.format_name().to_owned(),
+        size_bytes,
+        digest,
+        upstream_model,
+        created_at: time(model.created_at),
+        created: model.created_at.as_unix_seconds(),
+        owned_by: OwnerTag::Value,
+    }
+}
+
+/// A paired client: never its token or the token's hash.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ClientObject {
+    // Always `client`.
+    #[schema(inline)]
+    pub object: ClientTag,
+    /// Its id.
+    #[schema(schema_with = schema::client_id)]
+    pub id: String,
+    /// A human name.
+    pub name: String,
+    /// What it may do.
+    #[schema(schema_with = schema::scopes)]
+    pub scopes: Vec<&'static str>,
+    /// When it was created.
+    #[schema(schema_with = schema::timestamp)]
+    pub created_at: String,
+    /// When it was revoked, or `null`.
+    #[schema(schema_with = schema::nullable_timestamp, required = true)]
+    pub revoked_at: Option<String>,
+}
+
+/// A client object (never its token or hash).
+pub fn client(client: &Client) -> ClientObject {
+    ClientObject {
+        object: ClientTag::Value,
+        id: client.id.to_string(),
+        name: client.name.clone(),
+        scopes: scope_names(&client.scopes),
+        created_at: time(client.created_at),
+        revoked_at: client.revoked_at.map(time),
+    }
+}
+
+list_of!(
+    /// Every registered model.
+    ModelList of ModelObject
+);
+list_of!(
+    /// Every client.
+    ClientList of ClientObject
+);
+
+/// `GET /v1/health`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HealthObject {
+    /// `ok` while the store accepts commits, `unavailable` while it does not.
+    #[schema(schema_with = schema::health_status)]
+    pub status: &'static str,
+    /// Why it is unavailable (`storage_unavailable`); absent when ok.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = schema::health_reason)]
+    pub reason: Option<&'static str>,
+}
+
+/// The service and its settings.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ServiceObject {
+    // Always `service`.
+    #[schema(inline)]
+    pub object: ServiceTag,
+    /// The service's id; it never changes for a store.
+    #[schema(schema_with = schema::service_id)]
+    pub id: String,
+    // Always `LMSP 1.0`.
+    #[schema(inline)]
+    pub spec: SpecTag,
+    /// The implementation's version.
+    pub version: String,
+    /// When this process started.
+    #[schema(schema_with = schema::timestamp)]
+    pub started_at: String,
+    /// How long finished tasks are kept (`--retention`).
+    pub retention_seconds: u64,
+    /// The policy of tasks whose request names none (`--default-on-restart`).
+    #[schema(schema_with = schema::restart_policy)]
+    pub default_on_restart: &'static str,
+}
+
+/// The service object.
+pub fn service(service: &lmsp_app::Service) -> ServiceObject {
+    let settings = service.settings();
+    ServiceObject {
+        object: ServiceTag::Value,
+        id: service.identity().id.to_string(),
+        spec: SpecTag::Value,
+        version: settings.version.clone(),
+        started_at: time(service.started_at()),
+        retention_seconds: settings.retention.as_secs(),
+        default_on_restart: settings.default_on_restart.as_str(),
+    }
+}
+
+/// A one-time pairing code (`POST /v1/pairings`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PairingObject {
+    /// The code, shown once.
+    #[schema(pattern = "^[0-9]{3}-[0-9]{3}$", examples("483-921"))]
+    pub code: String,
+    /// When it stops working (10 minutes after creation).
+    #[schema(schema_with = schema::timestamp)]
+    pub expires_at: String,
+    /// The scopes a client paired with it may receive.
+    #[schema(schema_with = schema::scopes)]
+    pub scopes: Vec<&'static str>,
+}
+
+/// The reply to `POST /v1/pairings`.
+pub fn pairing(pairing: &NewPairing) -> PairingObject {
+    PairingObject {
+        code: pairing.code.expose().to_owned(),
+        expires_at: time(pairing.expires_at),
+        scopes: scope_names(&pairing.scopes),
+    }
+}
+
+/// A new client and its token (`POST /v1/pair`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PairedObject {
+    /// The new client's id.
+    #[schema(schema_with = schema::client_id)]
+    pub client_id: String,
+    /// Its bearer token, shown once: `lmsp_` and 43 base64url characters.
+    #[schema(pattern = "^lmsp_[A-Za-z0-9_-]{43}$")]
+    pub token: String,
+    /// What it may do.
+    #[schema(schema_with = schema::scopes)]
+    pub scopes: Vec<&'static str>,
+}
+
+/// The reply to `POST /v1/pair`.
+pub fn paired(paired: &Paired) -> PairedObject {
+    PairedObject {
+        client_id: paired.client.id.to_string(),
+        token: paired.token.expose().to_owned(),
+        scopes: scope_names(&paired.client.scopes),
+    }
+}

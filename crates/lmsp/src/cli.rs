@@ -1,0 +1,213 @@
+//! The command line: `lmsp serve` and the offline commands, every flag with its environment
+//! variable. Values are checked here, so a bad one is refused with a message that says what is
+//! expected.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use lmsp_domain::auth::Scope;
+use lmsp_domain::RestartPolicy;
+
+/// LMSP: a local model service. Paired clients submit inference work over HTTP (OpenAI's
+/// Responses and chat completions APIs, or LMSP's own task API); the service runs it
+/// asynchronously and never loses or corrupts a task across crashes, restarts and cancels.
+#[derive(Debug, Parser)]
+#[command(name = "lmsp", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Runs the service (HTTP API, workers, recovery, purge).
+    Serve(Box<ServeArgs>),
+    /// Adds, lists and revokes clients, whether or not the server runs.
+    #[command(subcommand)]
+    Clients(ClientsCommand),
+    /// Registers model files, whether or not the server runs.
+    #[command(subcommand)]
+    Models(ModelsCommand),
+    /// Writes a consistent copy of the database to OUT, whether or not the server runs.
+    Backup {
+        /// The file to write (must not exist).
+        out: PathBuf,
+        #[command(flatten)]
+        data: DataDir,
+    },
+}
+
+/// Where the data lives.
+#[derive(Debug, Clone, Args)]
+pub struct DataDir {
+    /// The data directory: holds the SQLite database `lmsp.db` (and, by default, the models
+    /// directory).
+    #[arg(long, env = "LMSP_DATA_DIR", default_value = "./lmsp-data")]
+    pub data_dir: PathBuf,
+}
+
+/// `--sync`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum SyncFlag {
+    /// Every commit is durable against power loss before any reply.
+    Full,
+    /// Faster; a power loss (not a crash) may lose the last commits.
+    Normal,
+}
+
+/// `--engine`.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum EngineFlag {
+    /// The deterministic reference engine (text corpora).
+    Reference,
+    /// An OpenAI-compatible upstream server (`--upstream`).
+    Openai,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Plain lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|_| format!("`{text}` is not a duration (write e.g. 250ms, 30s, 10m, 7d)"))
+}
+
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match duration(text)? {
+        d if d.is_zero() => Err(String::from("must be longer than zero")),
+        d => Ok(d),
+    }
+}
+
+/// `lmsp serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub data: DataDir,
+    /// The address to listen on (port 0 picks a free one, printed on stderr).
+    #[arg(long, env = "LMSP_LISTEN", default_value = "127.0.0.1:8717")]
+    pub listen: SocketAddr,
+    /// Tasks run at once (1 or more).
+    #[arg(long, env = "LMSP_WORKERS", default_value_t = 4,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: u16,
+    /// How long finished tasks are kept after they finish.
+    #[arg(long, env = "LMSP_RETENTION", default_value = "7d", value_parser = duration)]
+    pub retention: Duration,
+    /// How often the purge job removes finished tasks past the retention.
+    #[arg(long, env = "LMSP_PURGE_INTERVAL", default_value = "60s", value_parser = positive_duration)]
+    pub purge_interval: Duration,
+    /// How long idempotency keys are kept.
+    #[arg(long, env = "LMSP_IDEMPOTENCY_TTL", default_value = "24h", value_parser = positive_duration)]
+    pub idempotency_ttl: Duration,
+    /// The restart policy of tasks whose request names none.
+    #[arg(long, env = "LMSP_DEFAULT_ON_RESTART", default_value = "fail",
+          value_parser = ["fail", "retry", "resume"])]
+    pub default_on_restart: String,
+    /// The directory model files must be inside (default: DATA_DIR/models); its model files are
+    /// registered at startup.
+    #[arg(long, env = "LMSP_MODELS_DIR")]
+    pub models_dir: Option<PathBuf>,
+    /// The engine for models that are not the built-in reference (which always runs on the
+    /// reference engine).
+    #[arg(long, env = "LMSP_ENGINE", value_enum, default_value = "reference")]
+    pub engine: EngineFlag,
+    /// The OpenAI-compatible server of `--engine openai`, e.g. `http://127.0.0.1:8080/v1`.
+    #[arg(long, env = "LMSP_UPSTREAM", required_if_eq("engine", "openai"))]
+    pub upstream: Option<String>,
+    /// The reference engine's time to load a model.
+    #[arg(long, env = "LMSP_REFERENCE_LOAD_DELAY", default_value = "0ms", value_parser = duration)]
+    pub reference_load_delay: Duration,
+    /// The reference engine's time per token.
+    #[arg(long, env = "LMSP_REFERENCE_TOKEN_DELAY", default_value = "0ms", value_parser = duration)]
+    pub reference_token_delay: Duration,
+    /// The reference engine's time to notice a cancel.
+    #[arg(long, env = "LMSP_REFERENCE_CANCEL_DELAY", default_value = "0ms", value_parser = duration)]
+    pub reference_cancel_delay: Duration,
+    /// On SIGTERM/SIGINT: how long running tasks may still finish before the process exits.
+    #[arg(long, env = "LMSP_SHUTDOWN_GRACE", default_value = "10s", value_parser = duration)]
+    pub shutdown_grace: Duration,
+    /// `full`: every commit is durable against power loss before any reply or event; `normal`:
+    /// faster, but a power loss (not a crash) may lose the last commits.
+    #[arg(long, env = "LMSP_SYNC", value_enum, default_value = "full")]
+    pub sync: SyncFlag,
+    /// Log format on stderr (`RUST_LOG` filters, default `info`).
+    #[arg(long, env = "LMSP_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// How long a client may take to send a request's headers, or to send its body after a
+    /// pause, before it is answered 408 and closed.
+    #[arg(long, env = "LMSP_REQUEST_TIMEOUT", default_value = "30s", value_parser = positive_duration)]
+    pub request_timeout: Duration,
+    /// How long an idle keep-alive connection stays open.
+    #[arg(long, env = "LMSP_IDLE_TIMEOUT", default_value = "60s", value_parser = positive_duration)]
+    pub idle_timeout: Duration,
+    /// The most connections served at once; past it new connections get 503.
+    #[arg(long, env = "LMSP_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+}
+
+impl ServeArgs {
+    /// The default restart policy.
+    pub fn default_policy(&self) -> RestartPolicy {
+        RestartPolicy::parse(&self.default_on_restart).unwrap_or_default()
+    }
+}
+
+/// `lmsp clients …`.
+#[derive(Debug, Subcommand)]
+pub enum ClientsCommand {
+    /// Adds a client: prints its id, then its token (shown once) on the last line.
+    Add {
+        /// A human name.
+        #[arg(long)]
+        name: String,
+        /// A scope (repeatable): responses:write, responses:read, models:read, models:write, admin.
+        #[arg(long = "scope", required = true, value_parser = parse_scope)]
+        scopes: Vec<Scope>,
+        #[command(flatten)]
+        data: DataDir,
+    },
+    /// Lists clients: id, name, scopes, state, created.
+    List {
+        #[command(flatten)]
+        data: DataDir,
+    },
+    /// Revokes a client; its token stops working at once.
+    Revoke {
+        /// The client id (`cli_…`, as `lmsp clients list` shows it).
+        id: String,
+        #[command(flatten)]
+        data: DataDir,
+    },
+}
+
+fn parse_scope(text: &str) -> Result<Scope, String> {
+    Scope::parse(text).map_err(|e| e.to_string())
+}
+
+/// `lmsp models …`.
+#[derive(Debug, Subcommand)]
+pub enum ModelsCommand {
+    /// Registers a model file (`.gguf`, `.txt`) under ID, hashing it with a progress bar. Any
+    /// readable file of the machine's owner may be registered this way.
+    Add {
+        /// The model id.
+        id: String,
+        /// The file.
+        path: PathBuf,
+        #[command(flatten)]
+        data: DataDir,
+    },
+}

@@ -1,0 +1,117 @@
+//! The offline commands: clients, models and backup, on a data directory whether or not a
+//! server runs on it (SQLite lets both write). They never create a database.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+
+use lmsp_app::{clients_offline, models_offline, AppError};
+use lmsp_domain::auth::Scopes;
+use lmsp_domain::ports::{ModelFiles, Progress, Store};
+use lmsp_domain::{ClientId, ModelId};
+use lmsp_models_fs::FsModelFiles;
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
+
+use crate::cli::{ClientsCommand, DataDir, ModelsCommand};
+use crate::datadir;
+
+fn open(data: &DataDir) -> anyhow::Result<Arc<dyn Store>> {
+    let path = datadir::existing_database(&data.data_dir)?;
+    let store = SqliteStore::open_without_listener(&path, SqliteOptions::default())
+        .with_context(|| format!("cannot open the database {}", path.display()))?;
+    Ok(Arc::new(store))
+}
+
+/// `lmsp clients …`.
+pub async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
+    match command {
+        ClientsCommand::Add { name, scopes, data } => {
+            let store = open(&data)?;
+            let added =
+                clients_offline::add_client(store.as_ref(), &name, Scopes::new(scopes)).await?;
+            println!("{}", added.client.id);
+            println!("{}", added.token.expose());
+        }
+        ClientsCommand::List { data } => {
+            let store = open(&data)?;
+            let clients = store.list_clients().await?;
+            println!("ID\tNAME\tSCOPES\tSTATE\tCREATED");
+            for client in clients {
+                let scopes: Vec<_> = client.scopes.iter().map(|s| s.as_str()).collect();
+                let state = if client.revoked_at.is_some() {
+                    "revoked"
+                } else {
+                    "active"
+                };
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    client.id,
+                    client.name,
+                    scopes.join(","),
+                    state,
+                    client.created_at
+                );
+            }
+        }
+        ClientsCommand::Revoke { id, data } => {
+            let client_id = ClientId::parse(&id)
+                .map_err(|_| anyhow::anyhow!("`{id}` is not a client id (cli_…)"))?;
+            let store = open(&data)?;
+            match clients_offline::revoke_client(store.as_ref(), client_id).await {
+                Ok(()) => println!("revoked {id}"),
+                Err(AppError::NotFound) => bail!("no active client {id}"),
+                Err(error) => return Err(error.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `lmsp models …`.
+pub async fn models(command: ModelsCommand) -> anyhow::Result<()> {
+    let ModelsCommand::Add { id, path, data } = command;
+    let model_id = ModelId::parse(&id)?;
+    let store = open(&data)?;
+    let files = FsModelFiles::new(data.data_dir.join("models"));
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_message(format!("hashing {id}"));
+    let shown = bar.clone();
+    let progress: Progress = Box::new(move |done, total| {
+        shown.set_length(total);
+        shown.set_position(done);
+    });
+    let registered = models_offline::register_model_file(
+        store.as_ref(),
+        &files as &dyn ModelFiles,
+        model_id,
+        &path.to_string_lossy(),
+        Some(progress),
+    )
+    .await;
+    bar.finish_and_clear();
+    match registered {
+        Ok(record) => {
+            let file = record
+                .file()
+                .map(|f| (f.digest.to_string(), f.path.clone()));
+            let (digest, path) = file.unwrap_or_default();
+            println!("{}\t{}\t{}", record.id, digest, path);
+            Ok(())
+        }
+        Err(AppError::AlreadyExists(_)) => bail!("model `{id}` exists already"),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// `lmsp backup OUT`.
+pub fn backup(out: &std::path::Path, data: &DataDir) -> anyhow::Result<()> {
+    let path = datadir::existing_database(&data.data_dir)?;
+    lmsp_storage_sqlite::backup(&path, out)
+        .with_context(|| format!("cannot back up {} to {}", path.display(), out.display()))?;
+    println!("{}", out.display());
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! Clients, pairing codes and the pairing limit.
+
+use lmsp_domain::auth::{Client, Pairing, PairingLimit, SecretHash};
+use lmsp_domain::ids::ClientId;
+use lmsp_domain::ports::Redemption;
+use lmsp_domain::time::Timestamp;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::codec;
+use crate::ops::{config_value, corrupt, set_config_value, Res};
+
+type ClientRow = (String, String, String, String, i64, Option<i64>);
+
+fn client_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ClientRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+    ))
+}
+
+fn parse_hash(text: &str) -> Res<SecretHash> {
+    SecretHash::from_hex(text).ok_or_else(|| corrupt("a stored hash is not 64 hex digits"))
+}
+
+fn build_client(fields: ClientRow) -> Res<Client> {
+    let (id, name, hash, scopes, created_at, revoked_at) = fields;
+    Ok(Client {
+        id: ClientId::parse(&id).map_err(corrupt)?,
+        name,
+        scopes: codec::scopes_from_text(&scopes)?,
+        token_hash: parse_hash(&hash)?,
+        created_at: Timestamp::from_millis(created_at),
+        revoked_at: revoked_at.map(Timestamp::from_millis),
+    })
+}
+
+const CLIENT_COLUMNS: &str = "id, name, token_hash, scopes, created_at, revoked_at";
+
+/// Stores a client.
+pub fn insert_client(conn: &Connection, client: &Client) -> Res<()> {
+    conn.prepare_cached(
+        "INSERT INTO clients (id, name, token_hash, scopes, created_at, revoked_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        client.id.to_string(),
+        client.name,
+        client.token_hash.to_hex(),
+        codec::scopes_to_text(&client.scopes)?,
+        client.created_at.as_millis(),
+        client.revoked_at.map(Timestamp::as_millis),
+    ])?;
+    Ok(())
+}
+
+/// The unrevoked client with this token hash.
+pub fn client_by_token_hash(conn: &Connection, hash: &SecretHash) -> Res<Option<Client>> {
+    let sql = format!(
+        "SELECT {CLIENT_COLUMNS} FROM clients WHERE token_hash = ?1 AND revoked_at IS NULL"
+    );
+    let row = conn
+        .prepare_cached(&sql)?
+        .query_row([hash.to_hex()], client_row)
+        .optional()?;
+    row.map(build_client).transpose()
+}
+
+/// A client by id.
+pub fn client(conn: &Connection, id: ClientId) -> Res<Option<Client>> {
+    let sql = format!("SELECT {CLIENT_COLUMNS} FROM clients WHERE id = ?1");
+    let row = conn
+        .prepare_cached(&sql)?
+        .query_row([id.to_string()], client_row)
+        .optional()?;
+    row.map(build_client).transpose()
+}
+
+/// Every client, oldest first.
+pub fn list_clients(conn: &Connection) -> Res<Vec<Client>> {
+    let sql = format!("SELECT {CLIENT_COLUMNS} FROM clients ORDER BY created_at, id");
+    let rows: Vec<_> = conn
+        .prepare_cached(&sql)?
+        .query_map([], client_row)?
+        .collect::<Result<_, _>>()?;
+    rows.into_iter().map(build_client).collect()
+}
+
+/// Revokes a client.
+pub fn revoke_client(conn: &Connection, id: ClientId, at: Timestamp) -> Res<bool> {
+    let changed = conn
+        .prepare_cached("UPDATE clients SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL")?
+        .execute(params![at.as_millis(), id.to_string()])?;
+    Ok(changed == 1)
+}
+
+/// Stores a pairing code hash.
+pub fn insert_pairing(conn: &Connection, pairing: &Pairing) -> Res<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO pairings (code_hash, scopes, created_at, expires_at) \
+         VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![
+        pairing.code_hash.to_hex(),
+        codec::scopes_to_text(&pairing.scopes)?,
+        pairing.created_at.as_millis(),
+        pairing.expires_at.as_millis(),
+    ])?;
+    Ok(())
+}
+
+const PAIRING_LIMIT: &str = "pairing_limit";
+
+fn pairing_limit(conn: &Connection) -> Res<PairingLimit> {
+    config_value(conn, PAIRING_LIMIT)?
+        .map(|text| codec::pairing_limit_from_text(&text))
+        .transpose()
+        .map(Option::unwrap_or_default)
+}
+
+/// Redeems a pairing code under the pairing limit, all in the current transaction.
+pub fn redeem_pairing(
+    conn: &Connection,
+    hash: &SecretHash,
+    client: &Client,
+    at: Timestamp,
+) -> Res<Redemption> {
+    let limit = pairing_limit(conn)?;
+    if let Err(until) = limit.check(at) {
+        return Ok(Redemption::Locked { until });
+    }
+    let scopes: Option<String> = conn
+        .prepare_cached("SELECT scopes FROM pairings WHERE code_hash = ?1 AND expires_at > ?2")?
+        .query_row(params![hash.to_hex(), at.as_millis()], |row| row.get(0))
+        .optional()?;
+    let Some(scopes) = scopes else {
+        let after = limit.after_failure(at);
+        set_config_value(
+            conn,
+            PAIRING_LIMIT,
+            &codec::pairing_limit_to_text(&after.limit)?,
+        )?;
+        if after.burn_codes {
+            conn.prepare_cached("DELETE FROM pairings")?.execute([])?;
+        }
+        return Ok(Redemption::NoSuchCode {
+            limit_reached: after.burn_codes,
+        });
+    };
+    let granted = codec::scopes_from_text(&scopes)?;
+    if !client.scopes.is_subset_of(&granted) {
+        return Ok(Redemption::ScopesNotGranted);
+    }
+    conn.prepare_cached("DELETE FROM pairings WHERE code_hash = ?1")?
+        .execute([hash.to_hex()])?;
+    insert_client(conn, client)?;
+    Ok(Redemption::Paired)
+}

@@ -1,0 +1,198 @@
+//! Idempotency records (I-8): the hold, the first reply, expiry.
+
+use lmsp_domain::idempotency::{
+    decide, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, KeyState,
+    RequestDigest, StoredReply,
+};
+use lmsp_domain::ids::{InstanceId, TaskId};
+use lmsp_domain::time::Timestamp;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::ops::{client_key, corrupt, instance_key, key, to_i64, ulid_of, Res};
+
+type Row = (
+    Vec<u8>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<i64>,
+    Option<Vec<u8>>,
+    i64,
+    i64,
+);
+
+/// The record stored under a key, expired or not.
+fn stored_record(
+    conn: &Connection,
+    scope: &IdempotencyScope,
+    key_text: &IdempotencyKey,
+) -> Res<Option<IdempotencyRecord>> {
+    let row: Option<Row> = conn
+        .prepare_cached(
+            "SELECT digest, reply, reply_task, held_until, held_by, created_at, expires_at \
+             FROM idempotency_keys WHERE client_id = ?1 AND operation = ?2 AND key = ?3",
+        )?
+        .query_row(
+            params![
+                client_key(scope.client_id),
+                scope.operation.as_str(),
+                key_text.as_str()
+            ],
+            |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                    row.get(5)?,
+                    row.get(6)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((digest, reply, reply_task, held_until, held_by, created_at, expires_at)) = row else {
+        return Ok(None);
+    };
+    let digest: [u8; 32] = digest
+        .try_into()
+        .map_err(|_| corrupt("an idempotency digest is not 32 bytes"))?;
+    let state = match reply {
+        None => KeyState::Pending,
+        Some(body) => KeyState::Answered(StoredReply {
+            task_id: reply_task
+                .map(|id| Ok::<_, crate::error::DbError>(TaskId::from_ulid(ulid_of(&id)?)))
+                .transpose()?,
+            body,
+        }),
+    };
+    Ok(Some(IdempotencyRecord {
+        scope: scope.clone(),
+        key: key_text.clone(),
+        digest: RequestDigest(digest),
+        state,
+        held_until: held_until.map(Timestamp::from_millis),
+        held_by: held_by
+            .map(|id| Ok::<_, crate::error::DbError>(InstanceId::from_ulid(ulid_of(&id)?)))
+            .transpose()?,
+        created_at: Timestamp::from_millis(created_at),
+        expires_at: Timestamp::from_millis(expires_at),
+    }))
+}
+
+/// The record under a key unless it expired at `at`.
+pub fn live_record(
+    conn: &Connection,
+    scope: &IdempotencyScope,
+    key_text: &IdempotencyKey,
+    at: Timestamp,
+) -> Res<Option<IdempotencyRecord>> {
+    Ok(stored_record(conn, scope, key_text)?.filter(|record| record.expires_at > at))
+}
+
+/// Writes a record, replacing whatever was stored under its key.
+pub fn put_record(conn: &Connection, record: &IdempotencyRecord) -> Res<()> {
+    let (reply, reply_task) = match &record.state {
+        KeyState::Pending => (None, None),
+        KeyState::Answered(reply) => (Some(reply.body.as_slice()), reply.task_id.map(key)),
+    };
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO idempotency_keys (client_id, operation, key, digest, reply, \
+         reply_task, held_until, held_by, created_at, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )?
+    .execute(params![
+        client_key(record.scope.client_id),
+        record.scope.operation.as_str(),
+        record.key.as_str(),
+        record.digest.0.as_slice(),
+        reply,
+        reply_task.as_ref().map(|bytes| bytes.as_slice()),
+        record.held_until.map(Timestamp::as_millis),
+        record
+            .held_by
+            .map(instance_key)
+            .as_ref()
+            .map(|bytes| bytes.as_slice()),
+        record.created_at.as_millis(),
+        record.expires_at.as_millis(),
+    ])?;
+    Ok(())
+}
+
+/// Decides a request under its key; holds the key when it proceeds.
+pub fn claim_key(conn: &Connection, claim: &KeyClaim, now: Timestamp) -> Res<KeyDecision> {
+    let stored = stored_record(conn, &claim.scope, &claim.key)?;
+    let decision = decide(stored.as_ref(), &claim.digest, now);
+    if decision == KeyDecision::Proceed {
+        put_record(conn, &claim.pending_record(now))?;
+    }
+    Ok(decision)
+}
+
+/// Records the reply of a held key.
+pub fn answer_key(
+    conn: &Connection,
+    scope: &IdempotencyScope,
+    key_text: &IdempotencyKey,
+    reply: &StoredReply,
+) -> Res<()> {
+    conn.prepare_cached(
+        "UPDATE idempotency_keys SET reply = ?1, reply_task = ?2 \
+         WHERE client_id = ?3 AND operation = ?4 AND key = ?5",
+    )?
+    .execute(params![
+        reply.body.as_slice(),
+        reply
+            .task_id
+            .map(key)
+            .as_ref()
+            .map(|bytes| bytes.as_slice()),
+        client_key(scope.client_id),
+        scope.operation.as_str(),
+        key_text.as_str()
+    ])?;
+    Ok(())
+}
+
+/// Ends a key's hold: a pending record goes, an answered one stays.
+pub fn release_key(
+    conn: &Connection,
+    scope: &IdempotencyScope,
+    key_text: &IdempotencyKey,
+) -> Res<()> {
+    let id = client_key(scope.client_id);
+    conn.prepare_cached(
+        "DELETE FROM idempotency_keys \
+         WHERE client_id = ?1 AND operation = ?2 AND key = ?3 AND reply IS NULL",
+    )?
+    .execute(params![id, scope.operation.as_str(), key_text.as_str()])?;
+    conn.prepare_cached(
+        "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL \
+         WHERE client_id = ?1 AND operation = ?2 AND key = ?3",
+    )?
+    .execute(params![id, scope.operation.as_str(), key_text.as_str()])?;
+    Ok(())
+}
+
+/// Deletes up to `batch` expired records.
+pub fn purge_idempotency(conn: &Connection, at: Timestamp, batch: usize) -> Res<u64> {
+    Ok(conn
+        .prepare_cached(
+            "DELETE FROM idempotency_keys WHERE (client_id, operation, key) IN \
+             (SELECT client_id, operation, key FROM idempotency_keys \
+             WHERE expires_at <= ?1 LIMIT ?2)",
+        )?
+        .execute(params![at.as_millis(), to_i64(batch as u64)?])? as u64)
+}
+
+/// Ends every hold of a stopped instance: its pending records go, its answered ones replay.
+pub fn release_holds_of(conn: &Connection, instance: InstanceId) -> Res<()> {
+    let id = instance_key(instance);
+    conn.prepare_cached("DELETE FROM idempotency_keys WHERE held_by = ?1 AND reply IS NULL")?
+        .execute([id])?;
+    conn.prepare_cached(
+        "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL WHERE held_by = ?1",
+    )?
+    .execute([id])?;
+    Ok(())
+}

@@ -1,0 +1,304 @@
+//! The SQL of every port method: plain functions over a connection, called by the writer thread
+//! (inside a savepoint) or by a pooled read connection.
+//!
+//! Task rows are decoded column by column; ids of tasks, clients and instances are stored as the
+//! 16 bytes of their ULID. Every write reads the rows it changes inside its transaction, asks the
+//! domain, and writes what the domain returns as a compare-and-set on what it read.
+
+pub mod clients;
+pub mod events;
+pub mod idempotency;
+pub mod instances;
+pub mod models;
+pub mod purge;
+pub mod service;
+pub mod tasks;
+
+use lmsp_domain::event::Event;
+use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::model::ModelId;
+use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::status::TaskStatus;
+use lmsp_domain::task::{OutputItems, Task};
+use lmsp_domain::time::Timestamp;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use ulid::Ulid;
+
+use crate::codec;
+use crate::error::DbError;
+
+/// The result type of the operations.
+pub type Res<T> = Result<T, DbError>;
+
+/// The finished statuses, for `status IN …`.
+pub const FINISHED_SQL: &str = "('completed','failed','cancelled')";
+
+/// The unfinished statuses (P-7), in the order recovery looks at them.
+pub const LEFTOVER_STATUSES: [TaskStatus; 4] = TaskStatus::UNFINISHED;
+
+/// A `u64` as SQLite's integer.
+pub fn to_i64(value: u64) -> Res<i64> {
+    i64::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is out of range")))
+}
+
+/// SQLite's integer as a `u64`.
+pub fn from_i64(value: i64) -> Res<u64> {
+    u64::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is negative")))
+}
+
+/// A stored row that makes no sense.
+pub fn corrupt(what: impl std::fmt::Display) -> DbError {
+    DbError::Corrupt(what.to_string())
+}
+
+/// The stored key of a task id: its ULID's 16 bytes (so key order is creation order).
+pub fn key(id: TaskId) -> [u8; 16] {
+    id.ulid().to_bytes()
+}
+
+/// The stored key of a client id.
+pub fn client_key(id: ClientId) -> [u8; 16] {
+    id.ulid().to_bytes()
+}
+
+/// The stored key of an instance id.
+pub fn instance_key(id: InstanceId) -> [u8; 16] {
+    id.ulid().to_bytes()
+}
+
+/// A ULID from its stored 16 bytes.
+pub fn ulid_of(bytes: &[u8]) -> Res<Ulid> {
+    let bytes: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| corrupt(format!("an id of {} bytes", bytes.len())))?;
+    Ok(Ulid::from_bytes(bytes))
+}
+
+/// The response id of a task whose row stores none: the task's own ULID.
+pub fn derived_response_id(task: TaskId) -> ResponseId {
+    ResponseId::from_ulid(task.ulid())
+}
+
+/// The columns [`raw_task`] reads, in order (`t` is `tasks`, `s` is `task_specs`).
+pub const TASK_COLUMNS: &str = "t.id, t.client_id, t.status, t.model, t.on_restart, \
+     t.created_at, t.started_at, t.finished_at, t.last_sequence_number, t.restarts, t.error, \
+     t.response_id, t.owner, t.background, t.items_opened, t.item_open, s.spec, s.metadata";
+
+/// How many columns [`TASK_COLUMNS`] names.
+pub const TASK_COLUMN_COUNT: usize = 18;
+
+/// `tasks` joined with its spec, for `SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE …`.
+pub const TASK_FROM: &str = "tasks t JOIN task_specs s ON s.task_id = t.id";
+
+/// A task row as SQLite hands it over; [`RawTask::decode`] checks and converts it.
+pub struct RawTask {
+    id: Vec<u8>,
+    client_id: Vec<u8>,
+    status: String,
+    model: String,
+    on_restart: String,
+    created_at: i64,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+    last_sequence_number: i64,
+    restarts: i64,
+    error: Option<String>,
+    response_id: Option<String>,
+    owner: Vec<u8>,
+    background: bool,
+    items_opened: i64,
+    item_open: bool,
+    spec: String,
+    metadata: String,
+}
+
+/// Reads a task row selected with [`TASK_COLUMNS`].
+pub fn raw_task(row: &Row<'_>) -> rusqlite::Result<RawTask> {
+    Ok(RawTask {
+        id: row.get(0)?,
+        client_id: row.get(1)?,
+        status: row.get(2)?,
+        model: row.get(3)?,
+        on_restart: row.get(4)?,
+        created_at: row.get(5)?,
+        started_at: row.get(6)?,
+        finished_at: row.get(7)?,
+        last_sequence_number: row.get(8)?,
+        restarts: row.get(9)?,
+        error: row.get(10)?,
+        response_id: row.get(11)?,
+        owner: row.get(12)?,
+        background: row.get(13)?,
+        items_opened: row.get(14)?,
+        item_open: row.get(15)?,
+        spec: row.get(16)?,
+        metadata: row.get(17)?,
+    })
+}
+
+impl RawTask {
+    /// The domain task.
+    pub fn decode(self) -> Res<Task> {
+        let id = TaskId::from_ulid(ulid_of(&self.id)?);
+        Ok(Task {
+            id,
+            response_id: match self.response_id {
+                Some(text) => ResponseId::parse(&text).map_err(corrupt)?,
+                None => derived_response_id(id),
+            },
+            client_id: ClientId::from_ulid(ulid_of(&self.client_id)?),
+            owner: InstanceId::from_ulid(ulid_of(&self.owner)?),
+            status: TaskStatus::parse(&self.status).map_err(corrupt)?,
+            model: ModelId::parse(&self.model).map_err(corrupt)?,
+            on_restart: RestartPolicy::parse(&self.on_restart).map_err(corrupt)?,
+            background: self.background,
+            spec: codec::spec_from_text(&self.spec)?,
+            metadata: codec::metadata_from_text(&self.metadata)?,
+            created_at: Timestamp::from_millis(self.created_at),
+            started_at: self.started_at.map(Timestamp::from_millis),
+            finished_at: self.finished_at.map(Timestamp::from_millis),
+            last_sequence_number: from_i64(self.last_sequence_number)?,
+            restarts: u32::try_from(self.restarts).map_err(corrupt)?,
+            error: self
+                .error
+                .map(|error| codec::error_from_text(&error))
+                .transpose()?,
+            items: OutputItems {
+                opened: u32::try_from(self.items_opened).map_err(corrupt)?,
+                open: self.item_open,
+            },
+        })
+    }
+}
+
+/// Reads a task inside the current transaction.
+pub fn load_task(conn: &Connection, id: TaskId) -> Res<Option<Task>> {
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = ?1");
+    conn.prepare_cached(&sql)?
+        .query_row([key(id)], raw_task)
+        .optional()?
+        .map(RawTask::decode)
+        .transpose()
+}
+
+fn error_text(task: &Task) -> Res<Option<String>> {
+    task.error.as_ref().map(codec::error_to_text).transpose()
+}
+
+/// The response id as stored: `NULL` when it is the derived one.
+fn stored_response_id(task: &Task) -> Option<String> {
+    (task.response_id != derived_response_id(task.id)).then(|| task.response_id.to_string())
+}
+
+/// Inserts a new task's rows (`tasks` and `task_specs`).
+pub fn insert_task_rows(conn: &Connection, task: &Task) -> Res<()> {
+    conn.prepare_cached(
+        "INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, started_at, \
+         finished_at, last_sequence_number, restarts, error, response_id, owner, background, \
+         items_opened, item_open) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+    )?
+    .execute(params![
+        key(task.id),
+        client_key(task.client_id),
+        task.status.as_str(),
+        task.model.as_str(),
+        task.on_restart.as_str(),
+        task.created_at.as_millis(),
+        task.started_at.map(Timestamp::as_millis),
+        task.finished_at.map(Timestamp::as_millis),
+        to_i64(task.last_sequence_number)?,
+        task.restarts,
+        error_text(task)?,
+        stored_response_id(task),
+        instance_key(task.owner),
+        task.background,
+        task.items.opened,
+        task.items.open,
+    ])?;
+    conn.prepare_cached("INSERT INTO task_specs (task_id, spec, metadata) VALUES (?1, ?2, ?3)")?
+        .execute(params![
+            key(task.id),
+            codec::spec_to_text(&task.spec)?,
+            codec::metadata_to_text(&task.metadata)?,
+        ])?;
+    Ok(())
+}
+
+/// Writes a task after a decided step: a compare-and-set on status, last sequence number and
+/// owner, so a row that moved under the transaction is never overwritten; then its events.
+pub fn write_advanced(conn: &Connection, old: &Task, new: &Task, events: &[Event]) -> Res<()> {
+    let only_progress = old.status == new.status
+        && old.started_at == new.started_at
+        && old.finished_at == new.finished_at
+        && old.restarts == new.restarts
+        && old.error == new.error
+        && old.owner == new.owner
+        && old.items == new.items;
+    let changed = if only_progress {
+        // Output: only the sequence number moves, and an UPDATE that names no indexed column
+        // leaves the status and finish indexes alone.
+        conn.prepare_cached(
+            "UPDATE tasks SET last_sequence_number = ?1 \
+             WHERE id = ?2 AND status = ?3 AND last_sequence_number = ?4 AND owner = ?5",
+        )?
+        .execute(params![
+            to_i64(new.last_sequence_number)?,
+            key(old.id),
+            old.status.as_str(),
+            to_i64(old.last_sequence_number)?,
+            instance_key(old.owner),
+        ])?
+    } else {
+        conn.prepare_cached(
+            "UPDATE tasks SET status = ?1, started_at = ?2, finished_at = ?3, \
+             last_sequence_number = ?4, restarts = ?5, error = ?6, owner = ?7, \
+             items_opened = ?8, item_open = ?9 \
+             WHERE id = ?10 AND status = ?11 AND last_sequence_number = ?12 AND owner = ?13",
+        )?
+        .execute(params![
+            new.status.as_str(),
+            new.started_at.map(Timestamp::as_millis),
+            new.finished_at.map(Timestamp::as_millis),
+            to_i64(new.last_sequence_number)?,
+            new.restarts,
+            error_text(new)?,
+            instance_key(new.owner),
+            new.items.opened,
+            new.items.open,
+            key(old.id),
+            old.status.as_str(),
+            to_i64(old.last_sequence_number)?,
+            instance_key(old.owner),
+        ])?
+    };
+    if changed != 1 {
+        return Err(corrupt(format!(
+            "task {} moved under its transaction",
+            old.id
+        )));
+    }
+    events::insert_events(conn, events)
+}
+
+/// Drops a task's snapshot.
+pub fn delete_snapshot(conn: &Connection, id: TaskId) -> Res<()> {
+    conn.prepare_cached("DELETE FROM snapshots WHERE task_id = ?1")?
+        .execute([key(id)])?;
+    Ok(())
+}
+
+/// Reads a `service_config` value.
+pub fn config_value(conn: &Connection, name: &str) -> Res<Option<String>> {
+    Ok(conn
+        .prepare_cached("SELECT value FROM service_config WHERE key = ?1")?
+        .query_row([name], |row| row.get(0))
+        .optional()?)
+}
+
+/// Writes a `service_config` value.
+pub fn set_config_value(conn: &Connection, name: &str, value: &str) -> Res<()> {
+    conn.prepare_cached("INSERT OR REPLACE INTO service_config (key, value) VALUES (?1, ?2)")?
+        .execute([name, value])?;
+    Ok(())
+}

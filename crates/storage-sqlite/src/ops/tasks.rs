@@ -1,0 +1,327 @@
+//! Tasks: creation, the worker's steps, claims, cancels, deletion, and the reads.
+
+use lmsp_domain::cancel::decide_cancel;
+use lmsp_domain::event::{Event, EventPayload};
+use lmsp_domain::idempotency::IdempotencyRecord;
+use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::ports::{
+    CancelOutcome, CreateOutcome, DeleteOutcome, Page, Snapshot, StepOutcome, TaskFilter,
+};
+use lmsp_domain::status::TaskStatus;
+use lmsp_domain::task::{Response, Task};
+use lmsp_domain::time::Timestamp;
+use lmsp_domain::transition::{advance, advance_all, Step};
+use rusqlite::types::Value;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::codec;
+use crate::ops::idempotency::{live_record, put_record};
+use crate::ops::{
+    client_key, corrupt, delete_snapshot, events, from_i64, insert_task_rows, instance_key, key,
+    load_task, raw_task, to_i64, write_advanced, RawTask, Res, TASK_COLUMNS, TASK_FROM,
+};
+
+/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record.
+pub fn create_task(
+    conn: &Connection,
+    task: Task,
+    idempotency: Option<IdempotencyRecord>,
+    at: Timestamp,
+) -> Res<(CreateOutcome, Vec<Event>)> {
+    if let Some(record) = &idempotency {
+        if let Some(existing) = live_record(conn, &record.scope, &record.key, at)? {
+            if matches!(
+                existing.state,
+                lmsp_domain::idempotency::KeyState::Answered(_)
+            ) {
+                return Ok((CreateOutcome::KeyAnswered(existing), Vec::new()));
+            }
+        }
+    }
+    let task = task.as_created();
+    let event = Event {
+        task_id: task.id,
+        sequence_number: 1,
+        created_at: task.created_at,
+        payload: EventPayload::Created {
+            task: Box::new(task.clone()),
+        },
+    };
+    insert_task_rows(conn, &task)?;
+    let events = vec![event];
+    events::insert_events(conn, &events)?;
+    if let Some(record) = &idempotency {
+        put_record(conn, record)?;
+    }
+    Ok((CreateOutcome::Created(task), events))
+}
+
+fn insert_response(conn: &Connection, response: &Response) -> Res<()> {
+    conn.prepare_cached("INSERT OR REPLACE INTO responses (id, task_id, doc) VALUES (?1, ?2, ?3)")?
+        .execute(params![
+            response.id.to_string(),
+            key(response.task_id),
+            codec::response_to_text(response)?,
+        ])?;
+    Ok(())
+}
+
+fn put_snapshot(conn: &Connection, task_id: TaskId, snapshot: &Snapshot) -> Res<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO snapshots (task_id, sequence_number, state) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![
+        key(task_id),
+        to_i64(snapshot.sequence_number)?,
+        snapshot.state,
+    ])?;
+    Ok(())
+}
+
+/// P-3, I-2: folds a worker's steps through the domain, all or nothing.
+pub fn append(
+    conn: &Connection,
+    task_id: TaskId,
+    by: InstanceId,
+    expected: Option<u64>,
+    steps: &[Step],
+    snapshot: Option<&Snapshot>,
+    at: Timestamp,
+) -> Res<(StepOutcome, Vec<Event>)> {
+    let Some(old) = load_task(conn, task_id)? else {
+        return Ok((StepOutcome::NotFound, Vec::new()));
+    };
+    let advanced = match advance_all(&old, steps, by, expected, at) {
+        Ok(advanced) => advanced,
+        Err(refusal) => return Ok((StepOutcome::Refused { task: old, refusal }, Vec::new())),
+    };
+    write_advanced(conn, &old, &advanced.task, &advanced.events)?;
+    for step in steps {
+        if let Step::Complete { response } = step {
+            insert_response(conn, response)?;
+        }
+    }
+    if advanced.task.status.is_finished() {
+        delete_snapshot(conn, task_id)?;
+    } else if let Some(snapshot) = snapshot {
+        put_snapshot(conn, task_id, snapshot)?;
+    }
+    let events = advanced.events.clone();
+    Ok((
+        StepOutcome::Applied {
+            task: advanced.task,
+            events: advanced.events,
+        },
+        events,
+    ))
+}
+
+/// Claims the oldest queued task for `by`.
+pub fn claim_next(
+    conn: &Connection,
+    by: InstanceId,
+    at: Timestamp,
+) -> Res<(Option<Task>, Vec<Event>)> {
+    let sql = format!(
+        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.status = 'queued' ORDER BY t.id LIMIT 1"
+    );
+    let Some(raw) = conn
+        .prepare_cached(&sql)?
+        .query_row([], raw_task)
+        .optional()?
+    else {
+        return Ok((None, Vec::new()));
+    };
+    let old = raw.decode()?;
+    let step = Step::Claim {
+        model: old.model.clone(),
+    };
+    let advanced = advance(&old, &step, by, at)
+        .map_err(|refusal| corrupt(format!("a queued task refused a claim: {refusal}")))?;
+    write_advanced(conn, &old, &advanced.task, &advanced.events)?;
+    delete_snapshot(conn, old.id)?;
+    Ok((Some(advanced.task), advanced.events))
+}
+
+/// P-4, I-3: decides and applies a cancel.
+pub fn cancel(
+    conn: &Connection,
+    task_id: TaskId,
+    client_id: Option<ClientId>,
+    at: Timestamp,
+) -> Res<(CancelOutcome, Vec<Event>)> {
+    let Some(old) = load_task(conn, task_id)? else {
+        return Ok((CancelOutcome::NotFound, Vec::new()));
+    };
+    if client_id.is_some_and(|client| client != old.client_id) {
+        return Ok((CancelOutcome::NotFound, Vec::new()));
+    }
+    let decision = decide_cancel(old.status);
+    if decision.event().is_none() {
+        return Ok((
+            CancelOutcome::Decided {
+                decision,
+                task: old,
+            },
+            Vec::new(),
+        ));
+    }
+    let advanced = advance(&old, &Step::RequestCancel, old.owner, at)
+        .map_err(|refusal| corrupt(format!("a cancel was refused: {refusal}")))?;
+    write_advanced(conn, &old, &advanced.task, &advanced.events)?;
+    if advanced.task.status.is_finished() {
+        delete_snapshot(conn, task_id)?;
+    }
+    Ok((
+        CancelOutcome::Decided {
+            decision,
+            task: advanced.task,
+        },
+        advanced.events,
+    ))
+}
+
+/// Removes one task's rows; its idempotency records stay, pointing at nothing (a key outlives
+/// its task and keeps its reply until it expires).
+pub fn delete_task_rows(conn: &Connection, id: &[u8]) -> Res<u64> {
+    let events = conn
+        .prepare_cached("DELETE FROM task_events WHERE task_id = ?1")?
+        .execute([id])?;
+    for sql in [
+        "DELETE FROM responses WHERE task_id = ?1",
+        "DELETE FROM snapshots WHERE task_id = ?1",
+        "UPDATE idempotency_keys SET reply_task = NULL WHERE reply_task = ?1",
+        "DELETE FROM task_specs WHERE task_id = ?1",
+        "DELETE FROM tasks WHERE id = ?1",
+    ] {
+        conn.prepare_cached(sql)?.execute([id])?;
+    }
+    Ok(events as u64)
+}
+
+/// Deletes one finished task now (P-6: never an unfinished one).
+pub fn delete_finished(
+    conn: &Connection,
+    task_id: TaskId,
+    client_id: Option<ClientId>,
+) -> Res<DeleteOutcome> {
+    let Some(task) = load_task(conn, task_id)? else {
+        return Ok(DeleteOutcome::NotFound);
+    };
+    if client_id.is_some_and(|client| client != task.client_id) {
+        return Ok(DeleteOutcome::NotFound);
+    }
+    if !task.status.is_finished() {
+        return Ok(DeleteOutcome::Unfinished);
+    }
+    delete_task_rows(conn, &key(task_id))?;
+    Ok(DeleteOutcome::Deleted)
+}
+
+/// The task whose response has this id: a task's own response id is its ULID, unless the first
+/// release stored another one (then `responses` or the row's `response_id` names it).
+pub fn task_by_response(conn: &Connection, response_id: ResponseId) -> Res<Option<Task>> {
+    if let Some(task) = load_task(conn, TaskId::from_ulid(response_id.ulid()))? {
+        if task.response_id == response_id {
+            return Ok(Some(task));
+        }
+    }
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.response_id = ?1");
+    let found = conn
+        .prepare_cached(&sql)?
+        .query_row([response_id.to_string()], raw_task)
+        .optional()?;
+    found.map(RawTask::decode).transpose()
+}
+
+/// Tasks, newest first.
+pub fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Res<Page<Task>> {
+    let mut sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE 1 = 1");
+    let mut values: Vec<Value> = Vec::new();
+    if let Some(client) = filter.client_id {
+        values.push(Value::Blob(client_key(client).to_vec()));
+        sql.push_str(&format!(" AND t.client_id = ?{}", values.len()));
+    }
+    if !filter.statuses.is_empty() {
+        let mut marks = Vec::new();
+        for status in &filter.statuses {
+            values.push(Value::Text(status.as_str().to_owned()));
+            marks.push(format!("?{}", values.len()));
+        }
+        sql.push_str(&format!(" AND t.status IN ({})", marks.join(",")));
+    }
+    if let Some(model) = &filter.model {
+        values.push(Value::Text(model.as_str().to_owned()));
+        sql.push_str(&format!(" AND t.model = ?{}", values.len()));
+    }
+    if let Some(before) = filter.before {
+        values.push(Value::Blob(key(before).to_vec()));
+        sql.push_str(&format!(" AND t.id < ?{}", values.len()));
+    }
+    values.push(Value::Integer(to_i64(filter.limit as u64 + 1)?));
+    sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ?{}", values.len()));
+    let raws: Vec<RawTask> = conn
+        .prepare_cached(&sql)?
+        .query_map(rusqlite::params_from_iter(values), raw_task)?
+        .collect::<Result<_, _>>()?;
+    let mut items = raws
+        .into_iter()
+        .map(RawTask::decode)
+        .collect::<Res<Vec<Task>>>()?;
+    let has_more = items.len() > filter.limit;
+    items.truncate(filter.limit);
+    Ok(Page { items, has_more })
+}
+
+/// A task's snapshot.
+pub fn snapshot(conn: &Connection, task_id: TaskId) -> Res<Option<Snapshot>> {
+    let row: Option<(i64, Vec<u8>)> = conn
+        .prepare_cached("SELECT sequence_number, state FROM snapshots WHERE task_id = ?1")?
+        .query_row([key(task_id)], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    row.map(|(seq, state)| {
+        Ok(Snapshot {
+            sequence_number: from_i64(seq)?,
+            state,
+        })
+    })
+    .transpose()
+}
+
+/// Counts per status.
+pub fn count_by_status(conn: &Connection) -> Res<Vec<(TaskStatus, u64)>> {
+    let rows: Vec<(String, i64)> = conn
+        .prepare_cached("SELECT status, COUNT(*) FROM tasks GROUP BY status ORDER BY status")?
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    rows.into_iter()
+        .map(|(status, count)| {
+            let status = TaskStatus::parse(&status).map_err(corrupt)?;
+            Ok((status, from_i64(count)?))
+        })
+        .collect()
+}
+
+/// The `cancelling` tasks in the care of `owner`.
+pub fn cancelling_tasks(conn: &Connection, owner: InstanceId) -> Res<Vec<TaskId>> {
+    let ids: Vec<Vec<u8>> = conn
+        .prepare_cached("SELECT id FROM tasks WHERE status = 'cancelling' AND owner = ?1")?
+        .query_map([instance_key(owner)], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    ids.iter()
+        .map(|id| Ok(TaskId::from_ulid(crate::ops::ulid_of(id)?)))
+        .collect()
+}
+
+/// The stored response of a task, with its id checked against the task's.
+pub fn response(conn: &Connection, task_id: TaskId) -> Res<Option<Response>> {
+    let response = events::response_of_task(conn, task_id)?;
+    if let Some(found) = &response {
+        if found.task_id != task_id {
+            return Err(corrupt(format!(
+                "the response of {task_id} names another task"
+            )));
+        }
+    }
+    Ok(response)
+}
