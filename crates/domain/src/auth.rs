@@ -227,6 +227,13 @@ impl PairingLimit {
     /// The limit after a wrong code at `now`: failures older than the window are forgotten; the
     /// one that makes [`PAIRING_MAX_FAILURES`] locks pairing and burns the codes.
     pub fn after_failure(&self, now: Timestamp) -> AfterFailure {
+        if self.check(now).is_err() {
+            // Locked already: the lock stands as it is, and nothing more is counted.
+            return AfterFailure {
+                limit: self.clone(),
+                burn_codes: false,
+            };
+        }
         let mut failures: Vec<Timestamp> = self
             .failures
             .iter()

@@ -204,6 +204,8 @@ pub struct Task {
     pub client_id: ClientId,
     /// The instance in whose care it is: the one that accepted it, claimed it or recovered it.
     pub owner: InstanceId,
+    /// The instance that accepted it (its first owner).
+    pub accepted_by: InstanceId,
     /// Where it is.
     pub status: TaskStatus,
     /// The model it runs on.
@@ -264,6 +266,7 @@ impl Task {
             response_id: ResponseId::from_ulid(new.id.ulid()),
             client_id: new.client_id,
             owner: new.owner,
+            accepted_by: new.owner,
             status: TaskStatus::Queued,
             model: new.model,
             on_restart: new.on_restart,
@@ -286,6 +289,7 @@ impl Task {
     /// store may keep the creation event's task as a reference to the task instead of a copy.
     pub fn as_created(&self) -> Task {
         Task {
+            owner: self.accepted_by,
             status: TaskStatus::Queued,
             started_at: None,
             finished_at: None,

@@ -127,6 +127,9 @@ pub enum Refusal {
         /// The refused step.
         step: StepKind,
     },
+    /// A completion carries a response that is not this task's (another id, or another task).
+    #[error("the completion carries a response that is not this task's")]
+    ForeignResponse,
     /// The step comes from an instance that does not own the task (it was recovered by another).
     #[error("the task is in the care of another instance")]
     NotOwner,
@@ -253,6 +256,11 @@ pub fn advance(
     at: Timestamp,
 ) -> Result<Advanced, Refusal> {
     let status = transition(task.status, step.kind())?;
+    if let Step::Complete { response } = step {
+        if response.id != task.response_id || response.task_id != task.id {
+            return Err(Refusal::ForeignResponse);
+        }
+    }
     let events = events_of(task, step);
     let mut advanced = apply(task, Transition { status, events }, at);
     if step.kind() == StepKind::Claim {

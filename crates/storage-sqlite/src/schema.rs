@@ -122,6 +122,8 @@ ALTER TABLE tasks ADD COLUMN background INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN items_opened INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN item_open INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks DROP COLUMN recovered_in;
+-- The instance that accepted the task (its first owner): part of what it was when created.
+ALTER TABLE task_specs ADD COLUMN accepted_by BLOB;
 ALTER TABLE task_events ADD COLUMN item INTEGER;
 -- Only the first release's responses have ids of their own; newer ones are their task's ULID.
 CREATE INDEX tasks_response ON tasks (response_id) WHERE response_id IS NOT NULL;

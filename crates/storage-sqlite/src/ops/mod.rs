@@ -74,6 +74,9 @@ pub fn ulid_of(bytes: &[u8]) -> Res<Ulid> {
     Ok(Ulid::from_bytes(bytes))
 }
 
+/// The owner of every task the first release wrote (see the v2 migration).
+const LEGACY_OWNER: [u8; 16] = crate::schema::LEGACY_INSTANCE;
+
 /// The response id of a task whose row stores none: the task's own ULID.
 pub fn derived_response_id(task: TaskId) -> ResponseId {
     ResponseId::from_ulid(task.ulid())
@@ -82,10 +85,11 @@ pub fn derived_response_id(task: TaskId) -> ResponseId {
 /// The columns [`raw_task`] reads, in order (`t` is `tasks`, `s` is `task_specs`).
 pub const TASK_COLUMNS: &str = "t.id, t.client_id, t.status, t.model, t.on_restart, \
      t.created_at, t.started_at, t.finished_at, t.last_sequence_number, t.restarts, t.error, \
-     t.response_id, t.owner, t.background, t.items_opened, t.item_open, s.spec, s.metadata";
+     t.response_id, t.owner, t.background, t.items_opened, t.item_open, s.spec, s.metadata, \
+     s.accepted_by";
 
 /// How many columns [`TASK_COLUMNS`] names.
-pub const TASK_COLUMN_COUNT: usize = 18;
+pub const TASK_COLUMN_COUNT: usize = 19;
 
 /// `tasks` joined with its spec, for `SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE …`.
 pub const TASK_FROM: &str = "tasks t JOIN task_specs s ON s.task_id = t.id";
@@ -110,6 +114,7 @@ pub struct RawTask {
     item_open: bool,
     spec: String,
     metadata: String,
+    accepted_by: Option<Vec<u8>>,
 }
 
 /// Reads a task row selected with [`TASK_COLUMNS`].
@@ -133,6 +138,7 @@ pub fn raw_task(row: &Row<'_>) -> rusqlite::Result<RawTask> {
         item_open: row.get(15)?,
         spec: row.get(16)?,
         metadata: row.get(17)?,
+        accepted_by: row.get(18)?,
     })
 }
 
@@ -148,6 +154,9 @@ impl RawTask {
             },
             client_id: ClientId::from_ulid(ulid_of(&self.client_id)?),
             owner: InstanceId::from_ulid(ulid_of(&self.owner)?),
+            accepted_by: InstanceId::from_ulid(ulid_of(
+                self.accepted_by.as_deref().unwrap_or(&LEGACY_OWNER),
+            )?),
             status: TaskStatus::parse(&self.status).map_err(corrupt)?,
             model: ModelId::parse(&self.model).map_err(corrupt)?,
             on_restart: RestartPolicy::parse(&self.on_restart).map_err(corrupt)?,
@@ -216,12 +225,15 @@ pub fn insert_task_rows(conn: &Connection, task: &Task) -> Res<()> {
         task.items.opened,
         task.items.open,
     ])?;
-    conn.prepare_cached("INSERT INTO task_specs (task_id, spec, metadata) VALUES (?1, ?2, ?3)")?
-        .execute(params![
-            key(task.id),
-            codec::spec_to_text(&task.spec)?,
-            codec::metadata_to_text(&task.metadata)?,
-        ])?;
+    conn.prepare_cached(
+        "INSERT INTO task_specs (task_id, spec, metadata, accepted_by) VALUES (?1, ?2, ?3, ?4)",
+    )?
+    .execute(params![
+        key(task.id),
+        codec::spec_to_text(&task.spec)?,
+        codec::metadata_to_text(&task.metadata)?,
+        instance_key(task.accepted_by),
+    ])?;
     Ok(())
 }
 
