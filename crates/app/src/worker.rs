@@ -386,6 +386,8 @@ async fn prepare_model(service: &Service, task: &Task) -> Result<ModelToLoad, En
 }
 
 /// What an append came to.
+// `Task` is not boxed: the value is matched at once, once per append.
+#[allow(clippy::large_enum_variant)]
 enum Appended {
     /// Committed: the task as it is now.
     Applied(Task),

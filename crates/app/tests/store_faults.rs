@@ -1,0 +1,111 @@
+//! No task is ever stranded: a run whose writes the store cannot commit (a full disk) retries
+//! with backoff and goes on when the store is back, or is given up and failed with
+//! `storage_unavailable`; a cancel always ends `cancelled`; waiters hear the end.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use lmsp_domain::{EventKind, TaskErrorCode, TaskStatus};
+
+use support::*;
+
+/// I-2: appends that fail a few times are retried; the run goes on and completes with every
+/// delta once, gapless.
+#[tokio::test]
+async fn a_run_whose_appends_fail_for_a_while_completes_with_a_gapless_log_i2() {
+    let h = harness(
+        engine_with(Duration::from_millis(2), 20),
+        files_ok(),
+        settings(Duration::from_secs(30)),
+    )
+    .await;
+    h.faults.appends.store(5, Ordering::SeqCst);
+    let task = submit(&h, 20).await;
+    let done = finished(&h, &task).await;
+    assert_eq!(done.status, TaskStatus::Completed);
+    assert_eq!(
+        h.faults.appends.load(Ordering::SeqCst),
+        0,
+        "every fault was met"
+    );
+    let events = kinds(&h, &task).await;
+    assert_eq!(
+        events
+            .iter()
+            .filter(|k| **k == EventKind::OutputTextDelta)
+            .count(),
+        20
+    );
+    let response = h
+        .service
+        .completed_response(&h.admin, task.id)
+        .await
+        .unwrap();
+    let expected: String = (0..20).map(|i| format!("w{i} ")).collect();
+    assert_eq!(response.output_text, expected);
+}
+
+/// A finish that fails for a while is retried until it commits.
+#[tokio::test]
+async fn a_completion_that_fails_for_a_while_is_recorded_when_the_store_is_back() {
+    let h = harness(
+        engine_with(Duration::ZERO, 3),
+        files_ok(),
+        settings(Duration::from_secs(30)),
+    )
+    .await;
+    h.faults.finishes.store(8, Ordering::SeqCst);
+    let task = submit(&h, 3).await;
+    assert_eq!(finished(&h, &task).await.status, TaskStatus::Completed);
+}
+
+/// A run the store cannot record within the retry policy is given up; when the store takes
+/// writes again the task ends `failed` with `storage_unavailable`, and its waiter hears it.
+#[tokio::test]
+async fn a_run_the_store_cannot_record_is_failed_with_storage_unavailable() {
+    let h = harness(
+        engine_with(Duration::from_millis(1), 50),
+        files_ok(),
+        settings(Duration::from_millis(200)),
+    )
+    .await;
+    h.faults.appends.store(u32::MAX, Ordering::SeqCst);
+    let task = submit(&h, 50).await;
+    let done = finished(&h, &task).await;
+    assert_eq!(done.status, TaskStatus::Failed);
+    assert_eq!(done.error.unwrap().code, TaskErrorCode::StorageUnavailable);
+    h.faults.appends.store(0, Ordering::SeqCst);
+    let next = submit(&h, 2).await;
+    assert_eq!(
+        finished(&h, &next).await.status,
+        TaskStatus::Completed,
+        "the worker goes on"
+    );
+}
+
+/// P-4, I-3: a task cancelled while its run cannot write ends `cancelled` once the store is back,
+/// never `completed`.
+#[tokio::test]
+async fn a_cancel_during_a_store_outage_ends_cancelled_i3() {
+    let h = harness(
+        engine_with(Duration::from_millis(5), 400),
+        files_ok(),
+        settings(Duration::from_secs(60)),
+    )
+    .await;
+    let task = submit(&h, 400).await;
+    running_past(&h, &task, 6).await;
+    h.faults.appends.store(u32::MAX, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.service.cancel(&h.admin, task.id).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.faults.appends.store(0, Ordering::SeqCst);
+    let done = finished(&h, &task).await;
+    assert_eq!(done.status, TaskStatus::Cancelled);
+    let events = kinds(&h, &task).await;
+    assert!(!events.contains(&EventKind::Completed));
+    assert_eq!(events.last(), Some(&EventKind::Cancelled));
+}
