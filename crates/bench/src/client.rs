@@ -82,6 +82,8 @@ pub fn wall_millis() -> f64 {
 /// One SSE message.
 #[derive(Debug, Clone)]
 pub struct SseMessage {
+    /// `id:` as a number (the task log's sequence number, in every rendering of LMSP).
+    pub id: Option<u64>,
     /// `event:`.
     pub event: String,
     /// `data:`.
@@ -149,10 +151,13 @@ fn find_blank_line(buffer: &[u8]) -> Option<usize> {
 
 fn parse_block(block: &[u8], arrived_ms: f64) -> Option<SseMessage> {
     let text = String::from_utf8_lossy(block);
+    let mut id = None;
     let mut event = String::new();
     let mut data = String::new();
     for line in text.lines() {
-        if let Some(value) = line.strip_prefix("event:") {
+        if let Some(value) = line.strip_prefix("id:") {
+            id = value.trim().parse().ok();
+        } else if let Some(value) = line.strip_prefix("event:") {
             event = value.trim().to_owned();
         } else if let Some(value) = line.strip_prefix("data:") {
             if !data.is_empty() {
@@ -162,23 +167,24 @@ fn parse_block(block: &[u8], arrived_ms: f64) -> Option<SseMessage> {
         }
     }
     (!data.is_empty()).then_some(SseMessage {
+        id,
         event,
         data,
         arrived_ms,
     })
 }
 
-/// Whether an event type ends a task's stream.
+/// Whether an event type ends a task's stream: the terminal events of the LMSP-native rendering,
+/// and of the OpenAI one (where a cancelled response ends with `response.incomplete`).
 pub fn is_terminal(event: &str) -> bool {
     matches!(
         event,
-        "response.completed" | "response.failed" | "response.cancelled"
+        "response.completed" | "response.failed" | "response.cancelled" | "response.incomplete"
     )
 }
 
-/// The `created_at` of an event's JSON, in ms since the epoch.
-pub fn created_at_millis(data: &str) -> anyhow::Result<f64> {
-    let value: Value = serde_json::from_str(data).context("SSE data is not JSON")?;
+/// The `created_at` of an LMSP-native event object, in ms since the epoch.
+pub fn event_created_at_millis(value: &Value) -> anyhow::Result<f64> {
     let text = value["created_at"]
         .as_str()
         .ok_or_else(|| anyhow!("event without created_at"))?;
@@ -219,12 +225,15 @@ mod tests {
     fn blocks_parse_and_comments_are_skipped() {
         let block = b"id: 3\nevent: response.output_text.delta\ndata: {\"a\":1}\n\n";
         let message = parse_block(block, 1.0).unwrap();
+        assert_eq!(message.id, Some(3));
         assert_eq!(message.event, "response.output_text.delta");
         assert_eq!(message.data, "{\"a\":1}");
         assert!(parse_block(b":\n\n", 1.0).is_none());
         assert_eq!(find_blank_line(b"a\n\nb"), Some(1));
-        let ms = created_at_millis(r#"{"created_at":"2024-01-01T00:00:00.123Z"}"#).unwrap();
+        let event = json!({"created_at": "2024-01-01T00:00:00.123Z"});
+        let ms = event_created_at_millis(&event).unwrap();
         assert_eq!(ms, 1_704_067_200_123.0);
         assert!(is_terminal("response.failed") && !is_terminal("response.queued"));
+        assert!(is_terminal("response.incomplete") && !is_terminal("error"));
     }
 }

@@ -491,7 +491,7 @@ impl Phases<'_> {
         let mut seconds = Spread::new();
         for rep in 0..plan.reps {
             let dir = self.work_dir.join(format!("recovery-{rep}"));
-            let ready = recovery::time_start(lmsp, &template, &dir, &http).await?;
+            let ready = recovery::time_start(lmsp, &template, &dir, &http, plan.leftovers).await?;
             println!("  rep {rep}: ready after {:.3} s", ready.as_secs_f64());
             seconds.push(ready.as_secs_f64());
         }
@@ -508,12 +508,13 @@ impl Phases<'_> {
         let prepared = Instant::now();
         let events = purge::prepare(&template, plan.purge_events, plan.events_per_task).await?;
         println!(
-            "\n[purge] {events} events in finished tasks of {} events each prepared through SqliteStore in {:.1} s; {} writers append one delta per call (synchronous=FULL), {:.1} s alone, then while the app's purge pass (lmsp_app::purge::purge_pass: batches of {} tasks / at most 1 000 events, resting {}x each batch's time) runs to the end",
+            "\n[purge] {events} events in finished tasks of {} events each prepared through SqliteStore in {:.1} s; {} writers append one delta per call (synchronous=FULL), {:.1} s alone, then while the app's purge pass (lmsp_app::purge::purge_pass: batches of {} tasks / at most {} events past the first task, resting {}x each batch's time) runs to the end",
             plan.events_per_task,
             prepared.elapsed().as_secs_f64(),
             plan.writers,
             plan.writers_alone.as_secs_f64(),
             lmsp_app::purge::PURGE_BATCH,
+            lmsp_storage_sqlite::SqliteOptions::default().purge_max_events,
             lmsp_app::purge::REST_FACTOR,
         );
         let (mut alone, mut purging, mut purge_s) = (Spread::new(), Spread::new(), Spread::new());

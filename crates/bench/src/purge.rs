@@ -13,16 +13,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use futures::StreamExt;
 use lmsp_app::purge::purge_pass;
 use lmsp_app::Metrics;
-use lmsp_domain::ports::{StepOutcome, TaskStore};
+use lmsp_bench::fixtures::{self, applied, claim, complete, output, T0};
+use lmsp_domain::ports::TaskStore;
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
-use lmsp_domain::{ClientId, TaskId};
-use lmsp_storage_contract as contract;
+use lmsp_domain::{ClientId, InstanceId, TaskId};
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
 
 use crate::recovery::{close_store, copy_db, prep_store, DB_FILE};
@@ -33,78 +33,80 @@ const DELTAS_PER_APPEND: u64 = 64;
 /// Tasks prepared at once.
 const IN_FLIGHT: usize = 256;
 /// When the prepared tasks finished.
-const OLD: Timestamp = contract::T0;
+const OLD: Timestamp = T0;
 /// A cut-off after every prepared task's `finished_at`.
-const CUTOFF: Timestamp = contract::T0.plus_millis(86_400_000);
+const CUTOFF: Timestamp = T0.plus_millis(86_400_000);
 /// When the writers write (later than the cut-off; their tasks are never finished anyway).
-const NOW: Timestamp = contract::T0.plus_millis(2 * 86_400_000);
+const NOW: Timestamp = T0.plus_millis(2 * 86_400_000);
 
-fn applied(outcome: StepOutcome) -> anyhow::Result<()> {
-    match outcome {
-        StepOutcome::Applied { .. } => Ok(()),
-        other => bail!("a preparation step was not applied: {other:?}"),
-    }
-}
-
-/// Creates a task and brings it to `running` (3 events).
-async fn running_task(store: &SqliteStore, client: ClientId) -> anyhow::Result<TaskId> {
-    let task = contract::task(client, RestartPolicy::Fail);
+/// Creates a task in the care of `owner` and brings it to `running` (3 events); returns its id
+/// and last sequence number.
+async fn running_task(
+    store: &SqliteStore,
+    owner: InstanceId,
+    client: ClientId,
+    at: Timestamp,
+) -> anyhow::Result<(TaskId, u64)> {
+    let task = fixtures::task(owner, client, RestartPolicy::Fail)?;
     let id = task.id;
-    store.create_task(task, None).await?;
-    let steps = vec![
-        Step::ClaimForLoading {
-            model: contract::model_id(),
-        },
-        Step::Loaded,
-    ];
-    applied(store.append(id, steps, None, OLD).await?)?;
-    Ok(id)
+    store.create_task(task.clone(), None).await?;
+    let steps = vec![claim(&task), Step::Loaded];
+    let running = applied(store.append(id, owner, 1, steps, None, at).await?)?;
+    Ok((id, running.last_sequence_number))
 }
 
-/// One finished task of `events` events (at least 5): created, loading, in_progress, deltas,
-/// completed.
+/// One finished task of `events` events (at least 10): created, loading, in_progress, the
+/// item's opening, deltas, the item's closing, completed. Returns the events written.
 async fn finished_task(
     store: Arc<SqliteStore>,
+    owner: InstanceId,
     client: ClientId,
     events: u64,
-) -> anyhow::Result<()> {
-    let id = running_task(&store, client).await?;
-    let mut deltas = events.saturating_sub(4).max(1);
+) -> anyhow::Result<u64> {
+    let (id, mut last) = running_task(&store, owner, client, OLD).await?;
+    // Besides its deltas: 3 events to `running`, 2 opening the item with the first delta, 3
+    // closing it and `response.completed`.
+    let total_deltas = events.saturating_sub(9).max(1);
+    let mut deltas = total_deltas;
     while deltas > 0 {
         let n = deltas.min(DELTAS_PER_APPEND);
-        let steps = (0..n)
-            .map(|_| Step::Output {
-                delta: String::from("word "),
-            })
-            .collect();
-        applied(store.append(id, steps, None, OLD).await?)?;
+        let steps = (0..n).map(|_| output("word ")).collect();
+        last =
+            applied(store.append(id, owner, last, steps, None, OLD).await?)?.last_sequence_number;
         deltas -= n;
     }
     let task = store
         .task(id)
         .await?
         .context("a prepared task disappeared")?;
-    applied(store.finish(id, contract::complete(&task), OLD).await?)?;
-    Ok(())
+    let text = "word ".repeat(usize::try_from(total_deltas).unwrap_or(0));
+    let done = applied(
+        store
+            .finish(id, owner, complete(&task, &text, OLD), OLD)
+            .await?,
+    )?;
+    Ok(done.last_sequence_number)
 }
 
-/// Prepares finished tasks of `per_task` events each, `total` events in all, in `dir/lmsp.db`.
-/// Returns the number of events written.
+/// Prepares finished tasks of `per_task` events each, `total` events in all, in
+/// `dir/lmsp.db`. Returns the number of events written.
 pub async fn prepare(dir: &Path, total: u64, per_task: u64) -> anyhow::Result<u64> {
     std::fs::create_dir_all(dir)?;
-    let per_task = per_task.max(5);
+    let per_task = per_task.max(10);
     let tasks = total.div_ceil(per_task);
     let store = prep_store(&dir.join(DB_FILE))?;
-    let client = contract::client_id();
+    let owner = fixtures::register_instance(store.as_ref(), OLD).await?;
+    let client = fixtures::client_id();
     let mut results = futures::stream::iter(0..tasks)
-        .map(|_| finished_task(Arc::clone(&store), client, per_task))
+        .map(|_| finished_task(Arc::clone(&store), owner, client, per_task))
         .buffer_unordered(IN_FLIGHT);
+    let mut written = 0;
     while let Some(result) = results.next().await {
-        result?;
+        written += result?;
     }
     drop(results);
     close_store(store);
-    Ok(tasks * per_task)
+    Ok(written)
 }
 
 /// One repetition.
@@ -126,33 +128,39 @@ pub struct WriterRun {
     pub appends: (usize, usize),
 }
 
-/// `writers` concurrent writers appending until `stop` is raised.
+/// One writer per task of `tasks` (id, last sequence number), each appending one delta at a
+/// time on behalf of `owner` until `stop` is raised; returns their latencies and the tasks'
+/// last sequence numbers.
 async fn write_until(
     store: &Arc<SqliteStore>,
-    ids: &[TaskId],
+    owner: InstanceId,
+    tasks: &[(TaskId, u64)],
     stop: &Arc<AtomicBool>,
-) -> anyhow::Result<Latencies> {
-    let mut handles = Vec::with_capacity(ids.len());
-    for &id in ids {
+) -> anyhow::Result<(Latencies, Vec<(TaskId, u64)>)> {
+    let mut handles = Vec::with_capacity(tasks.len());
+    for &(id, mut last) in tasks {
         let (store, stop) = (Arc::clone(store), Arc::clone(stop));
         handles.push(tokio::spawn(async move {
             let mut latencies = Latencies::new();
             while !stop.load(Ordering::Relaxed) {
-                let step = Step::Output {
-                    delta: String::from("token "),
-                };
                 let sent = Instant::now();
-                applied(store.append(id, vec![step], None, NOW).await?)?;
+                let outcome = store
+                    .append(id, owner, last, vec![output("token ")], None, NOW)
+                    .await?;
                 latencies.push(sent.elapsed());
+                last = applied(outcome)?.last_sequence_number;
             }
-            Ok::<_, anyhow::Error>(latencies)
+            Ok::<_, anyhow::Error>((latencies, (id, last)))
         }));
     }
     let mut all = Latencies::new();
+    let mut after = Vec::with_capacity(tasks.len());
     for handle in handles {
-        all.extend(handle.await??);
+        let (latencies, task) = handle.await??;
+        all.extend(latencies);
+        after.push(task);
     }
-    Ok(all)
+    Ok((all, after))
 }
 
 /// Measures one repetition on a copy of the prepared database in `work_dir`.
@@ -164,13 +172,14 @@ pub async fn measure(
 ) -> anyhow::Result<WriterRun> {
     copy_db(template, work_dir)?;
     let store = Arc::new(
-        SqliteStore::open_without_hook(&work_dir.join(DB_FILE), SqliteOptions::default())
+        SqliteStore::open_without_listener(&work_dir.join(DB_FILE), SqliteOptions::default())
             .context("cannot open the copied database")?,
     );
-    let client = contract::client_id();
-    let mut ids = Vec::with_capacity(writers);
+    let owner = fixtures::register_instance(store.as_ref(), NOW).await?;
+    let client = fixtures::client_id();
+    let mut tasks = Vec::with_capacity(writers);
     for _ in 0..writers {
-        ids.push(running_task(&store, client).await?);
+        tasks.push(running_task(&store, owner, client, NOW).await?);
     }
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -181,7 +190,7 @@ pub async fn measure(
             stop.store(true, Ordering::Relaxed);
         })
     };
-    let mut alone = write_until(&store, &ids, &stop).await?;
+    let (mut alone, tasks) = write_until(&store, owner, &tasks, &stop).await?;
     timer.await?;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -199,7 +208,7 @@ pub async fn measure(
             outcome.map(|()| (events, began.elapsed()))
         })
     };
-    let mut purging = write_until(&store, &ids, &stop).await?;
+    let (mut purging, _) = write_until(&store, owner, &tasks, &stop).await?;
     let (purged_events, purge_time) = purger.await??;
     close_store(store);
     let _ = std::fs::remove_dir_all(work_dir);

@@ -128,7 +128,7 @@ impl Engine for OpenAiEngine {
         let input_tokens = job.spec.prompt_text().split_whitespace().count() as u64;
         Ok(Box::new(UpstreamGeneration {
             body: Box::pin(response.bytes_stream()),
-            buffer: String::new(),
+            buffer: Vec::new(),
             pending: VecDeque::new(),
             usage: Usage {
                 input_tokens,
@@ -144,7 +144,9 @@ type ByteStream =
 
 struct UpstreamGeneration {
     body: ByteStream,
-    buffer: String,
+    /// Bytes of the stream not yet parsed: whole lines only are decoded, so a character split
+    /// between two chunks is never mangled.
+    buffer: Vec<u8>,
     pending: VecDeque<GenerationItem>,
     usage: Usage,
     done: bool,
@@ -153,8 +155,9 @@ struct UpstreamGeneration {
 impl UpstreamGeneration {
     /// Parses complete `data:` lines from the buffer into items.
     fn drain_lines(&mut self) -> Result<(), EngineError> {
-        while let Some(end) = self.buffer.find('\n') {
-            let line: String = self.buffer.drain(..=end).collect();
+        while let Some(end) = self.buffer.iter().position(|byte| *byte == b'\n') {
+            let bytes: Vec<u8> = self.buffer.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&bytes);
             let Some(data) = line.trim().strip_prefix("data:") else {
                 continue;
             };
@@ -212,7 +215,7 @@ impl Generation for UpstreamGeneration {
             }
             match self.body.next().await {
                 Some(Ok(bytes)) => {
-                    self.buffer.push_str(&String::from_utf8_lossy(&bytes));
+                    self.buffer.extend_from_slice(&bytes);
                     self.drain_lines()?;
                 }
                 Some(Err(error)) => {
@@ -221,17 +224,24 @@ impl Generation for UpstreamGeneration {
                     )))
                 }
                 None => {
-                    self.buffer.push('\n');
+                    self.buffer.push(b'\n');
                     self.drain_lines()?;
-                    self.finish();
+                    if !self.done {
+                        // A stream that ends without `[DONE]` or a finish reason was cut off:
+                        // completing the task would store truncated text as its answer.
+                        return Err(EngineError::UpstreamUnavailable(String::from(
+                            "the upstream ended its stream before it finished",
+                        )));
+                    }
                 }
             }
         }
     }
 
     async fn stop(&mut self) {
-        // Dropping the body closes the upstream request.
+        // Dropping the body closes the upstream request; what was already read is dropped too.
         self.body = Box::pin(futures::stream::empty());
+        self.pending.clear();
         self.done = true;
     }
 }

@@ -8,11 +8,19 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
-use lmsp_domain::ports::{CancelFlag, Engine, GenerationItem, GenerationJob, ResumePoint};
-use lmsp_domain::{Digest, FileFingerprint, Input, ModelId, ModelRecord, TaskSpec, Timestamp};
+use lmsp_domain::model::{ModelId, ModelRecord, ModelSource, ModelToLoad};
+use lmsp_domain::ports::{Engine, GenerationItem, GenerationJob, ResumePoint};
+use lmsp_domain::task::{Input, TaskSpec};
+use lmsp_domain::time::Timestamp;
 use lmsp_engine_openai::{OpenAiEngine, OpenAiSettings};
 
 async fn upstream(seen: Arc<Mutex<Vec<Value>>>) -> String {
+    upstream_ending(seen, true).await
+}
+
+/// A stand-in whose stream ends properly (`finish_reason` and `[DONE]`) when `ends` is true, or
+/// is cut off after its words otherwise.
+async fn upstream_ending(seen: Arc<Mutex<Vec<Value>>>, ends: bool) -> String {
     let app = Router::new()
         .route("/v1/models", get(|| async { Json(json!({"data": []})) }))
         .route(
@@ -25,8 +33,10 @@ async fn upstream(seen: Arc<Mutex<Vec<Value>>>) -> String {
                     for word in ["alpha ", "beta ", "gamma "] {
                         text.push_str(&format!("data: {}\n\n", json!({"choices": [{"delta": {"content": word}, "finish_reason": null}]})));
                     }
-                    text.push_str(&format!("data: {}\n\n", json!({"choices": [{"delta": {}, "finish_reason": "stop"}]})));
-                    text.push_str("data: [DONE]\n\n");
+                    if ends {
+                        text.push_str(&format!("data: {}\n\n", json!({"choices": [{"delta": {}, "finish_reason": "stop"}]})));
+                        text.push_str("data: [DONE]\n\n");
+                    }
                     ([("content-type", "text/event-stream")], text)
                 }
             }),
@@ -39,24 +49,26 @@ async fn upstream(seen: Arc<Mutex<Vec<Value>>>) -> String {
 
 fn job(resume: Option<ResumePoint>) -> GenerationJob {
     GenerationJob {
-        model: ModelRecord {
-            id: ModelId::parse("llama").unwrap(),
-            format: "gguf".into(),
-            file: FileFingerprint {
-                path: "/m/llama.gguf".into(),
-                size_bytes: 1,
-                modified_millis: 0,
-                digest: Digest::from_sha256([0; 32]),
+        model: ModelToLoad {
+            record: ModelRecord {
+                id: ModelId::parse("local").unwrap(),
+                source: ModelSource::Upstream {
+                    name: "llama".into(),
+                },
+                created_at: Timestamp::from_millis(0),
             },
-            created_at: Timestamp::from_millis(0),
+            path: None,
         },
         spec: std::sync::Arc::new(TaskSpec {
             input: Input::Text("Once upon a time".into()),
+            instructions: None,
             max_output_tokens: 10,
             seed: 1,
+            temperature: None,
+            top_p: None,
+            previous_response_id: None,
         }),
         resume,
-        cancel: CancelFlag::new(),
     }
 }
 
@@ -120,22 +132,21 @@ async fn a_resumed_job_resends_the_prompt_with_the_text_so_far() {
     assert_eq!(request["max_tokens"], 8);
 }
 
+/// A stopped generation yields nothing more (the upstream request is dropped).
 #[tokio::test]
-async fn a_raised_cancel_flag_stops_the_generation() {
+async fn a_stopped_generation_yields_nothing_more() {
     let base = upstream(Arc::new(Mutex::new(Vec::new()))).await;
     let engine = OpenAiEngine::new(OpenAiSettings {
         base_url: base,
         connect_timeout: Duration::from_secs(5),
     })
     .unwrap();
-    let job = job(None);
-    let flag = job.cancel.clone();
-    let mut generation = engine.generate(job).await.unwrap();
-    flag.raise();
-    assert_eq!(
+    let mut generation = engine.generate(job(None)).await.unwrap();
+    assert!(matches!(
         generation.next_item().await.unwrap(),
-        Some(GenerationItem::Cancelled)
-    );
+        Some(GenerationItem::Delta { .. })
+    ));
+    generation.stop().await;
     assert_eq!(generation.next_item().await.unwrap(), None);
 }
 
@@ -147,4 +158,33 @@ async fn an_unreachable_upstream_makes_the_model_unavailable() {
     })
     .unwrap();
     assert!(engine.load(&job(None).model).await.is_err());
+}
+
+/// A stream cut off before its end (no finish reason, no `[DONE]`) is an upstream failure, not a
+/// completion with truncated text.
+#[tokio::test]
+async fn a_stream_cut_off_before_its_end_fails() {
+    let base = upstream_ending(Arc::new(Mutex::new(Vec::new())), false).await;
+    let engine = OpenAiEngine::new(OpenAiSettings {
+        base_url: base,
+        connect_timeout: Duration::from_secs(5),
+    })
+    .unwrap();
+    let mut generation = engine.generate(job(None)).await.unwrap();
+    let mut deltas = 0;
+    let ended = loop {
+        match generation.next_item().await {
+            Ok(Some(GenerationItem::Delta { .. })) => deltas += 1,
+            Ok(other) => panic!("not a failure: {other:?}"),
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(deltas, 3);
+    assert!(
+        matches!(
+            ended,
+            lmsp_domain::ports::EngineError::UpstreamUnavailable(_)
+        ),
+        "{ended:?}"
+    );
 }

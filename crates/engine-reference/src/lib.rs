@@ -127,6 +127,7 @@ impl Engine for ReferenceEngine {
             settings: self.settings,
             sampling: Sampling::of(job.spec.temperature, job.spec.top_p),
             done: false,
+            due: None,
         }))
     }
 }
@@ -290,6 +291,9 @@ struct ReferenceGeneration {
     settings: ReferenceSettings,
     sampling: Sampling,
     done: bool,
+    /// When the word being waited for is due: set by the first pull that waits for it, so a
+    /// pull dropped in the middle of the wait (a cancel's select) does not start it over.
+    due: Option<tokio::time::Instant>,
 }
 
 #[async_trait]
@@ -307,8 +311,16 @@ impl Generation for ReferenceGeneration {
                 },
             }));
         }
-        // Cancel-safe: nothing changes before the pause is over.
-        pause(self.settings.token_delay).await;
+        // Cancel-safe: nothing changes before the word is due, and a pull dropped meanwhile
+        // leaves the due time as it was.
+        if !self.settings.token_delay.is_zero() {
+            let delay = self.settings.token_delay;
+            let due = *self
+                .due
+                .get_or_insert_with(|| tokio::time::Instant::now() + delay);
+            tokio::time::sleep_until(due).await;
+            self.due = None;
+        }
         let value = splitmix64(self.base ^ self.next.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let word = match self.corpus.followers(&self.context) {
             Some(followers) if !followers.is_empty() => self.sampling.pick(followers, value),

@@ -1,54 +1,85 @@
-//! Behaviour of the reference engine: determinism, exact resume (I-6), cancel and load caching.
+//! Behaviour of the reference engine: determinism, sampling, exact resume (I-6), cancel-safe
+//! pulls, stopping, and load caching. Delays run on tokio's paused clock: no test waits on the
+//! wall clock.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may panic on setup failures.
 
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use lmsp_domain::model::{Digest, FileFingerprint, ModelId, ModelRecord};
-use lmsp_domain::ports::{
-    CancelFlag, Engine, EngineError, GenerationItem, GenerationJob, ResumePoint,
+use lmsp_domain::model::{
+    Digest, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource, ModelToLoad,
 };
-use lmsp_domain::task::{Input, TaskSpec, Usage};
+use lmsp_domain::ports::{Engine, EngineError, GenerationItem, GenerationJob, ResumePoint};
+use lmsp_domain::task::{Fraction, Input, TaskSpec, Usage};
 use lmsp_domain::time::Timestamp;
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
 use proptest::prelude::*;
+use tokio::time::Instant;
 
 const CORPUS: &str = "the river runs past the old mill and into the quiet forest where the deer \
 drink at dawn . the forest is green in summer and gold in autumn and the wind carries the smell \
 of pine . the old clock strikes nine and the market fills with voices .";
 
-fn model(dir: &tempfile::TempDir) -> ModelRecord {
-    let path = dir.path().join("reference.txt");
+fn model_named(dir: &tempfile::TempDir, name: &str, digest: u8) -> ModelToLoad {
+    let path = dir.path().join(format!("{name}.txt"));
     std::fs::write(&path, CORPUS).unwrap();
-    ModelRecord {
-        id: ModelId::parse("reference").unwrap(),
-        format: String::from("text"),
-        file: FileFingerprint {
-            path: path.to_string_lossy().into_owned(),
-            size_bytes: CORPUS.len() as u64,
-            modified_millis: 0,
-            digest: Digest::from_sha256([3; 32]),
+    ModelToLoad {
+        record: ModelRecord {
+            id: ModelId::parse(name).unwrap(),
+            source: ModelSource::File {
+                format: ModelFormat::Text,
+                file: FileFingerprint {
+                    path: format!("{name}.txt"),
+                    size_bytes: CORPUS.len() as u64,
+                    modified_millis: 0,
+                    digest: Digest::from_sha256([digest; 32]),
+                },
+            },
+            created_at: Timestamp::from_millis(0),
         },
-        created_at: Timestamp::from_millis(0),
+        path: Some(path.to_string_lossy().into_owned()),
+    }
+}
+
+fn model(dir: &tempfile::TempDir) -> ModelToLoad {
+    model_named(dir, "reference", 3)
+}
+
+fn digest(model: &ModelToLoad) -> Digest {
+    model.record.file().unwrap().digest.clone()
+}
+
+fn job_with(
+    model: &ModelToLoad,
+    prompt: &str,
+    seed: u64,
+    max: u32,
+    temperature: Option<f64>,
+    resume: Option<ResumePoint>,
+) -> GenerationJob {
+    GenerationJob {
+        model: model.clone(),
+        spec: Arc::new(TaskSpec {
+            input: Input::Text(prompt.to_owned()),
+            instructions: None,
+            max_output_tokens: max,
+            seed,
+            temperature: temperature.and_then(Fraction::new),
+            top_p: None,
+            previous_response_id: None,
+        }),
+        resume,
     }
 }
 
 fn job(
-    model: &ModelRecord,
+    model: &ModelToLoad,
     prompt: &str,
     seed: u64,
     max: u32,
     resume: Option<ResumePoint>,
 ) -> GenerationJob {
-    GenerationJob {
-        model: model.clone(),
-        spec: std::sync::Arc::new(TaskSpec {
-            input: Input::Text(prompt.to_owned()),
-            max_output_tokens: max,
-            seed,
-        }),
-        resume,
-        cancel: CancelFlag::new(),
-    }
+    job_with(model, prompt, seed, max, None, resume)
 }
 
 /// Runs to the end: every (delta text, state) and the final item.
@@ -140,17 +171,19 @@ proptest! {
         max in 1_u32..200,
         cut in 0.0_f64..1.0,
         prompt in "[a-z ]{0,30}",
+        temperature in proptest::option::of(prop_oneof![Just(0.0), Just(1.0), 0.05f64..2.0]),
     ) {
         let dir = tempfile::tempdir().unwrap();
         let model = model(&dir);
         runtime().block_on(async {
             let engine = ReferenceEngine::new(ReferenceSettings::default());
-            let (full, full_end) = run(&engine, job(&model, &prompt, seed, max, None)).await;
+            let job = |resume| job_with(&model, &prompt, seed, max, temperature, resume);
+            let (full, full_end) = run(&engine, job(None)).await;
             prop_assert_eq!(full.len(), max as usize);
             let cut = ((f64::from(max) * cut) as usize).clamp(1, max as usize);
             let (before, snapshot) = (&full[..cut], &full[cut - 1]);
             let resume = ResumePoint { state: snapshot.1.clone(), text_so_far: text(before) };
-            let (after, end) = run(&engine, job(&model, &prompt, seed, max, Some(resume))).await;
+            let (after, end) = run(&engine, job(Some(resume))).await;
             prop_assert_eq!(format!("{}{}", text(before), text(&after)), text(&full));
             prop_assert_eq!(after.len(), max as usize - cut);
             prop_assert_eq!(end, full_end);
@@ -174,56 +207,86 @@ async fn invalid_state_bytes_fail_the_generation() {
     }
 }
 
+/// Temperature 0 is greedy: the same text whatever the seed.
 #[tokio::test]
-async fn a_cancel_is_noticed_within_one_token() {
+async fn temperature_zero_is_greedy_and_ignores_the_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model(&dir);
+    let engine = ReferenceEngine::new(ReferenceSettings::default());
+    let greedy = |seed| job_with(&model, "the forest", seed, 30, Some(0.0), None);
+    let (one, _) = run(&engine, greedy(1)).await;
+    let (other, _) = run(&engine, greedy(99)).await;
+    assert_eq!(text(&one), text(&other));
+    let (sampled, _) = run(
+        &engine,
+        job_with(&model, "the forest", 1, 30, Some(1.5), None),
+    )
+    .await;
+    let (sampled_other, _) = run(
+        &engine,
+        job_with(&model, "the forest", 99, 30, Some(1.5), None),
+    )
+    .await;
+    assert_ne!(
+        text(&sampled),
+        text(&sampled_other),
+        "a temperature above 0 samples by seed"
+    );
+}
+
+/// A pull dropped in the middle of its token delay (a cancel's select) loses nothing: pulling
+/// again gives the word an uninterrupted run gives.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_pull_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model(&dir);
+    let engine = ReferenceEngine::new(ReferenceSettings {
+        token_delay: Duration::from_millis(50),
+        ..ReferenceSettings::default()
+    });
+    let (uninterrupted, _) = run(&engine, job(&model, "the forest", 7, 5, None)).await;
+    let mut generation = engine
+        .generate(job(&model, "the forest", 7, 5, None))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let pull = generation.next_item();
+        if let Ok(item) = tokio::time::timeout(Duration::from_millis(30), pull).await {
+            if let Some(GenerationItem::Delta { text, state }) = item.unwrap() {
+                seen.push((text, state));
+            }
+        }
+    }
+    assert_eq!(seen, uninterrupted);
+}
+
+/// Stopping takes the engine's time to notice a cancel (`--reference-cancel-delay`), then the
+/// generation yields nothing more.
+#[tokio::test(start_paused = true)]
+async fn stopping_takes_the_cancel_delay_and_ends_the_generation() {
     let dir = tempfile::tempdir().unwrap();
     let model = model(&dir);
     let engine = ReferenceEngine::new(ReferenceSettings {
         load_delay: Duration::ZERO,
         token_delay: Duration::from_millis(20),
-        cancel_delay: Duration::from_millis(10),
+        cancel_delay: Duration::from_millis(300),
     });
-    let job = job(&model, "the forest", 7, 1000, None);
-    let cancel = job.cancel.clone();
-    let mut generation = engine.generate(job).await.unwrap();
+    let mut generation = engine
+        .generate(job(&model, "the forest", 7, 1000, None))
+        .await
+        .unwrap();
     assert!(matches!(
         generation.next_item().await,
         Ok(Some(GenerationItem::Delta { .. }))
     ));
-    cancel.raise();
     let started = Instant::now();
-    assert_eq!(
-        generation.next_item().await,
-        Ok(Some(GenerationItem::Cancelled))
-    );
-    assert!(started.elapsed() >= Duration::from_millis(10));
+    generation.stop().await;
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
     assert_eq!(generation.next_item().await, Ok(None));
 }
 
-#[tokio::test]
-async fn a_cancel_raised_during_a_token_delay_stops_before_the_next_word() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = model(&dir);
-    let engine = ReferenceEngine::new(ReferenceSettings {
-        load_delay: Duration::ZERO,
-        token_delay: Duration::from_millis(50),
-        cancel_delay: Duration::ZERO,
-    });
-    let job = job(&model, "the forest", 7, 1000, None);
-    let cancel = job.cancel.clone();
-    let mut generation = engine.generate(job).await.unwrap();
-    let raiser = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        cancel.raise();
-    });
-    assert_eq!(
-        generation.next_item().await,
-        Ok(Some(GenerationItem::Cancelled))
-    );
-    raiser.await.unwrap();
-}
-
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn loading_caches_by_digest_and_waits_only_the_first_time() {
     let dir = tempfile::tempdir().unwrap();
     let model = model(&dir);
@@ -232,24 +295,51 @@ async fn loading_caches_by_digest_and_waits_only_the_first_time() {
         token_delay: Duration::ZERO,
         cancel_delay: Duration::ZERO,
     });
-    assert!(!engine.is_loaded(&model.file.digest).await);
+    assert!(!engine.is_loaded(&digest(&model)));
     let started = Instant::now();
     engine.load(&model).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(150));
-    assert!(engine.is_loaded(&model.file.digest).await);
+    assert!(engine.is_loaded(&digest(&model)));
     let again = Instant::now();
     engine.load(&model).await.unwrap();
-    assert!(again.elapsed() < Duration::from_millis(100));
+    assert_eq!(again.elapsed(), Duration::ZERO);
     // Cached: it works even after the file is gone.
-    std::fs::remove_file(&model.file.path).unwrap();
+    std::fs::remove_file(model.path.as_deref().unwrap()).unwrap();
     engine.load(&model).await.unwrap();
+}
+
+/// A slow load of one model holds up no other model's load.
+#[tokio::test(start_paused = true)]
+async fn a_slow_load_of_one_model_does_not_hold_up_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (
+        model_named(&dir, "first", 1),
+        model_named(&dir, "second", 2),
+    );
+    let engine = Arc::new(ReferenceEngine::new(ReferenceSettings {
+        load_delay: Duration::from_secs(10),
+        ..ReferenceSettings::default()
+    }));
+    let slow = {
+        let engine = Arc::clone(&engine);
+        tokio::spawn(async move { engine.load(&first).await })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    engine.load(&second).await.unwrap();
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(10),
+        "its own delay, not the first's too"
+    );
+    slow.await.unwrap().unwrap();
 }
 
 #[tokio::test]
 async fn a_missing_model_file_is_unavailable() {
     let dir = tempfile::tempdir().unwrap();
     let mut model = model(&dir);
-    model.file.path = dir.path().join("nope.txt").to_string_lossy().into_owned();
+    model.path = Some(dir.path().join("nope.txt").to_string_lossy().into_owned());
     let engine = ReferenceEngine::new(ReferenceSettings::default());
     assert!(matches!(
         engine.load(&model).await,

@@ -207,6 +207,10 @@ fn param_of(path: &str, message: &str) -> Option<String> {
         .find_map(|prefix| message.strip_prefix(prefix))
         .and_then(|rest| rest.split('`').next());
     match named {
+        // An unknown field is already the last segment of the path serde_path_to_error reports.
+        Some(field) if path == field || path.ends_with(&format!(".{field}")) => {
+            Some(path.to_owned())
+        }
         Some(field) => Some(join_param(path, field)),
         None if path.is_empty() || path == "." => None,
         None => Some(path.to_owned()),

@@ -66,10 +66,17 @@ pub fn openai_stream(
         })
         .flatten()
         .map(|rendered| {
-            SseEvent::default()
-                .id(rendered.sequence_number.to_string())
+            let frame = SseEvent::default()
                 .event(rendered.kind)
-                .data(json_frame(&rendered.data))
+                .data(json_frame(&rendered.data));
+            // The `error` frame renders the same stored event as the `response.failed` after
+            // it. It carries no `id:`, so a client that saw it but not `response.failed` resumes
+            // before both (the SSE last event id stays at the event before) and loses neither.
+            if rendered.kind == "error" {
+                frame
+            } else {
+                frame.id(rendered.sequence_number.to_string())
+            }
         });
     respond(frames, stopping)
 }

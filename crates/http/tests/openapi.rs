@@ -17,12 +17,11 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use lmsp_app::{CommitListeners, LiveEvents, Metrics, Service, Settings, SystemClock};
-use lmsp_domain::auth::{Scope, Scopes};
-use lmsp_domain::ports::{Clock, CommittedEvents, Engine, ModelFiles, Store};
-use lmsp_domain::{ModelId, ModelRecord, RestartPolicy};
+use lmsp_app::{Adapters, Engines, Listener, Service, Settings, SystemClock};
+use lmsp_domain::ports::{Clock, Engine, ModelFiles, Store, StoreListener};
+use lmsp_domain::EngineKind;
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
-use lmsp_http::{router, AppState, IdempotencyLocks};
+use lmsp_http::{router, AppState};
 use lmsp_models_fs::FsModelFiles;
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
 
@@ -30,15 +29,15 @@ use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
 struct TestApp {
     router: Router,
     admin_token: String,
-    workers: Vec<tokio::task::JoinHandle<()>>,
+    service: Service,
+    models_dir: std::path::PathBuf,
     _data_dir: tempfile::TempDir,
 }
 
 impl Drop for TestApp {
     fn drop(&mut self) {
-        for worker in &self.workers {
-            worker.abort();
-        }
+        // Workers and jobs stop taking work; what they run is left (the data directory goes).
+        self.service.begin_shutdown();
     }
 }
 
@@ -46,17 +45,12 @@ async fn test_app() -> TestApp {
     let data_dir = tempfile::tempdir().unwrap();
     let models_dir = data_dir.path().join("models");
     std::fs::create_dir_all(&models_dir).unwrap();
-    let live = LiveEvents::new();
-    let metrics = Arc::new(Metrics::new());
-    let listeners = CommitListeners::new(vec![
-        live.clone() as Arc<dyn CommittedEvents>,
-        metrics.clone() as Arc<dyn CommittedEvents>,
-    ]);
+    let listener = Listener::new();
     let store: Arc<dyn Store> = Arc::new(
         SqliteStore::open(
             &data_dir.path().join("lmsp.db"),
             SqliteOptions::default(),
-            listeners,
+            listener.clone() as Arc<dyn StoreListener>,
         )
         .unwrap(),
     );
@@ -67,51 +61,36 @@ async fn test_app() -> TestApp {
         cancel_delay: Duration::ZERO,
     }));
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let settings = Settings {
-        workers: 2,
-        retention: Duration::from_secs(3600),
-        purge_interval: Duration::from_secs(3600),
-        idempotency_ttl: Duration::from_secs(3600),
-        default_on_restart: RestartPolicy::Fail,
-        version: String::from("test"),
+    let mut settings = Settings::with_defaults("test");
+    settings.workers = 2;
+    settings.retention = Duration::from_secs(3600);
+    settings.purge_interval = Duration::from_secs(3600);
+    settings.idempotency_ttl = Duration::from_secs(3600);
+    let adapters = Adapters {
+        store,
+        engines: Engines::new().with(EngineKind::Reference, engine),
+        model_files,
+        clock,
     };
-    let service = Service::start(
-        store.clone(),
-        engine,
-        model_files.clone(),
-        clock.clone(),
-        live,
-        metrics,
-        settings,
-    )
-    .await
-    .unwrap();
-    let (client, token) = lmsp_app::new_client("admin", Scopes::new([Scope::Admin]), clock.now());
-    store.insert_client(client).await.unwrap();
-    let corpus = models_dir.join("reference.txt");
-    lmsp_models_fs::write_reference_corpus(&corpus).unwrap();
-    let file = model_files
-        .fingerprint(&corpus.to_string_lossy())
-        .await
-        .unwrap();
-    store
-        .insert_model(ModelRecord {
-            id: ModelId::parse(ModelId::REFERENCE).unwrap(),
-            format: String::from("text"),
-            file,
-            created_at: clock.now(),
-        })
-        .await
-        .unwrap();
-    let workers = service.spawn_background();
+    // Starting on an empty store creates the `admin` client (its token shown once) and
+    // registers the built-in `reference` model.
+    let started = Service::start(adapters, listener, settings).await.unwrap();
+    let admin_token = started
+        .admin_token
+        .as_ref()
+        .expect("a first start creates the admin client")
+        .expose()
+        .to_owned();
+    let service = started.service;
+    service.spawn_background();
     let state = AppState {
-        service,
-        in_flight: Arc::new(IdempotencyLocks::default()),
+        service: service.clone(),
     };
     TestApp {
         router: router(state),
-        admin_token: token.expose().to_owned(),
-        workers,
+        admin_token,
+        service,
+        models_dir,
         _data_dir: data_dir,
     }
 }
@@ -198,12 +177,14 @@ async fn served(router: &Router, method: &str, uri: &str) -> bool {
 }
 
 /// Every path of API.md, whether documented yet or not: the reverse check probes these.
-const API_PATHS: [&str; 16] = [
+const API_PATHS: [&str; 18] = [
     "/v1/health",
     "/v1/openapi.json",
     "/v1/service",
     "/v1/responses",
     "/v1/responses/{id}",
+    "/v1/responses/{id}/cancel",
+    "/v1/chat/completions",
     "/v1/tasks",
     "/v1/tasks/{id}",
     "/v1/tasks/{id}/cancel",
@@ -363,12 +344,16 @@ async fn every_reference_in_the_document_resolves() {
     }
 }
 
-/// Whether `value` has exactly the shape of `schema`: every object's keys are its documented
-/// properties, all of them (every property of this API is always present, `null` or not).
+/// Whether `value` has exactly the shape of `schema`: every key an object sends is one of its
+/// documented properties, every required property is sent (`null` only where nullable), and a
+/// property that is not required is one the API leaves out when it does not apply.
 fn conforms(document: &Value, schema: &Value, value: &Value) -> Result<(), String> {
     if let Some(Value::String(reference)) = schema.get("$ref") {
         let target = resolve(document, reference).ok_or(format!("{reference} unresolved"))?;
         return conforms(document, target, value);
+    }
+    if !type_fits(schema, value) {
+        return Err(format!("{value} is not of type {}", schema["type"]));
     }
     if let Some(Value::Array(variants)) = schema.get("oneOf") {
         let fits = variants
@@ -418,21 +403,34 @@ fn conforms(document: &Value, schema: &Value, value: &Value) -> Result<(), Strin
         let object = value
             .as_object()
             .ok_or(format!("{value} is not an object"))?;
-        let documented: BTreeSet<&String> = properties.keys().collect();
-        let sent: BTreeSet<&String> = object.keys().collect();
-        if documented != sent {
-            return Err(format!("sent {sent:?}, documented {documented:?}"));
-        }
+        let documented: BTreeSet<&str> = properties.keys().map(String::as_str).collect();
+        let sent: BTreeSet<&str> = object.keys().map(String::as_str).collect();
         let required: BTreeSet<&str> = schema["required"]
             .as_array()
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
+        let undocumented: Vec<&&str> = sent.difference(&documented).collect();
+        if !undocumented.is_empty() {
+            return Err(format!(
+                "sent undocumented {undocumented:?}; documented {documented:?}"
+            ));
+        }
+        let missing: Vec<&&str> = required.difference(&sent).collect();
+        if !missing.is_empty() {
+            return Err(format!("required {missing:?} not sent; sent {sent:?}"));
+        }
+        if !required.is_subset(&documented) {
+            return Err(format!(
+                "required {required:?} names properties not documented: {documented:?}"
+            ));
+        }
         for (key, property) in properties {
-            if !required.contains(key.as_str()) {
-                return Err(format!("`{key}` is always sent but not required"));
-            }
-            if !(object[key].is_null() && nullable(property)) {
-                conforms(document, property, &object[key]).map_err(|e| format!("{key}: {e}"))?;
+            // A property that is not required may be absent (sent only when it applies).
+            let Some(field) = object.get(key) else {
+                continue;
+            };
+            if !(field.is_null() && nullable(property)) {
+                conforms(document, property, field).map_err(|e| format!("{key}: {e}"))?;
             }
         }
         return Ok(());
@@ -476,6 +474,25 @@ fn property_keys(document: &Value, schema: &Value, value: &Value) -> Result<Vec<
         return Err(format!("{value} fits no variant"));
     }
     Err(String::from("not an object schema"))
+}
+
+/// Whether `value`'s JSON type is one the schema's `type` allows (any, when it names none).
+fn type_fits(schema: &Value, value: &Value) -> bool {
+    let fits = |name: &Value| match name.as_str() {
+        Some("null") => value.is_null(),
+        Some("object") => value.is_object(),
+        Some("array") => value.is_array(),
+        Some("string") => value.is_string(),
+        Some("integer") => value.is_i64() || value.is_u64(),
+        Some("number") => value.is_number(),
+        Some("boolean") => value.is_boolean(),
+        _ => true,
+    };
+    match &schema["type"] {
+        Value::Array(types) => types.iter().any(fits),
+        Value::Null => true,
+        single => fits(single),
+    }
 }
 
 fn nullable(schema: &Value) -> bool {
@@ -638,4 +655,74 @@ async fn replies_have_exactly_the_documented_shapes() {
     .await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
     assert_conforms(&document, "get", "/v1/tasks/{id}", &reply);
+}
+
+#[tokio::test]
+async fn openai_and_model_replies_have_exactly_the_documented_shapes() {
+    let app = test_app().await;
+    let document = document(&app).await;
+    let token = Some(app.admin_token.as_str());
+    let router = &app.router;
+
+    // Chat completions, not streamed.
+    let body = json!({"model": "reference", "max_tokens": 6, "seed": 3,
+        "messages": [{"role": "user", "content": "Once upon a time"}]});
+    let reply = send(
+        router,
+        request(Method::POST, "/v1/chat/completions", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_conforms(&document, "post", "/v1/chat/completions", &reply);
+    let reply = send(
+        router,
+        request(Method::POST, "/v1/chat/completions", token, Some(json!({}))),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_conforms(&document, "post", "/v1/chat/completions", &reply);
+
+    // A finished response: its cancel is a 409 envelope; it can be deleted, then it is gone.
+    let body = json!({"model": "reference", "input": "hello", "max_output_tokens": 4});
+    let reply = send(
+        router,
+        request(Method::POST, "/v1/responses", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let response = format!("/v1/responses/{}", reply.body["id"].as_str().unwrap());
+    let reply = send(
+        router,
+        request(Method::POST, &format!("{response}/cancel"), token, None),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.body);
+    assert_conforms(&document, "post", "/v1/responses/{id}/cancel", &reply);
+    let reply = send(router, request(Method::DELETE, &response, token, None)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_conforms(&document, "delete", "/v1/responses/{id}", &reply);
+    let reply = send(router, request(Method::GET, &response, token, None)).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
+    assert_conforms(&document, "get", "/v1/responses/{id}", &reply);
+
+    // Registering a model file of the models directory; an id taken is a 409 envelope.
+    std::fs::write(app.models_dir.join("extra.txt"), "a few words of text").unwrap();
+    let body = json!({"id": "extra", "path": "extra.txt"});
+    let reply = send(
+        router,
+        request(Method::POST, "/v1/models", token, Some(body.clone())),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    assert_conforms(&document, "post", "/v1/models", &reply);
+    let reply = send(
+        router,
+        request(Method::POST, "/v1/models", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.body);
+    assert_conforms(&document, "post", "/v1/models", &reply);
+    let reply = send(router, request(Method::GET, "/v1/models/nope", token, None)).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    assert_conforms(&document, "get", "/v1/models/{id}", &reply);
 }

@@ -28,6 +28,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let ready_timer = std::time::Instant::now();
     // Taken before anything is opened or recovered: a second server here changes nothing.
     let _lock = datadir::lock(&args.data.data_dir)?;
+    // Bound before the store is opened: a start that cannot listen changes nothing (no database,
+    // no identity or admin token, no recovery). Nothing is accepted before recovery is done.
+    let tcp = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
     let listener = Listener::new();
     listener
         .metrics
@@ -90,9 +95,6 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ("token", token.expose()),
         );
     }
-    let tcp = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
     let local = tcp.local_addr()?;
     service.spawn_background();
     tracing::info!(address = %local, ready_ms = ready_timer.elapsed().as_millis() as u64, "listening");

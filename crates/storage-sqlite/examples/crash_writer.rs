@@ -21,43 +21,41 @@ fn ack(task: &lmsp_domain::ids::TaskId, seq: u64) -> Result<(), std::io::Error> 
 }
 
 async fn caller(store: Arc<SqliteStore>) -> Result<(), Box<dyn Error + Send + Sync>> {
+    let worker = contract::instance_id();
     let mut complete_this_round = false;
     loop {
         complete_this_round = !complete_this_round;
-        let task = contract::task(contract::client_id(), RestartPolicy::Fail);
-        let record = contract::record(&task, &task.id.to_string());
+        let task = contract::task(worker, RestartPolicy::Fail);
+        let record = contract::record_for(&task, &task.id.to_string());
         let created = match store.create_task(task.clone(), Some(record)).await? {
             CreateOutcome::Created(created) => created,
-            CreateOutcome::IdempotencyConflict(_) => return Err("unexpected conflict".into()),
+            CreateOutcome::KeyAnswered(_) => return Err("unexpected answered key".into()),
         };
         ack(&created.id, 1)?;
-        let mut steps = vec![
-            vec![Step::ClaimForLoading {
-                model: contract::model_id(),
-            }],
+        let mut last = created.last_sequence_number;
+        let mut batches = vec![
+            vec![contract::claim(&task)],
             vec![Step::Loaded],
-            vec![
-                Step::Output {
-                    delta: String::from("a"),
-                },
-                Step::Output {
-                    delta: String::from("b"),
-                },
-            ],
+            vec![contract::output("a"), contract::output("b")],
         ];
         if complete_this_round {
-            steps.push(vec![contract::complete(&task)]);
+            batches.push(vec![contract::complete(&task, "ab", contract::T0)]);
         }
-        for batch in steps {
+        for batch in batches {
             let finishing = matches!(batch.first(), Some(Step::Complete { .. }));
             let outcome = if finishing {
                 let step = batch.into_iter().next().ok_or("empty batch")?;
-                store.finish(task.id, step, contract::T0).await?
+                store.finish(task.id, worker, step, contract::T0).await?
             } else {
-                store.append(task.id, batch, None, contract::T0).await?
+                store
+                    .append(task.id, worker, last, batch, None, contract::T0)
+                    .await?
             };
             match outcome {
-                StepOutcome::Applied { task, .. } => ack(&task.id, task.last_sequence_number)?,
+                StepOutcome::Applied { task, .. } => {
+                    last = task.last_sequence_number;
+                    ack(&task.id, last)?;
+                }
                 other => return Err(format!("unexpected {other:?}").into()),
             }
         }
@@ -78,7 +76,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         sync,
         ..SqliteOptions::default()
     };
-    let store = Arc::new(SqliteStore::open_without_hook(&path, options)?);
+    let store = Arc::new(SqliteStore::open_without_listener(&path, options)?);
     let mut handles = Vec::new();
     for _ in 0..8 {
         handles.push(tokio::spawn(caller(Arc::clone(&store))));

@@ -3,26 +3,20 @@
 use lmsp_domain::ports::StoreError;
 
 /// A failure inside a storage operation.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum DbError {
     /// SQLite failed.
-    Sql(rusqlite::Error),
+    #[error(transparent)]
+    Sql(#[from] rusqlite::Error),
     /// A stored document could not be (de)serialised.
-    Json(serde_json::Error),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
     /// A stored row makes no sense.
+    #[error("{0}")]
     Corrupt(String),
-}
-
-impl From<rusqlite::Error> for DbError {
-    fn from(error: rusqlite::Error) -> Self {
-        DbError::Sql(error)
-    }
-}
-
-impl From<serde_json::Error> for DbError {
-    fn from(error: serde_json::Error) -> Self {
-        DbError::Json(error)
-    }
+    /// The operation panicked (a bug); it was rolled back and the writer lives on.
+    #[error("the storage operation failed unexpectedly: {0}")]
+    Panicked(String),
 }
 
 impl From<DbError> for StoreError {
@@ -36,6 +30,9 @@ impl From<DbError> for StoreError {
             DbError::Sql(other) => StoreError::Unavailable(other.to_string()),
             DbError::Json(other) => StoreError::Corrupt(other.to_string()),
             DbError::Corrupt(text) => StoreError::Corrupt(text),
+            DbError::Panicked(text) => StoreError::Unavailable(format!(
+                "the storage operation failed unexpectedly: {text}"
+            )),
         }
     }
 }

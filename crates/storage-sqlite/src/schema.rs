@@ -136,8 +136,12 @@ CREATE TABLE instances (
     retired_at   INTEGER,
     recovered_at INTEGER
 ) WITHOUT ROWID;
-INSERT INTO instances (id, name, started_at, lease_until, retired_at)
-    VALUES (x'00000000000000000000000000000000', 'release 0.1', 0, 0, 0);
+-- Stopped, and already recovered when it left no unfinished task (a new database, or a clean
+-- stop), so that only a store with leftovers lists it among the stopped instances.
+INSERT INTO instances (id, name, started_at, lease_until, retired_at, recovered_at)
+    SELECT x'00000000000000000000000000000000', 'release 0.1', 0, 0, 0,
+        CASE WHEN EXISTS (SELECT 1 FROM tasks
+            WHERE status IN ('queued', 'loading', 'running', 'cancelling')) THEN NULL ELSE 0 END;
 
 CREATE TABLE models_v2 (
     id              TEXT PRIMARY KEY,

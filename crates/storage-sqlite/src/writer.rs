@@ -1,7 +1,13 @@
 //! The write path (DESIGN.md §2): one thread owns the write connection and commits every pending
 //! command in one `BEGIN IMMEDIATE` transaction with a savepoint per command (group commit). The
 //! hook hears the batch's events after the commit; callers are answered after the commit.
+//!
+//! The writer supervises itself: a command that panics (a bug) is rolled back to its savepoint
+//! and answered with an error while the rest of its batch commits, and a listener that panics
+//! loses only that notification. So the one thread every write depends on never dies while the
+//! store is open, and a health check that commits through it tells the truth.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -66,7 +72,9 @@ impl<T: Send> Command for Typed<T> {
             self.result = Some(Err(DbError::from(error).into()));
             return Vec::new();
         }
-        match work(conn) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| work(conn)))
+            .unwrap_or_else(|panic| Err(DbError::Panicked(panic_message(panic.as_ref()))));
+        match outcome {
             Ok((value, events)) => match exec(conn, "RELEASE cmd") {
                 Ok(()) => {
                     self.result = Some(Ok(value));
@@ -103,6 +111,15 @@ impl<T: Send> Command for Typed<T> {
     }
 }
 
+/// The text of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| String::from("a panic"))
+}
+
 /// Runs a cached, parameterless statement.
 fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
@@ -125,15 +142,19 @@ pub fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, hook: Arc<dyn Store
         }
         let started = Instant::now();
         let (commit, events) = commit_batch(&conn, &mut batch);
-        hook.transaction_measured(CommitStats {
+        let stats = CommitStats {
             commands: batch.len(),
             events: events.len(),
             duration: started.elapsed(),
             committed: commit.is_ok(),
-        });
-        if commit.is_ok() && !events.is_empty() {
-            hook.committed(&events);
-        }
+        };
+        // A panicking listener loses its notification, never the writer.
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            hook.transaction_measured(stats);
+            if commit.is_ok() && !events.is_empty() {
+                hook.committed(&events);
+            }
+        }));
         for command in batch {
             command.answer(commit.clone());
         }
@@ -173,5 +194,57 @@ fn commit_batch(
             let _ = conn.execute_batch("ROLLBACK");
             (Err(DbError::from(error).into()), Vec::new())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use super::*;
+
+    fn command(work: Work<u32>) -> (Box<dyn Command>, oneshot::Receiver<Result<u32, StoreError>>) {
+        let (command, rx) = Typed::new(work);
+        (Box::new(command), rx)
+    }
+
+    /// A command that panics is rolled back alone and answered with an error; the writer lives
+    /// on and commits the other commands, of the same batch and later ones.
+    #[test]
+    fn a_panicking_command_fails_alone_and_the_writer_lives_on() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (v INTEGER)").unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Command>>();
+        let (panicking, panicked) = command(Box::new(|conn| {
+            conn.execute("INSERT INTO t VALUES (1)", [])?;
+            panic!("a bug");
+        }));
+        let (fine, answered) = command(Box::new(|conn| {
+            conn.execute("INSERT INTO t VALUES (2)", [])?;
+            Ok((2, Vec::new()))
+        }));
+        tx.send(panicking).unwrap();
+        tx.send(fine).unwrap();
+        let writer = std::thread::spawn(move || {
+            run(conn, rx, Arc::new(crate::NoListener));
+        });
+        assert!(matches!(
+            panicked.blocking_recv().unwrap(),
+            Err(StoreError::Unavailable(message)) if message.contains("a bug")
+        ));
+        assert_eq!(answered.blocking_recv().unwrap(), Ok(2));
+        let (count, counted) = command(Box::new(|conn| {
+            let rows: u32 = conn.query_row("SELECT count(*) FROM t", [], |row| row.get(0))?;
+            let values: u32 = conn.query_row("SELECT sum(v) FROM t", [], |row| row.get(0))?;
+            Ok((rows * 10 + values, Vec::new()))
+        }));
+        tx.send(count).unwrap();
+        assert_eq!(
+            counted.blocking_recv().unwrap(),
+            Ok(12),
+            "only the second row is there"
+        );
+        drop(tx);
+        writer.join().unwrap();
     }
 }

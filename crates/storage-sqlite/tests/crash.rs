@@ -10,6 +10,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lmsp_domain::idempotency::KeyDecision;
 use lmsp_domain::ids::TaskId;
 use lmsp_domain::ports::{IdempotencyStore, TaskFilter, TaskStore};
 use lmsp_storage_contract as contract;
@@ -82,7 +83,7 @@ async fn sigkilled_writer_leaves_acknowledged_work_consistent_i1_i2_i8() {
 }
 
 async fn check(path: &std::path::Path, acked: &HashMap<TaskId, u64>, full_scan: bool) {
-    let store = SqliteStore::open_without_hook(path, SqliteOptions::default()).unwrap();
+    let store = SqliteStore::open_without_listener(path, SqliteOptions::default()).unwrap();
     for (id, seq) in acked {
         let (task, _) = contract::assert_log_consistent(&store, *id).await;
         assert!(
@@ -106,12 +107,15 @@ async fn check(path: &std::path::Path, acked: &HashMap<TaskId, u64>, full_scan: 
             .unwrap();
         for task in &page.items {
             contract::assert_log_consistent(&store, task.id).await;
-            let record = contract::record(task, &task.id.to_string());
-            let found = store
-                .idempotency_record(&record.scope, &record.key, contract::T0)
-                .await
-                .unwrap();
-            assert_eq!(found.and_then(|r| r.reply.task_id), Some(task.id), "I-8");
+            // I-8: the task's record was committed with it, and replays its reply.
+            let claim = contract::task_claim(task, &task.id.to_string());
+            let after_hold = task.created_at.plus_millis(contract::HOLD_MILLIS + 1);
+            assert_eq!(
+                store.claim_key(&claim, after_hold).await.unwrap(),
+                KeyDecision::Replay(contract::reply_for(task)),
+                "I-8: the record of {}",
+                task.id
+            );
         }
         before = page.items.last().map(|t| t.id);
         if !page.has_more {

@@ -30,29 +30,18 @@ async fn cancel_and_finish_races_have_exactly_one_winner_p4_i3() {
         ..SqliteOptions::default()
     };
     let store =
-        Arc::new(SqliteStore::open_without_hook(&dir.path().join("race.db"), options).unwrap());
+        Arc::new(SqliteStore::open_without_listener(&dir.path().join("race.db"), options).unwrap());
     let started = Instant::now();
     let mut cancels_won = 0usize;
     let mut completions_won = 0usize;
+    let worker = contract::instance_id();
     for chunk in 0..TASKS / CONCURRENCY {
         // Bring a chunk of tasks to `running`.
         let tasks = join_all((0..CONCURRENCY).map(|_| {
             let store = Arc::clone(&store);
             async move {
-                let task = contract::task(contract::client_id(), RestartPolicy::Fail);
-                store.create_task(task.clone(), None).await.unwrap();
-                let steps = vec![
-                    Step::ClaimForLoading {
-                        model: contract::model_id(),
-                    },
-                    Step::Loaded,
-                ];
-                let outcome = store
-                    .append(task.id, steps, None, contract::T0)
-                    .await
-                    .unwrap();
-                assert!(matches!(outcome, StepOutcome::Applied { .. }));
-                task
+                let task = contract::task(worker, RestartPolicy::Fail);
+                contract::support::task_in(&*store, task, worker, TaskStatus::Running).await
             }
         }))
         .await;
@@ -67,9 +56,9 @@ async fn cancel_and_finish_races_have_exactly_one_winner_p4_i3() {
                 };
                 let finish = {
                     let store = Arc::clone(&store);
-                    let step = contract::complete(&task);
+                    let step = contract::complete(&task, "", contract::T0);
                     let id = task.id;
-                    tokio::spawn(async move { store.finish(id, step, contract::T0).await })
+                    tokio::spawn(async move { store.finish(id, worker, step, contract::T0).await })
                 };
                 let (cancel, finish) = if index % 2 == 0 {
                     (cancel.await, finish.await)
@@ -94,7 +83,7 @@ async fn cancel_and_finish_races_have_exactly_one_winner_p4_i3() {
                 ) => {
                     cancels_won += 1;
                     let acked = store
-                        .finish(task.id, Step::AcknowledgeCancel, contract::T0)
+                        .finish(task.id, worker, Step::AcknowledgeCancel, contract::T0)
                         .await
                         .unwrap();
                     assert!(

@@ -20,10 +20,11 @@ async fn a_failing_command_rolls_back_only_its_savepoint() {
         sync: SyncMode::Normal,
         ..SqliteOptions::default()
     };
-    let store = Arc::new(SqliteStore::open_without_hook(&dir.path().join("db"), options).unwrap());
-    let duplicate = contract::task(contract::client_id(), RestartPolicy::Fail);
+    let store =
+        Arc::new(SqliteStore::open_without_listener(&dir.path().join("db"), options).unwrap());
+    let duplicate = contract::task(contract::instance_id(), RestartPolicy::Fail);
     let mut tasks: Vec<_> = (0..200)
-        .map(|_| contract::task(contract::client_id(), RestartPolicy::Fail))
+        .map(|_| contract::task(contract::instance_id(), RestartPolicy::Fail))
         .collect();
     tasks.insert(50, duplicate.clone());
     tasks.insert(150, duplicate.clone());
@@ -51,11 +52,11 @@ async fn a_full_disk_is_a_typed_error_and_leaves_the_database_consistent() {
         max_page_count: Some(64),
         ..SqliteOptions::default()
     };
-    let store = SqliteStore::open_without_hook(&dir.path().join("db"), options).unwrap();
+    let store = SqliteStore::open_without_listener(&dir.path().join("db"), options).unwrap();
     let mut created = Vec::new();
     let mut full = false;
     for _ in 0..10_000 {
-        let task = contract::task(contract::client_id(), RestartPolicy::Fail);
+        let task = contract::task(contract::instance_id(), RestartPolicy::Fail);
         match store.create_task(task.clone(), None).await {
             Ok(_) => created.push(task.id),
             Err(StoreError::Full) => {
@@ -86,7 +87,7 @@ fn a_pre_release_database_is_refused_with_a_clear_message() {
         )
         .unwrap();
     }
-    let error = SqliteStore::open_without_hook(&path, SqliteOptions::default()).unwrap_err();
+    let error = SqliteStore::open_without_listener(&path, SqliteOptions::default()).unwrap_err();
     assert!(
         matches!(&error, StoreError::Corrupt(message) if message.contains("pre-release")),
         "{error:?}"

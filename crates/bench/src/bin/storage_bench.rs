@@ -8,40 +8,38 @@
 //!
 //! Run: `cargo run --release -p lmsp-bench --bin storage-bench [-- --quick]`.
 
-use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lmsp_bench::ceilings;
-use lmsp_domain::ids::TaskId;
-use lmsp_domain::ports::{StoreError, TaskStore};
+use lmsp_bench::fixtures::{self, applied, claim, output, T0};
+use lmsp_domain::ids::{InstanceId, TaskId};
+use lmsp_domain::ports::TaskStore;
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::transition::Step;
-use lmsp_storage_contract as contract;
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
 
-type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
-
-/// Operations per second of `callers` concurrent callers, each running `operation` with its own
-/// argument back to back for `duration`.
-async fn rate<A, F, Fut>(args: Vec<A>, duration: Duration, operation: F) -> Res<f64>
+/// Operations per second of concurrent callers, one per element of `states`, each running
+/// `operation` on its own state back to back for `duration` (the operation hands the state back
+/// for its next call).
+async fn rate<A, F, Fut>(states: Vec<A>, duration: Duration, operation: F) -> anyhow::Result<f64>
 where
-    A: Clone + Send + 'static,
+    A: Send + 'static,
     F: Fn(A) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), StoreError>> + Send,
+    Fut: std::future::Future<Output = anyhow::Result<A>> + Send,
 {
     let start = Instant::now();
-    let handles: Vec<_> = args
+    let handles: Vec<_> = states
         .into_iter()
-        .map(|arg| {
+        .map(|mut state| {
             let operation = operation.clone();
             tokio::spawn(async move {
                 let mut done = 0usize;
                 while start.elapsed() < duration {
-                    operation(arg.clone()).await?;
+                    state = operation(state).await?;
                     done += 1;
                 }
-                Ok::<usize, StoreError>(done)
+                Ok::<usize, anyhow::Error>(done)
             })
         })
         .collect();
@@ -52,47 +50,58 @@ where
     Ok(total as f64 / start.elapsed().as_secs_f64())
 }
 
-async fn adapter_create(store: &Arc<SqliteStore>, callers: usize, duration: Duration) -> Res<f64> {
+async fn adapter_create(
+    store: &Arc<SqliteStore>,
+    owner: InstanceId,
+    callers: usize,
+    duration: Duration,
+) -> anyhow::Result<f64> {
     let stores = vec![Arc::clone(store); callers];
-    rate(stores, duration, |store: Arc<SqliteStore>| async move {
-        let task = contract::task(contract::client_id(), RestartPolicy::Fail);
-        store.create_task(task, None).await.map(drop)
-    })
+    rate(
+        stores,
+        duration,
+        move |store: Arc<SqliteStore>| async move {
+            let task = fixtures::task(owner, fixtures::client_id(), RestartPolicy::Fail)?;
+            store.create_task(task, None).await?;
+            Ok(store)
+        },
+    )
     .await
 }
 
-async fn adapter_append(store: &Arc<SqliteStore>, callers: usize, duration: Duration) -> Res<f64> {
-    let mut running = Vec::new();
+/// A running task's appender: the store, the task and the last sequence number it saw.
+type Appender = (Arc<SqliteStore>, TaskId, u64);
+
+async fn adapter_append(
+    store: &Arc<SqliteStore>,
+    owner: InstanceId,
+    callers: usize,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let mut running: Vec<Appender> = Vec::new();
     for _ in 0..callers {
-        let task = contract::task(contract::client_id(), RestartPolicy::Fail);
+        let task = fixtures::task(owner, fixtures::client_id(), RestartPolicy::Fail)?;
         store.create_task(task.clone(), None).await?;
-        let steps = vec![
-            Step::ClaimForLoading {
-                model: contract::model_id(),
-            },
-            Step::Loaded,
-        ];
-        store.append(task.id, steps, None, contract::T0).await?;
-        running.push((Arc::clone(store), task.id));
+        let steps = vec![claim(&task), Step::Loaded];
+        let now = applied(store.append(task.id, owner, 1, steps, None, T0).await?)?;
+        running.push((Arc::clone(store), task.id, now.last_sequence_number));
     }
     rate(
         running,
         duration,
-        |(store, id): (Arc<SqliteStore>, TaskId)| async move {
-            let step = Step::Output {
-                delta: String::from("token "),
-            };
-            store
-                .append(id, vec![step], None, contract::T0)
-                .await
-                .map(drop)
+        move |(store, id, last): Appender| async move {
+            let outcome = store
+                .append(id, owner, last, vec![output("token ")], None, T0)
+                .await?;
+            let last = applied(outcome)?.last_sequence_number;
+            Ok((store, id, last))
         },
     )
     .await
 }
 
 #[tokio::main(flavor = "multi_thread")]
-async fn main() -> Res<()> {
+async fn main() -> anyhow::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let duration = Duration::from_millis(if quick { 500 } else { 2000 });
     let dir = std::env::temp_dir().join(format!("lmsp-storage-bench-{}", std::process::id()));
@@ -111,13 +120,14 @@ async fn main() -> Res<()> {
         sync: SyncMode::Full,
         ..SqliteOptions::default()
     };
-    let store = Arc::new(SqliteStore::open_without_hook(
+    let store = Arc::new(SqliteStore::open_without_listener(
         &dir.join("adapter.db"),
         options,
     )?);
+    let owner = fixtures::register_instance(store.as_ref(), T0).await?;
     println!("adapter (synchronous=FULL):");
     for callers in [1usize, 16, 64, 256] {
-        let rate = adapter_create(&store, callers, duration).await?;
+        let rate = adapter_create(&store, owner, callers, duration).await?;
         let ceiling = if callers == 1 { single } else { batched };
         println!(
             "  create_task  callers={callers:>3}  {rate:>9.0}/s  ratio {:>5.1}% of {}",
@@ -130,7 +140,7 @@ async fn main() -> Res<()> {
         );
     }
     for callers in [1usize, 16, 64, 256] {
-        let rate = adapter_append(&store, callers, duration).await?;
+        let rate = adapter_append(&store, owner, callers, duration).await?;
         let ceiling = if callers == 1 { single } else { events };
         println!(
             "  append       callers={callers:>3}  {rate:>9.0}/s  ratio {:>5.1}% of {}",
@@ -142,6 +152,7 @@ async fn main() -> Res<()> {
             }
         );
     }
+    store.close();
     drop(store);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())

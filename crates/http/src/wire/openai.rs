@@ -105,6 +105,8 @@ impl OutputMessage {
 pub struct InputTokensDetails {
     /// Always 0.
     pub cached_tokens: u64,
+    /// Always 0 (OpenAI's SDKs require the field).
+    pub cache_write_tokens: u64,
 }
 
 /// `usage.output_tokens_details`.
@@ -135,7 +137,10 @@ impl UsageObject {
             input_tokens: usage.input_tokens,
             output_tokens: usage.output_tokens,
             total_tokens: usage.total_tokens(),
-            input_tokens_details: InputTokensDetails { cached_tokens: 0 },
+            input_tokens_details: InputTokensDetails {
+                cached_tokens: 0,
+                cache_write_tokens: 0,
+            },
             output_tokens_details: OutputTokensDetails {
                 reasoning_tokens: 0,
             },

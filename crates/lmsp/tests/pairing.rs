@@ -1,7 +1,10 @@
 //! Pairing and clients (API.md §3): bad input to the pairing endpoints is refused with the
 //! envelope and creates nothing; the client list never shows a secret.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use lmsp_tests::TestServer;
+mod common;
+
+use common::{assert_envelope, TestServer};
 use serde_json::{json, Value};
 
 async fn client_count(server: &TestServer) -> usize {
@@ -59,11 +62,8 @@ async fn bad_pairing_requests_are_refused_and_create_nothing_i9() {
     ];
     for (name, token, body, status, code) in pairings {
         let (got, _, reply) = server.post_as(token, "/v1/pairings", body).await;
-        assert_eq!(
-            (got, reply["error"]["code"].as_str()),
-            (status, Some(code)),
-            "{name}: {reply}"
-        );
+        assert_eq!(got, status, "{name}: {reply}");
+        assert_envelope(got, &reply, code, name);
     }
     let (_, _, pairing) = server
         .post("/v1/pairings", json!({"scopes": ["responses:read"]}))
@@ -112,11 +112,8 @@ async fn bad_pairing_requests_are_refused_and_create_nothing_i9() {
         let response = pair(body).await.unwrap();
         let got = response.status().as_u16();
         let reply: Value = response.json().await.unwrap();
-        assert_eq!(
-            (got, reply["error"]["code"].as_str()),
-            (status, Some(code)),
-            "{name}: {reply}"
-        );
+        assert_eq!(got, status, "{name}: {reply}");
+        assert_envelope(got, &reply, code, name);
     }
     let unsupported = server
         .http
@@ -126,6 +123,8 @@ async fn bad_pairing_requests_are_refused_and_create_nothing_i9() {
         .await
         .unwrap();
     assert_eq!(unsupported.status().as_u16(), 415);
+    let reply: Value = unsupported.json().await.unwrap();
+    assert_envelope(415, &reply, "unsupported_media_type", "no content type");
     assert_eq!(client_count(&server).await, before, "no client was created");
     let paired = pair(json!({"code": code, "name": "phone", "scopes": ["responses:read"]}))
         .await
@@ -211,4 +210,77 @@ async fn concurrent_wrong_codes_cannot_pass_the_limit() {
         unauthorized + statuses.iter().filter(|s| **s == 429).count(),
         64
     );
+}
+
+/// API.md §3: an admin's pairing code gives a new client a token once; wrong codes are 401, and
+/// after five of them every outstanding code is burnt and pairing answers 429 with
+/// `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pairing_gives_a_new_client_a_token_once_and_limits_wrong_codes() {
+    let server = TestServer::start(&[]);
+    let (status, _, pairing) = server
+        .post(
+            "/v1/pairings",
+            json!({"scopes": ["responses:read", "responses:write"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{pairing}");
+    let code = pairing["code"].as_str().unwrap().to_owned();
+    let digits: Vec<&str> = code.split('-').collect();
+    assert!(
+        digits.len() == 2
+            && digits
+                .iter()
+                .all(|d| d.len() == 3 && d.bytes().all(|b| b.is_ascii_digit())),
+        "a code like 483-921: {code}"
+    );
+    assert!(
+        pairing["expires_at"].as_str().unwrap().ends_with('Z'),
+        "{pairing}"
+    );
+    let pair = |body: Value| server.http.post(server.url("/v1/pair")).json(&body).send();
+    let too_wide = pair(json!({"code": code, "name": "phone", "scopes": ["admin"]}))
+        .await
+        .unwrap();
+    assert_eq!(too_wide.status().as_u16(), 403);
+    let paired = pair(json!({"code": code, "name": "phone", "scopes": ["responses:read"]}))
+        .await
+        .unwrap();
+    assert_eq!(paired.status().as_u16(), 201);
+    let paired: Value = paired.json().await.unwrap();
+    let token = paired["token"].as_str().unwrap();
+    assert!(token.starts_with("lmsp_"), "{paired}");
+    assert!(paired["client_id"].as_str().unwrap().starts_with("cli_"));
+    assert_eq!(paired["scopes"], json!(["responses:read"]));
+    assert_eq!(server.get_as(token, "/v1/tasks").await.0, 200);
+    let (status, _, _) = server
+        .post_as(
+            token,
+            "/v1/responses",
+            json!({"model": "reference", "input": "x"}),
+        )
+        .await;
+    assert_eq!(status, 403, "only the scopes asked for");
+    let reused = pair(json!({"code": code, "name": "again", "scopes": ["responses:read"]}))
+        .await
+        .unwrap();
+    assert_eq!(reused.status().as_u16(), 401, "a code works once");
+    let (_, _, fresh) = server
+        .post("/v1/pairings", json!({"scopes": ["responses:read"]}))
+        .await;
+    for _ in 0..4 {
+        let wrong = pair(json!({"code": "000-000", "name": "x", "scopes": ["responses:read"]}))
+            .await
+            .unwrap();
+        assert_eq!(wrong.status().as_u16(), 401);
+        let body: Value = wrong.json().await.unwrap();
+        assert_envelope(401, &body, "unauthorized", "a wrong code");
+    }
+    let limited = pair(json!({"code": fresh["code"], "name": "x", "scopes": ["responses:read"]}))
+        .await
+        .unwrap();
+    assert_eq!(limited.status().as_u16(), 429, "after five wrong codes");
+    assert!(limited.headers().contains_key("retry-after"));
+    let body: Value = limited.json().await.unwrap();
+    assert_envelope(429, &body, "rate_limited", "the limit");
 }

@@ -1,10 +1,13 @@
 //! Models (API.md §8, P-1): registration with a streamed digest inside `--models-dir`, the
 //! metadata endpoints, the digest check at load, startup registration and the offline CLI.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 
 use std::path::Path;
 use std::process::Command;
 
-use lmsp_tests::{lmsp_binary, TestServer};
+use common::{assert_envelope, lmsp_binary, TestServer};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -44,11 +47,34 @@ async fn a_model_file_is_registered_with_its_digest_and_deleted_without_touching
     assert_eq!(model["format"], "gguf");
     assert_eq!(model["size_bytes"], CORPUS.len());
     assert_eq!(model["digest"], sha256_of(CORPUS.as_bytes()));
-    let canonical = std::fs::canonicalize(&path).unwrap();
-    assert_eq!(model["path"], canonical.to_string_lossy().as_ref());
+    // The path is stored relative to `--models-dir` (where every instance finds its own copy),
+    // and resolves to the file.
+    let stored = model["path"].as_str().unwrap();
+    assert_eq!(stored, "story.gguf", "{model}");
+    assert_eq!(
+        std::fs::canonicalize(models_dir(&server).join(stored)).unwrap(),
+        std::fs::canonicalize(&path).unwrap()
+    );
     assert!(model["created_at"].as_str().unwrap().ends_with('Z'));
+    assert!(model["created"].is_i64(), "OpenAI's Unix seconds: {model}");
+    assert!(model["owned_by"].is_string(), "{model}");
 
     assert_eq!(server.get("/v1/models/story").await, (200, model.clone()));
+    // API.md §10: `path` only for `admin` and `models:write`.
+    let reader = server.add_client("reader", &["models:read"]);
+    let (status, seen) = server.get_as(&reader, "/v1/models/story").await;
+    assert_eq!(status, 200, "{seen}");
+    assert!(seen.get("path").is_none(), "{seen}");
+    assert_eq!(seen["digest"], model["digest"]);
+    let (_, listed) = server.get_as(&reader, "/v1/models").await;
+    assert!(
+        listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m.get("path").is_none()),
+        "{listed}"
+    );
     let (_, list) = server.get("/v1/models").await;
     assert_eq!(list["object"], "list");
     let ids: Vec<&str> = list["data"]
@@ -59,8 +85,9 @@ async fn a_model_file_is_registered_with_its_digest_and_deleted_without_touching
         .collect();
     assert_eq!(ids, ["reference", "story"]);
 
-    let (again, _) = register(&server, "story", &path).await;
+    let (again, body) = register(&server, "story", &path).await;
     assert_eq!(again, 409, "an existing id");
+    assert_envelope(again, &body, "already_exists", "an existing id");
 
     let deleted = server
         .request(
@@ -198,7 +225,7 @@ async fn bad_model_registrations_are_rejected_and_register_nothing_i9() {
         };
         let (got, _, reply) = server.post_as(&token, "/v1/models", body).await;
         assert_eq!(got, status, "{name}: {reply}");
-        assert_eq!(reply["error"]["code"], code, "{name}: {reply}");
+        assert_envelope(got, &reply, code, name);
     }
     let (status, body) = server.get("/v1/models/not-there").await;
     assert_eq!(
@@ -263,7 +290,7 @@ async fn models_dir_files_register_at_startup_and_the_cli_adds_offline() {
     assert_eq!(status, 200, "{model}");
     assert_eq!(model["digest"], sha256_of(CORPUS.as_bytes()));
 
-    let offline = temp.path().join("offline.bin");
+    let offline = temp.path().join("offline.gguf");
     std::fs::write(&offline, b"weights").unwrap();
     server.kill();
     let output = Command::new(lmsp_binary())

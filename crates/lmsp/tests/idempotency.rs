@@ -1,9 +1,12 @@
 //! Idempotency keys (API.md §6, I-8): replay of the first reply, key reuse, a key in use, scope
 //! per client and path, canonical digests, expiry, and `POST /v1/models`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 
 use std::time::{Duration, Instant};
 
-use lmsp_tests::TestServer;
+use common::{assert_envelope, SseMessage, SseStream, TestServer, DEADLINE};
 use serde_json::{json, Value};
 
 async fn post_with_key(
@@ -19,13 +22,6 @@ async fn post_with_key(
         .header("content-type", "application/json")
         .body(body.to_owned());
     server.send(request).await
-}
-
-async fn task_count(server: &TestServer) -> usize {
-    server.get("/v1/tasks?limit=100").await.1["data"]
-        .as_array()
-        .unwrap()
-        .len()
 }
 
 /// I-8: the same key with the same body — in any key order or spacing — replays the first reply
@@ -48,15 +44,13 @@ async fn a_key_replays_its_first_reply_for_the_same_canonical_body_i8() {
     assert_eq!(replayed, first, "the same body");
     assert_eq!(replay_headers["location"], headers["location"]);
     assert_eq!(replay_headers["lmsp-task-id"], headers["lmsp-task-id"]);
-    assert_eq!(task_count(&server).await, 1);
+    assert_eq!(server.task_count().await, 1);
 
     let other_body = r#"{"model": "reference", "input": "other", "background": true}"#;
     let (status, _, reused) =
         post_with_key(&server, &admin, "/v1/responses", "k-1", other_body).await;
-    assert_eq!(
-        (status, reused["error"]["code"].as_str()),
-        (422, Some("idempotency_key_reused"))
-    );
+    assert_eq!(status, 422, "{reused}");
+    assert_envelope(status, &reused, "idempotency_key_reused", "another body");
 
     let other_client = server.add_client("other", &["responses:write", "responses:read"]);
     let (status, _, theirs) =
@@ -66,16 +60,14 @@ async fn a_key_replays_its_first_reply_for_the_same_canonical_body_i8() {
 
     for bad in [&"k".repeat(256), "with space", "tab\there"] {
         let (status, _, reply) = post_with_key(&server, &admin, "/v1/responses", bad, body).await;
-        assert_eq!(
-            (status, reply["error"]["code"].as_str()),
-            (400, Some("invalid_idempotency_key")),
-            "{bad:?}"
-        );
+        assert_eq!(status, 400, "{bad:?}: {reply}");
+        assert_envelope(status, &reply, "invalid_idempotency_key", bad);
+        assert_eq!(reply["error"]["param"], "Idempotency-Key", "{reply}");
     }
     let (status, _, _) =
         post_with_key(&server, &admin, "/v1/responses", &"k".repeat(255), body).await;
     assert_eq!(status, 202, "255 visible characters are a key");
-    assert_eq!(task_count(&server).await, 3);
+    assert_eq!(server.task_count().await, 3);
 }
 
 /// API.md §6: while the first request with a key is still being answered (a synchronous request
@@ -94,8 +86,8 @@ async fn a_key_is_in_use_while_its_first_request_is_answered() {
         tokio::spawn(async move { request.send().await.unwrap() })
     };
     // Poll until the first request's task exists, then send the same key again.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while task_count(&server).await == 0 {
+    let deadline = Instant::now() + DEADLINE;
+    while server.task_count().await == 0 {
         assert!(
             Instant::now() < deadline,
             "the first request never created its task"
@@ -103,10 +95,8 @@ async fn a_key_is_in_use_while_its_first_request_is_answered() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let (status, _, busy) = post_with_key(&server, &admin, "/v1/responses", "sync-1", body).await;
-    assert_eq!(
-        (status, busy["error"]["code"].as_str()),
-        (409, Some("idempotency_key_in_use"))
-    );
+    assert_eq!(status, 409, "{busy}");
+    assert_envelope(status, &busy, "idempotency_key_in_use", "in use");
     let first = first.await.unwrap();
     assert_eq!(first.status().as_u16(), 200);
     let first: Value = first.json().await.unwrap();
@@ -116,7 +106,7 @@ async fn a_key_is_in_use_while_its_first_request_is_answered() {
     assert_eq!(status, 200);
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(replayed, first);
-    assert_eq!(task_count(&server).await, 1);
+    assert_eq!(server.task_count().await, 1);
 }
 
 /// API.md §6: keys expire after `--idempotency-ttl`; the purge job removes them, and the same key
@@ -128,28 +118,9 @@ async fn keys_expire_after_the_ttl_and_are_purged() {
     let body =
         r#"{"model": "reference", "input": "hi", "background": true, "max_output_tokens": 2}"#;
     let (_, _, first) = post_with_key(&server, &admin, "/v1/responses", "ttl", body).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let metrics = server
-            .request(reqwest::Method::GET, "/metrics", &admin)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let purged = metrics
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("lmsp_purged_idempotency_keys_total")?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .unwrap_or(0.0);
-        if purged >= 1.0 {
-            break;
-        }
+    assert!(first["id"].is_string(), "{first}");
+    let deadline = Instant::now() + DEADLINE;
+    while server.metric("lmsp_purged_idempotency_keys_total").await < 1.0 {
         assert!(Instant::now() < deadline, "the key was never purged");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -165,7 +136,7 @@ async fn keys_expire_after_the_ttl_and_are_purged() {
 async fn model_registration_is_idempotent_with_a_key() {
     let server = TestServer::start(&[]);
     let admin = server.admin_token.clone();
-    let path = server.data_dir.join("models").join("m.bin");
+    let path = server.data_dir.join("models").join("m.txt");
     std::fs::write(&path, b"weights").unwrap();
     let body = json!({"id": "m", "path": path.to_string_lossy()}).to_string();
     let (status, _, first) = post_with_key(&server, &admin, "/v1/models", "model-1", &body).await;
@@ -202,7 +173,7 @@ async fn a_retried_synchronous_or_streaming_request_never_starts_a_second_task_i
     assert!(gave_up.is_err(), "the first client timed out");
     // Crash while the task runs; recovery puts it back in the queue (`retry`).
     server.kill_and_restart(&["--reference-token-delay", "30ms"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + DEADLINE;
     let (status, headers, outcome) = loop {
         let (status, headers, reply) =
             post_with_key(&server, &admin, "/v1/responses", "sync-retry", sync_body).await;
@@ -215,7 +186,7 @@ async fn a_retried_synchronous_or_streaming_request_never_starts_a_second_task_i
     assert_eq!(status, 200, "{outcome}");
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(outcome["object"], "response");
-    assert_eq!(task_count(&server).await, 1, "one task for the key");
+    assert_eq!(server.task_count().await, 1, "one task for the key");
     assert_eq!(
         outcome["task_id"],
         headers["lmsp-task-id"].to_str().unwrap()
@@ -244,11 +215,54 @@ async fn a_retried_synchronous_or_streaming_request_never_starts_a_second_task_i
     assert_eq!(again.status().as_u16(), 200);
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.headers()["lmsp-task-id"].to_str().unwrap(), task_id);
-    let text = again.text().await.unwrap();
-    assert!(
-        text.starts_with("id: 1\n"),
-        "the events again from the first: {text}"
+    let messages = SseStream::of(again).collect_all().await;
+    let ids: Vec<u64> = messages.iter().map(SseMessage::seq).collect();
+    assert_eq!(
+        ids.first(),
+        Some(&1),
+        "the events again from the first: {ids:?}"
     );
-    assert!(text.contains("event: response.completed"), "{text}");
-    assert_eq!(task_count(&server).await, 2, "one task per key");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    assert_eq!(messages[0].data["response"]["task_id"], task_id.as_str());
+    let last = messages.last().unwrap();
+    assert_eq!(
+        last.event.as_deref(),
+        Some("response.completed"),
+        "{last:?}"
+    );
+    let task = server.wait_status(&task_id, "completed").await;
+    assert_eq!(task["last_sequence_number"].as_u64(), Some(last.seq()));
+    assert_eq!(server.task_count().await, 2, "one task per key");
+}
+
+/// I-8: an idempotent retry replays the first reply and creates no second task, even across a
+/// SIGKILL right after the 202.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_retry_after_a_crash_replays_the_first_reply_i8() {
+    let mut server = TestServer::start(&["--workers", "1", "--reference-load-delay", "60s"]);
+    let body =
+        json!({"model": "reference", "input": "hi", "background": true, "on_restart": "retry"});
+    let send = |server: &TestServer, body: Value| {
+        server
+            .request(reqwest::Method::POST, "/v1/responses", &server.admin_token)
+            .header("idempotency-key", "order-1")
+            .json(&body)
+            .send()
+    };
+    let first = send(&server, body.clone()).await.unwrap();
+    assert_eq!(first.status().as_u16(), 202);
+    let first_location = first.headers()["location"].clone();
+    let first_body: Value = first.json().await.unwrap();
+    server.kill_and_restart(&["--workers", "1", "--reference-load-delay", "60s"]);
+    let again = send(&server, body.clone()).await.unwrap();
+    assert_eq!(again.status().as_u16(), 202);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["location"], first_location);
+    let again_body: Value = again.json().await.unwrap();
+    assert_eq!(again_body, first_body, "the first reply, as it was");
+    let mut other = body.clone();
+    other["input"] = json!("something else");
+    let reused = send(&server, other).await.unwrap();
+    assert_eq!(reused.status().as_u16(), 422);
+    assert_eq!(server.task_count().await, 1);
 }

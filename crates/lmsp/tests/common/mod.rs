@@ -1,0 +1,644 @@
+//! The end-to-end harness shared by every test target of this crate: it starts the real `lmsp`
+//! binary — the one Cargo built for this very test run (`CARGO_BIN_EXE_lmsp`), so a stale binary
+//! is never tested — on port 0 with a temp data directory, and speaks HTTP and SSE to it as a
+//! client would.
+//!
+//! No sleep is an assertion: every wait polls with a deadline and fails with what it last saw.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+/// How long any single wait of a test may take before it fails.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The `lmsp` binary of this build.
+pub fn lmsp_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_lmsp"))
+}
+
+/// A reply: status, headers and the JSON body (`null` when the body is not JSON).
+pub type Reply = (u16, reqwest::header::HeaderMap, Value);
+
+async fn reply_of(request: reqwest::RequestBuilder) -> Reply {
+    let response = request.send().await.expect("the request was answered");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.expect("the reply body");
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::Null),
+    )
+}
+
+/// A request body for the reference model.
+pub fn prompt(seed: u64, tokens: u64, policy: &str) -> Value {
+    json!({"model": "reference", "input": "Once upon a time", "seed": seed,
+           "max_output_tokens": tokens, "on_restart": policy})
+}
+
+/// A running `lmsp serve`.
+#[derive(Debug)]
+pub struct TestServer {
+    /// The process.
+    pub child: Option<Child>,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    /// The admin token printed at first start (kept across restarts).
+    pub admin_token: String,
+    /// The admin token this start printed, if it printed one (only a first start does).
+    pub announced_token: Option<String>,
+    /// The data directory (kept across restarts).
+    pub data_dir: PathBuf,
+    temp: Option<tempfile::TempDir>,
+    /// An HTTP client.
+    pub http: reqwest::Client,
+    /// Every line the server wrote to stderr after it printed its address.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+fn spawn_serve(
+    data_dir: &Path,
+    extra: &[&str],
+    log_filter: &str,
+) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(lmsp_binary())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_LOG", log_filter)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn lmsp serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, receiver)
+}
+
+/// What a start-up line announces: the admin token, or the address (`http://…`). The service
+/// prints them as plain lines, or as JSON objects with `--log-format json`.
+enum Announced {
+    Token(String),
+    Address(String),
+    Nothing,
+}
+
+fn announced(line: &str) -> Announced {
+    if let Some(token) = line.strip_prefix("admin token (shown once): ") {
+        return Announced::Token(token.trim().to_owned());
+    }
+    if let Some(address) = line.strip_prefix("lmsp listening on ") {
+        return Announced::Address(address.trim().to_owned());
+    }
+    if let Ok(object) = serde_json::from_str::<Value>(line) {
+        if let Some(token) = object["token"].as_str() {
+            return Announced::Token(token.to_owned());
+        }
+        if let Some(address) = object["address"].as_str() {
+            if address.starts_with("http://") {
+                return Announced::Address(address.to_owned());
+            }
+        }
+    }
+    Announced::Nothing
+}
+
+impl TestServer {
+    /// Starts a server on a new temp data directory.
+    pub fn start(extra: &[&str]) -> Self {
+        Self::start_with_filter(extra, "warn")
+    }
+
+    /// Starts a server that logs at `info` (one line per request); read them with
+    /// [`TestServer::log_lines`].
+    pub fn start_logging(extra: &[&str]) -> Self {
+        Self::start_with_filter(extra, "info")
+    }
+
+    fn start_with_filter(extra: &[&str], filter: &str) -> Self {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let data_dir = temp.path().join("data");
+        let mut server = Self::start_in(&data_dir, String::new(), extra, filter);
+        server.temp = Some(temp);
+        server
+    }
+
+    /// Starts a server on an existing (or new) data directory.
+    fn start_in(data_dir: &Path, admin_token: String, extra: &[&str], log_filter: &str) -> Self {
+        let (child, lines) = spawn_serve(data_dir, extra, log_filter);
+        let mut admin_token = admin_token;
+        let mut announced_token = None;
+        let deadline = Instant::now() + DEADLINE;
+        let mut seen = Vec::new();
+        let base = loop {
+            let line = match lines.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => line,
+                Err(_) => panic!("the server never printed its address; it wrote {seen:#?}"),
+            };
+            match announced(&line) {
+                Announced::Token(token) => {
+                    admin_token.clone_from(&token);
+                    announced_token = Some(token);
+                }
+                Announced::Address(address) => break address,
+                Announced::Nothing => {}
+            }
+            seen.push(line);
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&log);
+        std::thread::spawn(move || {
+            while let Ok(line) = lines.recv() {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            child: Some(child),
+            base,
+            admin_token,
+            announced_token,
+            data_dir: data_dir.to_path_buf(),
+            temp: None,
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+                .expect("an HTTP client"),
+            log,
+        }
+    }
+
+    /// The lines the server has written to stderr since it printed its address.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// SIGKILLs the server and starts it again on the same data directory.
+    pub fn kill_and_restart(&mut self, extra: &[&str]) {
+        self.kill();
+        self.restart(extra);
+    }
+
+    /// Starts the server again on the same data directory (it must have stopped).
+    pub fn restart(&mut self, extra: &[&str]) {
+        assert!(self.child.is_none(), "the server still runs");
+        let temp = self.temp.take();
+        let mut next = Self::start_in(&self.data_dir, self.admin_token.clone(), extra, "warn");
+        next.temp = temp;
+        std::mem::swap(self, &mut next);
+    }
+
+    /// SIGKILLs the server.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM to the server (it keeps running through its grace).
+    pub fn send_sigterm(&self) {
+        let child = self.child.as_ref().expect("running");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("a pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    }
+
+    /// Waits (bounded) for a server that was sent SIGTERM to exit, and gives its exit status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not exit within {DEADLINE:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A full URL.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Runs `lmsp clients add` on the data directory and returns the token (its last line).
+    pub fn add_client(&self, name: &str, scopes: &[&str]) -> String {
+        let mut command = Command::new(lmsp_binary());
+        command
+            .args(["clients", "add", "--name", name])
+            .arg("--data-dir")
+            .arg(&self.data_dir);
+        for scope in scopes {
+            command.args(["--scope", scope]);
+        }
+        let output = command.output().expect("lmsp clients add");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let printed = String::from_utf8(output.stdout).unwrap();
+        let token = printed.lines().last().unwrap_or_default().trim().to_owned();
+        assert!(token.starts_with("lmsp_"), "no token printed: {printed}");
+        token
+    }
+
+    /// A request with a bearer token.
+    pub fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+    ) -> reqwest::RequestBuilder {
+        self.http.request(method, self.url(path)).bearer_auth(token)
+    }
+
+    /// POST JSON with the admin token (no body for `null`); status, headers and JSON body.
+    pub async fn post(&self, path: &str, body: Value) -> Reply {
+        let token = self.admin_token.clone();
+        self.post_as(&token, path, body).await
+    }
+
+    /// POST JSON with a token (no body for `null`, as a cancel is sent).
+    pub async fn post_as(&self, token: &str, path: &str, body: Value) -> Reply {
+        let request = self.request(reqwest::Method::POST, path, token);
+        if body.is_null() {
+            reply_of(request).await
+        } else {
+            reply_of(request.json(&body)).await
+        }
+    }
+
+    /// DELETE with the admin token.
+    pub async fn delete(&self, path: &str) -> Reply {
+        reply_of(self.request(reqwest::Method::DELETE, path, &self.admin_token)).await
+    }
+
+    /// Sends a request and returns status, headers and JSON body (`null` when not JSON).
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
+        reply_of(request).await
+    }
+
+    /// GET with the admin token; status and JSON body.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let token = self.admin_token.clone();
+        self.get_as(&token, path).await
+    }
+
+    /// GET with a token.
+    pub async fn get_as(&self, token: &str, path: &str) -> (u16, Value) {
+        let (status, _, body) = reply_of(self.request(reqwest::Method::GET, path, token)).await;
+        (status, body)
+    }
+
+    /// Submits a background response; returns the 202's body (the response object).
+    pub async fn submit_response(&self, mut body: Value) -> Value {
+        body["background"] = Value::Bool(true);
+        let (status, _, response) = self.post("/v1/responses", body).await;
+        assert_eq!(status, 202, "{response}");
+        assert_eq!(response["object"], "response", "{response}");
+        response
+    }
+
+    /// Submits a background response; returns its task's id.
+    pub async fn submit(&self, body: Value) -> String {
+        let response = self.submit_response(body).await;
+        response["task_id"].as_str().unwrap().to_owned()
+    }
+
+    /// Polls a task until `done` holds for it, or panics at the deadline.
+    pub async fn wait_task(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let (status, task) = self.get(&format!("/v1/tasks/{id}")).await;
+            if status == 200 && done(&task) {
+                return task;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "task {id} never became {what}: {task}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Polls until the task has this status.
+    pub async fn wait_status(&self, id: &str, status: &str) -> Value {
+        self.wait_task(id, status, |t| t["status"] == status).await
+    }
+
+    /// Every stored event of a task.
+    pub async fn all_events(&self, id: &str) -> Vec<Value> {
+        let mut events = Vec::new();
+        let mut after = 0;
+        loop {
+            let (status, page) = self
+                .get(&format!("/v1/tasks/{id}/events?after={after}&limit=1000"))
+                .await;
+            assert_eq!(status, 200, "{page}");
+            let data = page["data"].as_array().unwrap().clone();
+            if let Some(last) = data.last() {
+                after = last["sequence_number"].as_u64().unwrap();
+            }
+            events.extend(data);
+            if page["has_more"] != Value::Bool(true) {
+                return events;
+            }
+        }
+    }
+
+    /// How many tasks the admin sees.
+    pub async fn task_count(&self) -> usize {
+        let (status, page) = self.get("/v1/tasks?limit=100").await;
+        assert_eq!(status, 200, "{page}");
+        page["data"].as_array().unwrap().len()
+    }
+
+    /// The Prometheus text of `GET /metrics` (admin).
+    pub async fn metrics_text(&self) -> String {
+        let response = self
+            .request(reqwest::Method::GET, "/metrics", &self.admin_token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        response.text().await.unwrap()
+    }
+
+    /// The value of one series of `GET /metrics` (e.g. `lmsp_tasks{status="queued"}`); panics
+    /// when it is not there.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics_text().await;
+        metric_in(&text, series)
+    }
+
+    /// Opens an SSE stream (`Accept: text/event-stream`) with the admin token.
+    pub async fn sse(&self, path: &str, last_event_id: Option<u64>) -> SseStream {
+        let token = self.admin_token.clone();
+        self.sse_as(&token, path, last_event_id).await
+    }
+
+    /// Opens an SSE stream with a token; it must answer 200 `text/event-stream`.
+    pub async fn sse_as(&self, token: &str, path: &str, last_event_id: Option<u64>) -> SseStream {
+        let mut request = self
+            .request(reqwest::Method::GET, path, token)
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        SseStream::of(request.send().await.unwrap())
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One SSE message.
+#[derive(Debug, Clone)]
+pub struct SseMessage {
+    /// `id:`.
+    pub id: Option<String>,
+    /// `event:`.
+    pub event: Option<String>,
+    /// `data:` as sent.
+    pub raw: String,
+    /// `data:` parsed as JSON (`null` when it is not JSON, as `[DONE]`).
+    pub data: Value,
+}
+
+impl SseMessage {
+    /// The `id:` as a sequence number.
+    pub fn seq(&self) -> u64 {
+        self.id
+            .as_deref()
+            .and_then(|id| id.parse().ok())
+            .unwrap_or_else(|| panic!("no numeric id: {self:?}"))
+    }
+}
+
+/// A parsed SSE body.
+pub struct SseStream {
+    /// The reply's headers.
+    pub headers: reqwest::header::HeaderMap,
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    buffer: Vec<u8>,
+}
+
+impl std::fmt::Debug for SseStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SseStream")
+    }
+}
+
+impl SseStream {
+    /// The stream of a reply, which must be 200 `text/event-stream`.
+    pub fn of(response: reqwest::Response) -> Self {
+        assert_eq!(response.status().as_u16(), 200, "a stream answers 200");
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            content_type.starts_with("text/event-stream"),
+            "a stream's content type: {content_type}"
+        );
+        Self {
+            headers: response.headers().clone(),
+            body: Box::pin(response.bytes_stream()),
+            buffer: Vec::new(),
+        }
+    }
+
+    /// A header of the reply, as text.
+    pub fn header(&self, name: &str) -> String {
+        self.headers[name].to_str().unwrap().to_owned()
+    }
+
+    /// The next message (comments skipped), or `None` when the stream ended. Panics when the
+    /// server sends nothing at all (not even a keep-alive) for a whole [`DEADLINE`].
+    pub async fn next_message(&mut self) -> Option<SseMessage> {
+        loop {
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let block = String::from_utf8(block).expect("SSE is UTF-8");
+                let mut message = SseMessage {
+                    id: None,
+                    event: None,
+                    raw: String::new(),
+                    data: Value::Null,
+                };
+                let mut has_data = false;
+                for line in block.lines() {
+                    let field = |prefix: &str| {
+                        line.strip_prefix(prefix)
+                            .map(|v| v.strip_prefix(' ').unwrap_or(v).to_owned())
+                    };
+                    if let Some(v) = field("id:") {
+                        message.id = Some(v);
+                    } else if let Some(v) = field("event:") {
+                        message.event = Some(v);
+                    } else if let Some(v) = field("data:") {
+                        if has_data {
+                            message.raw.push('\n');
+                        }
+                        message.raw.push_str(&v);
+                        has_data = true;
+                    }
+                }
+                if !has_data {
+                    continue;
+                }
+                message.data = serde_json::from_str(&message.raw).unwrap_or(Value::Null);
+                return Some(message);
+            }
+            let chunk = tokio::time::timeout(DEADLINE, self.body.next())
+                .await
+                .unwrap_or_else(|_| panic!("the stream sent nothing for {DEADLINE:?}"));
+            match chunk {
+                Some(Ok(bytes)) => self.buffer.extend_from_slice(&bytes),
+                Some(Err(_)) | None => return None,
+            }
+        }
+    }
+
+    /// Every message until the stream ends.
+    pub async fn collect_all(&mut self) -> Vec<SseMessage> {
+        let mut all = Vec::new();
+        while let Some(message) = self.next_message().await {
+            all.push(message);
+        }
+        all
+    }
+}
+
+/// The value of one series in a Prometheus text; panics when it is not there.
+pub fn metric_in(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            let value = line.strip_prefix(series)?;
+            value.starts_with(' ').then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no `{series}` in\n{text}"))
+}
+
+/// The terminal event types of the native log.
+pub const TERMINAL: [&str; 3] = [
+    "response.completed",
+    "response.failed",
+    "response.cancelled",
+];
+
+/// Checks I-2 on a task's event list: 1…n gapless, one terminal event and it is last (when the
+/// task is finished), and the task's `last_sequence_number` and status agree with the log; and
+/// I-3: after `response.cancelling` only `response.cancelled` may follow.
+pub fn assert_log_invariants(task: &Value, events: &[Value]) {
+    for (index, event) in events.iter().enumerate() {
+        assert_eq!(
+            event["sequence_number"].as_u64(),
+            Some(index as u64 + 1),
+            "gapless: {events:?}"
+        );
+        assert_eq!(event["object"], "event");
+        assert_eq!(event["task_id"], task["id"]);
+    }
+    assert_eq!(
+        task["last_sequence_number"].as_u64(),
+        Some(events.len() as u64),
+        "last seq: {task}"
+    );
+    let terminals = events
+        .iter()
+        .filter(|e| TERMINAL.contains(&e["type"].as_str().unwrap_or("")))
+        .count();
+    let finished =
+        ["completed", "failed", "cancelled"].contains(&task["status"].as_str().unwrap_or(""));
+    assert_eq!(
+        terminals,
+        usize::from(finished),
+        "one terminal event iff finished: {events:?}"
+    );
+    if finished {
+        let last = events.last().unwrap()["type"].as_str().unwrap().to_owned();
+        assert_eq!(
+            last,
+            format!("response.{}", task["status"].as_str().unwrap())
+        );
+    }
+    if let Some(cancelling) = events
+        .iter()
+        .position(|e| e["type"] == "response.cancelling")
+    {
+        let after: Vec<_> = events[cancelling + 1..]
+            .iter()
+            .map(|e| e["type"].clone())
+            .collect();
+        assert!(
+            after.is_empty() || after == vec![Value::from("response.cancelled")],
+            "I-3: {after:?}"
+        );
+    }
+}
+
+/// The deltas after the last `response.queued`, joined.
+pub fn joined_deltas(events: &[Value]) -> String {
+    let start = events
+        .iter()
+        .rposition(|e| e["type"] == "response.queued")
+        .map_or(0, |i| i + 1);
+    events[start..]
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["data"]["delta"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The error envelope of API.md §2 and §10: `code` (as expected), a human `message`, a `param`
+/// (string or null), and the SDK class `type` that goes with the status.
+pub fn assert_envelope(status: u16, body: &Value, code: &str, context: &str) {
+    let error = &body["error"];
+    assert_eq!(error["code"], code, "{context}: {body}");
+    assert!(error["message"].is_string(), "{context}: {body}");
+    assert!(
+        error
+            .get("param")
+            .is_some_and(|p| p.is_null() || p.is_string()),
+        "{context}: {body}"
+    );
+    let class = match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        500..=599 => "server_error",
+        _ => "invalid_request_error",
+    };
+    assert_eq!(error["type"], class, "{context}: {body}");
+}

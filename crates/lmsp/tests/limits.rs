@@ -1,0 +1,434 @@
+//! What the service refuses, end to end (API.md §2, §10): bad input of every kind gets its 4xx
+//! with the error envelope and creates nothing (I-9); what LMSP cannot do is a 400 naming the
+//! field; a slow request is answered 408; past the connection limit a connection gets 503.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{assert_envelope, TestServer, DEADLINE};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// I-9: bad input gets a 4xx with the error envelope and creates nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_4xx_envelope_and_creates_nothing_i9() {
+    let server = TestServer::start(&[]);
+    let token = server.admin_token.clone();
+    let post = |path: &str| server.request(reqwest::Method::POST, path, &token);
+    let huge = "x".repeat(3 * 1024 * 1024);
+    let rows: Vec<(&str, reqwest::RequestBuilder, u16, &str)> = vec![
+        (
+            "malformed json",
+            post("/v1/responses")
+                .header("content-type", "application/json")
+                .body("{"),
+            400,
+            "invalid_request",
+        ),
+        (
+            "a duplicate key",
+            post("/v1/responses")
+                .header("content-type", "application/json")
+                .body(r#"{"model": "reference", "input": "x", "input": "y"}"#),
+            400,
+            "invalid_request",
+        ),
+        (
+            "wrong type",
+            post("/v1/responses").json(&json!({"model": "reference", "input": 5})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "empty input",
+            post("/v1/responses").json(&json!({"model": "reference", "input": ""})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "no model",
+            post("/v1/responses").json(&json!({"input": "x"})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown field",
+            post("/v1/responses").json(&json!({"model": "reference", "input": "x", "bogus": 1})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "range",
+            post("/v1/responses")
+                .json(&json!({"model": "reference", "input": "x", "max_output_tokens": 0})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "over the range",
+            post("/v1/responses")
+                .json(&json!({"model": "reference", "input": "x", "max_output_tokens": 100_001})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown policy",
+            post("/v1/responses")
+                .json(&json!({"model": "reference", "input": "x", "on_restart": "never"})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown role",
+            post("/v1/responses").json(
+                &json!({"model": "reference", "input": [{"role": "robot", "content": "x"}]}),
+            ),
+            400,
+            "invalid_request",
+        ),
+        (
+            "too much metadata",
+            post("/v1/responses").json(&json!({
+                "model": "reference", "input": "x",
+                "metadata": (0..17).map(|i| (format!("k{i}"), json!("v"))).collect::<serde_json::Map<_, _>>()
+            })),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown model",
+            post("/v1/responses").json(&json!({"model": "nope", "input": "x"})),
+            404,
+            "model_not_found",
+        ),
+        (
+            "unknown model for a chat",
+            post("/v1/chat/completions")
+                .json(&json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]})),
+            404,
+            "model_not_found",
+        ),
+        (
+            "no messages",
+            post("/v1/chat/completions").json(&json!({"model": "reference", "messages": []})),
+            400,
+            "invalid_request",
+        ),
+        (
+            "no content type",
+            post("/v1/responses").body("{}"),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "huge body",
+            post("/v1/responses")
+                .header("content-type", "application/json")
+                .body(huge),
+            413,
+            "payload_too_large",
+        ),
+        (
+            "huge body of the wrong type",
+            post("/v1/responses")
+                .header("content-type", "text/plain")
+                .body("y".repeat(3 * 1024 * 1024)),
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "no token",
+            server
+                .http
+                .post(server.url("/v1/responses"))
+                .json(&json!({"model": "reference", "input": "x"})),
+            401,
+            "unauthorized",
+        ),
+        (
+            "bad token",
+            server
+                .request(reqwest::Method::POST, "/v1/responses", "lmsp_nope")
+                .json(&json!({"model": "reference", "input": "x"})),
+            401,
+            "unauthorized",
+        ),
+        (
+            "not a bearer token",
+            server
+                .http
+                .post(server.url("/v1/responses"))
+                .header("authorization", format!("Basic {token}"))
+                .json(&json!({"model": "reference", "input": "x"})),
+            401,
+            "unauthorized",
+        ),
+        (
+            "bad idempotency key",
+            post("/v1/responses")
+                .header("idempotency-key", "")
+                .json(&json!({"model": "reference", "input": "x"})),
+            400,
+            "invalid_idempotency_key",
+        ),
+        (
+            "malformed task id",
+            server.request(reqwest::Method::GET, "/v1/tasks/task_..%2F..%2Fetc", &token),
+            404,
+            "not_found",
+        ),
+        (
+            "unknown task id",
+            server.request(
+                reqwest::Method::GET,
+                "/v1/tasks/task_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                &token,
+            ),
+            404,
+            "not_found",
+        ),
+        (
+            "unknown response id",
+            server.request(
+                reqwest::Method::GET,
+                "/v1/responses/resp_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                &token,
+            ),
+            404,
+            "not_found",
+        ),
+        (
+            "a task id for a response",
+            server.request(
+                reqwest::Method::GET,
+                "/v1/responses/task_01ARZ3NDEKTSV4RRFFQ69G5FAV",
+                &token,
+            ),
+            404,
+            "not_found",
+        ),
+        (
+            "bad list limit",
+            server.request(reqwest::Method::GET, "/v1/tasks?limit=0", &token),
+            400,
+            "invalid_request",
+        ),
+        (
+            "unknown route",
+            server.request(reqwest::Method::GET, "/v1/nothing", &token),
+            404,
+            "not_found",
+        ),
+        (
+            "model path traversal",
+            post("/v1/models").json(&json!({"id": "evil", "path": "../../etc/passwd"})),
+            400,
+            "invalid_request",
+        ),
+    ];
+    for (name, request, status, code) in rows {
+        // A refused body is read to its end first, so the client gets the reply, not a reset.
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("{name}: {error}"));
+        assert_eq!(response.status().as_u16(), status, "{name}");
+        if status == 401 {
+            assert_eq!(response.headers()["www-authenticate"], "Bearer", "{name}");
+        }
+        let body: Value = response.json().await.unwrap();
+        assert_envelope(status, &body, code, name);
+    }
+    assert_eq!(server.task_count().await, 0, "nothing was created");
+    let (_, models) = server.get("/v1/models").await;
+    assert_eq!(
+        models["data"].as_array().unwrap().len(),
+        1,
+        "only the reference model"
+    );
+}
+
+/// API.md §10, I-9: what LMSP cannot do (tools, images, reasoning, other output formats, more
+/// than one choice) is a 400 whose `param` names the field, never silently ignored; nothing is
+/// created. What it accepts of OpenAI's requests (`instructions`, content parts, `developer`,
+/// `store`, `user`, `{"type": "message"}` items) works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_lmsp_cannot_do_is_a_400_naming_the_field() {
+    let server = TestServer::start(&[]);
+    let rows: Vec<(&str, &str, Value, &str)> = vec![
+        (
+            "tools",
+            "/v1/responses",
+            json!({"model": "reference", "input": "x",
+                   "tools": [{"type": "function", "name": "f", "parameters": {}}]}),
+            "tools",
+        ),
+        (
+            "an image",
+            "/v1/responses",
+            json!({"model": "reference", "input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": "http://example.com/cat.png"}]}]}),
+            "input[0].content[0].type",
+        ),
+        (
+            "reasoning",
+            "/v1/responses",
+            json!({"model": "reference", "input": "x", "reasoning": {"effort": "high"}}),
+            "reasoning",
+        ),
+        (
+            "structured output",
+            "/v1/responses",
+            json!({"model": "reference", "input": "x",
+                   "text": {"format": {"type": "json_object"}}}),
+            "text.format.type",
+        ),
+        (
+            "a chat with tools",
+            "/v1/chat/completions",
+            json!({"model": "reference", "messages": [{"role": "user", "content": "x"}],
+                   "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+        ),
+        (
+            "several choices",
+            "/v1/chat/completions",
+            json!({"model": "reference", "messages": [{"role": "user", "content": "x"}], "n": 2}),
+            "n",
+        ),
+    ];
+    for (name, path, body, param) in rows {
+        let (status, _, reply) = server.post(path, body).await;
+        assert_eq!(status, 400, "{name}: {reply}");
+        assert_envelope(status, &reply, "invalid_request", name);
+        assert_eq!(reply["error"]["param"], param, "{name}: {reply}");
+    }
+    assert_eq!(server.task_count().await, 0, "nothing was created");
+
+    let (status, _, accepted) = server
+        .post(
+            "/v1/responses",
+            json!({
+                "model": "reference", "instructions": "Tell a story.", "store": true,
+                "user": "someone", "max_output_tokens": 4, "seed": 1,
+                "input": [
+                    {"role": "developer", "content": "Be brief."},
+                    {"type": "message", "role": "user",
+                     "content": [{"type": "input_text", "text": "Once upon a time"}]}
+                ]
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{accepted}");
+    assert_eq!(accepted["status"], "completed");
+    assert_eq!(accepted["instructions"], "Tell a story.");
+    assert_eq!(accepted["usage"]["output_tokens"], 4);
+}
+
+/// Sends raw bytes and reads the reply until the server closes (bounded).
+async fn raw_exchange(stream: &mut TcpStream, bytes: &[u8]) -> String {
+    stream.write_all(bytes).await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_end(&mut reply))
+        .await
+        .expect("the server answered and closed")
+        .unwrap();
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+fn address(server: &TestServer) -> String {
+    server.base.trim_start_matches("http://").to_owned()
+}
+
+/// API.md §2: a request whose headers do not arrive within the request timeout is answered 408
+/// with the envelope (`invalid_request`) and closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_too_slow_is_answered_408_with_the_envelope() {
+    let server = TestServer::start(&["--request-timeout", "1s"]);
+    let mut stream = TcpStream::connect(address(&server)).await.unwrap();
+    let reply = raw_exchange(&mut stream, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n").await;
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    assert_envelope(408, &body, "invalid_request", "408");
+}
+
+/// API.md §2: past the connection limit, a new connection gets 503 `service_unavailable` with
+/// `Retry-After`; once a connection closes, new ones are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_connection_limit_a_connection_gets_503() {
+    let server = TestServer::start(&["--max-connections", "2"]);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(TcpStream::connect(address(&server)).await.unwrap());
+    }
+    // The two held connections are open (a request on one of them is served).
+    held[0]
+        .write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0_u8; 12];
+    tokio::time::timeout(DEADLINE, held[0].read_exact(&mut first))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let mut third = TcpStream::connect(address(&server)).await.unwrap();
+    let reply = raw_exchange(
+        &mut third,
+        b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    assert!(
+        reply.to_ascii_lowercase().contains("retry-after:"),
+        "{reply}"
+    );
+    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    assert_envelope(503, &body, "service_unavailable", "503");
+    drop(held.pop());
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let health = server.http.get(server.url("/v1/health")).send().await;
+        if health.is_ok_and(|r| r.status().as_u16() == 200) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a freed connection was never reused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// API.md §2: a URI or headers too large are answered 414 / 431, still with the envelope
+/// (`invalid_request`), and the connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uri_or_headers_too_large_get_414_or_431_with_the_envelope() {
+    let server = TestServer::start(&[]);
+    let long_uri = format!(
+        "GET /v1/health?q={} HTTP/1.1\r\nHost: x\r\n\r\n",
+        "x".repeat(200_000)
+    );
+    let many_headers = format!(
+        "GET /v1/health HTTP/1.1\r\nHost: x\r\n{}\r\n",
+        (0..200)
+            .map(|i| format!("X-H{i}: v\r\n"))
+            .collect::<String>()
+    );
+    for (name, request, status) in [("uri", long_uri, "414"), ("headers", many_headers, "431")] {
+        let mut stream = TcpStream::connect(address(&server)).await.unwrap();
+        let reply = raw_exchange(&mut stream, request.as_bytes()).await;
+        assert!(
+            reply.starts_with(&format!("HTTP/1.1 {status}")),
+            "{name}: {reply}"
+        );
+        let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        assert_envelope(status.parse().unwrap(), &body, "invalid_request", name);
+    }
+}

@@ -1,0 +1,112 @@
+//! The macros that expand the checks into tests, one `#[tokio::test]` per check named after
+//! it. Every check of the suite is listed here exactly once (a unit test of the crate checks
+//! that none is left out).
+
+/// Expands every check that any adapter must pass into one test each. `$factory` is an
+/// expression making a [`crate::StoreFactory`]; it is evaluated once per test.
+#[macro_export]
+macro_rules! storage_contract_tests {
+    ($factory:expr) => {
+        $crate::__storage_contract_checks!(
+            $factory;
+            cancel::a_cancel_follows_the_table_in_every_status_p4,
+            cancel::after_an_accepted_cancel_the_worker_can_only_acknowledge_it_p4_i3,
+            cancel::a_cancel_for_a_client_finds_only_that_clients_tasks_i7,
+            cancel::delete_finished_removes_only_a_finished_task_of_the_client_p6,
+            clients::clients_are_found_by_token_hash_until_revoked_and_listed_oldest_first_i7,
+            clients::a_pairing_code_pairs_one_client_once_before_it_expires,
+            clients::a_code_that_does_not_grant_the_scopes_asked_for_is_kept,
+            clients::the_fifth_wrong_code_within_ten_minutes_burns_every_code_and_locks_pairing,
+            clients::wrong_codes_older_than_ten_minutes_do_not_count,
+            clients::initialize_stores_the_identity_and_the_admin_client_once,
+            concurrency::concurrent_claimers_take_each_task_once,
+            concurrency::a_cancel_racing_a_completion_has_one_winner_p4_i3,
+            concurrency::racing_appends_at_one_sequence_number_apply_once_p3,
+            concurrency::racing_claims_of_one_key_let_one_proceed_i8,
+            idempotency::a_claimed_key_is_in_use_then_replays_its_reply_i8,
+            idempotency::a_released_pending_key_is_free_again_i8,
+            idempotency::a_pending_hold_that_ran_out_frees_its_key_i8,
+            idempotency::an_expired_record_is_no_record_i8,
+            idempotency::keys_are_scoped_by_client_and_operation_i8,
+            idempotency::an_answered_key_without_a_task_replays_its_reply_i8,
+            listener::the_listener_hears_each_committed_event_once_in_log_order,
+            listener::a_write_that_commits_nothing_tells_no_event,
+            listener::every_transaction_is_measured,
+            models::a_model_is_registered_once_and_listed_by_id_p1,
+            models::a_model_id_with_slashes_reads_and_deletes,
+            models::a_deleted_models_file_is_not_found_again_at_startup,
+            models::a_rehashed_fingerprint_replaces_the_stored_one,
+            reads::a_task_reads_back_by_id_and_by_response_id_in_every_status,
+            reads::list_tasks_filters_by_client_status_model_and_age_newest_first,
+            reads::events_page_through_a_log_after_a_sequence_number,
+            reads::count_by_status_counts_the_tasks_in_each_status,
+            reads::cancelling_tasks_lists_the_cancelling_tasks_of_one_owner,
+            recovery::an_instance_registers_renews_its_lease_and_is_stopped_once_it_retires,
+            recovery::a_lone_registered_instance_leads_the_maintenance,
+            recovery::recovery_moves_every_leftover_task_per_the_table_p7_p8_p9_p10_p11_i5,
+            recovery::a_second_recovery_changes_nothing_i5,
+            recovery::a_requeued_task_closes_its_open_item_as_incomplete_and_its_next_run_opens_a_new_one,
+            recovery::a_resumed_task_continues_its_open_item,
+            retention::a_purge_removes_only_finished_tasks_older_than_the_cutoff_p5_p6_i4,
+            retention::a_purge_in_batches_of_one_takes_the_oldest_first_until_none_is_left_i4,
+            retention::purging_idempotency_records_removes_only_expired_ones_in_batches_i8,
+            tasks::a_created_task_is_queued_with_its_created_event_at_sequence_one_p2_i1,
+            tasks::a_task_commits_with_its_idempotency_record_and_a_second_create_under_the_key_writes_nothing_i8,
+            tasks::creating_a_task_whose_id_exists_fails_and_changes_nothing,
+            tasks::appended_steps_number_their_events_after_the_last_and_move_the_task_p3_i2,
+            tasks::the_first_output_of_a_run_opens_its_item_and_later_outputs_are_deltas_of_it,
+            tasks::a_snapshot_is_stored_with_its_output_and_replaced_by_the_next,
+            tasks::a_refused_step_writes_nothing_of_its_batch_p3,
+            tasks::an_append_at_a_stale_sequence_number_is_refused_as_stale,
+            tasks::a_step_by_an_instance_that_does_not_own_the_task_is_refused,
+            tasks::steps_on_an_unknown_task_find_nothing,
+            tasks::completing_stores_the_response_drops_the_snapshot_and_closes_the_item_p3,
+            tasks::a_completion_without_output_opens_and_closes_its_item,
+            tasks::a_failure_stores_its_error_and_drops_the_snapshot,
+            tasks::claim_next_takes_the_oldest_queued_task_and_makes_the_claimer_its_owner,
+        );
+    };
+}
+
+/// Expands the checks for adapters that implement [`crate::SingleProcess`].
+#[macro_export]
+macro_rules! storage_contract_single_process_tests {
+    ($factory:expr) => {
+        $crate::__storage_contract_checks!(
+            $factory;
+            single_process::registering_declares_every_other_instance_stopped,
+            single_process::a_restart_recovers_the_previous_incarnation_at_once_p7_i5,
+        );
+    };
+}
+
+/// Expands the checks for adapters that implement [`crate::MultiProcess`].
+#[macro_export]
+macro_rules! storage_contract_multi_process_tests {
+    ($factory:expr) => {
+        $crate::__storage_contract_checks!(
+            $factory;
+            multi_process::two_processes_claim_each_task_once,
+            multi_process::a_lease_that_ran_out_lets_another_process_recover_p7_i5,
+            multi_process::commits_and_cancels_reach_the_other_process,
+            multi_process::a_name_with_a_running_lease_is_in_use,
+            multi_process::one_instance_leads_the_maintenance,
+            multi_process::a_key_held_in_one_process_is_in_use_in_the_other_i8,
+        );
+    };
+}
+
+/// One test per listed check.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __storage_contract_checks {
+    ($factory:expr; $($module:ident :: $check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let factory = $factory;
+                $crate::$module::$check(&factory).await;
+            }
+        )*
+    };
+}
