@@ -1,43 +1,70 @@
-//! The OpenAI engine against a small local stand-in for an OpenAI-compatible server.
+//! The OpenAI engine against small local stand-ins for an OpenAI-compatible server: each test's
+//! upstream sends exactly the bytes it is given, chunk by chunk, so splits, cut-offs, hangs and
+//! errors are the test's choice.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use lmsp_domain::model::{ModelId, ModelRecord, ModelSource, ModelToLoad};
-use lmsp_domain::ports::{Engine, GenerationItem, GenerationJob, ResumePoint};
+use lmsp_domain::ports::{
+    Engine, EngineError, Generation, GenerationItem, GenerationJob, ResumePoint,
+};
 use lmsp_domain::task::{Input, TaskSpec};
 use lmsp_domain::time::Timestamp;
 use lmsp_engine_openai::{OpenAiEngine, OpenAiSettings};
 
-async fn upstream(seen: Arc<Mutex<Vec<Value>>>) -> String {
-    upstream_ending(seen, true).await
+/// What the stand-in answers to a chat completion.
+#[derive(Clone)]
+enum Reply {
+    /// A 200 event stream of these chunks, each sent on its own after a short pause.
+    Chunks(Vec<Vec<u8>>),
+    /// A 200 event stream that sends these chunks, then nothing, forever.
+    Hang(Vec<Vec<u8>>),
+    /// An error status with this body.
+    Status(StatusCode, String),
 }
 
-/// A stand-in whose stream ends properly (`finish_reason` and `[DONE]`) when `ends` is true, or
-/// is cut off after its words otherwise.
-async fn upstream_ending(seen: Arc<Mutex<Vec<Value>>>, ends: bool) -> String {
+fn sse(data: &Value) -> Vec<u8> {
+    format!("data: {data}\n\n").into_bytes()
+}
+
+fn word(text: &str) -> Vec<u8> {
+    sse(&json!({"choices": [{"delta": {"content": text}, "finish_reason": null}]}))
+}
+
+/// A stream that ends properly: the words, a finish reason, a usage chunk and `[DONE]`.
+fn words(texts: &[&str], prompt_tokens: u64) -> Vec<Vec<u8>> {
+    let mut chunks: Vec<Vec<u8>> = texts.iter().map(|text| word(text)).collect();
+    chunks.push(sse(
+        &json!({"choices": [{"delta": {}, "finish_reason": "stop"}]}),
+    ));
+    chunks.push(sse(&json!({
+        "choices": [],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": texts.len()}
+    })));
+    chunks.push(b"data: [DONE]\n\n".to_vec());
+    chunks
+}
+
+async fn upstream(reply: Reply, seen: Arc<Mutex<Vec<Value>>>) -> String {
     let app = Router::new()
         .route("/v1/models", get(|| async { Json(json!({"data": []})) }))
         .route(
             "/v1/chat/completions",
             post(move |Json(body): Json<Value>| {
                 let seen = seen.clone();
+                let reply = reply.clone();
                 async move {
                     seen.lock().unwrap().push(body);
-                    let mut text = String::new();
-                    for word in ["alpha ", "beta ", "gamma "] {
-                        text.push_str(&format!("data: {}\n\n", json!({"choices": [{"delta": {"content": word}, "finish_reason": null}]})));
-                    }
-                    if ends {
-                        text.push_str(&format!("data: {}\n\n", json!({"choices": [{"delta": {}, "finish_reason": "stop"}]})));
-                        text.push_str("data: [DONE]\n\n");
-                    }
-                    ([("content-type", "text/event-stream")], text)
+                    answer(reply)
                 }
             }),
         );
@@ -47,7 +74,46 @@ async fn upstream_ending(seen: Arc<Mutex<Vec<Value>>>, ends: bool) -> String {
     format!("http://{address}/v1")
 }
 
-fn job(resume: Option<ResumePoint>) -> GenerationJob {
+fn answer(reply: Reply) -> Response {
+    let (chunks, hang) = match reply {
+        Reply::Status(status, body) => return (status, body).into_response(),
+        Reply::Chunks(chunks) => (chunks, false),
+        Reply::Hang(chunks) => (chunks, true),
+    };
+    let stream = futures::stream::unfold(
+        (chunks.into_iter(), hang),
+        |(mut chunks, hang)| async move {
+            match chunks.next() {
+                Some(chunk) => {
+                    // Separate writes, so the client reads them as separate network chunks.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    Some((Ok::<_, std::io::Error>(Bytes::from(chunk)), (chunks, hang)))
+                }
+                None if hang => {
+                    std::future::pending::<()>().await;
+                    None
+                }
+                None => None,
+            }
+        },
+    );
+    (
+        [("content-type", "text/event-stream")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+fn engine(base_url: String) -> OpenAiEngine {
+    OpenAiEngine::new(OpenAiSettings {
+        base_url,
+        connect_timeout: Duration::from_secs(5),
+        read_timeout: Duration::from_millis(500),
+    })
+    .unwrap()
+}
+
+fn job(max_output_tokens: u32, resume: Option<ResumePoint>) -> GenerationJob {
     GenerationJob {
         model: ModelToLoad {
             record: ModelRecord {
@@ -59,12 +125,12 @@ fn job(resume: Option<ResumePoint>) -> GenerationJob {
             },
             path: None,
         },
-        spec: std::sync::Arc::new(TaskSpec {
+        spec: Arc::new(TaskSpec {
             input: Input::Text("Once upon a time".into()),
             instructions: None,
-            max_output_tokens: 10,
+            max_output_tokens,
             seed: 1,
-            temperature: None,
+            temperature: lmsp_domain::task::Fraction::new(0.5),
             top_p: None,
             previous_response_id: None,
         }),
@@ -72,76 +138,130 @@ fn job(resume: Option<ResumePoint>) -> GenerationJob {
     }
 }
 
-async fn collect(engine: &OpenAiEngine, job: GenerationJob) -> Vec<GenerationItem> {
-    let mut generation = engine.generate(job).await.unwrap();
+/// Pulls every item; the items and how the generation ended.
+async fn run(
+    generation: &mut Box<dyn Generation>,
+) -> (Vec<GenerationItem>, Result<(), EngineError>) {
     let mut items = Vec::new();
-    while let Some(item) = generation.next_item().await.unwrap() {
-        items.push(item);
+    loop {
+        match generation.next_item().await {
+            Ok(Some(item)) => items.push(item),
+            Ok(None) => return (items, Ok(())),
+            Err(error) => return (items, Err(error)),
+        }
     }
-    items
 }
 
-#[tokio::test]
-async fn streamed_chunks_become_deltas_then_finished() {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let base = upstream(seen.clone()).await;
-    let engine = OpenAiEngine::new(OpenAiSettings {
-        base_url: base,
-        connect_timeout: Duration::from_secs(5),
-    })
-    .unwrap();
-    engine.load(&job(None).model).await.unwrap();
-    let items = collect(&engine, job(None)).await;
-    let text: String = items
+fn text(items: &[GenerationItem]) -> String {
+    items
         .iter()
-        .filter_map(|i| match i {
+        .filter_map(|item| match item {
             GenerationItem::Delta { text, .. } => Some(text.as_str()),
-            _ => None,
+            GenerationItem::Finished { .. } => None,
         })
-        .collect();
-    assert_eq!(text, "alpha beta gamma ");
-    assert!(matches!(
-        items.last(),
-        Some(GenerationItem::Finished { .. })
-    ));
+        .collect()
+}
+
+/// Streamed chunks become deltas, then `Finished` with the upstream's own token counts; the
+/// request carries the model's upstream name, the seed and the sampling parameters.
+#[tokio::test]
+async fn streamed_chunks_become_deltas_then_finished_with_the_upstreams_usage() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let base = upstream(
+        Reply::Chunks(words(&["alpha ", "beta ", "gamma "], 31)),
+        seen.clone(),
+    )
+    .await;
+    let engine = engine(base);
+    engine.load(&job(10, None).model).await.unwrap();
+    let mut generation = engine.generate(job(10, None)).await.unwrap();
+    let (items, ended) = run(&mut generation).await;
+    ended.unwrap();
+    assert_eq!(text(&items), "alpha beta gamma ");
+    match items.last() {
+        Some(GenerationItem::Finished { usage }) => {
+            assert_eq!((usage.input_tokens, usage.output_tokens), (31, 3));
+        }
+        other => panic!("not finished: {other:?}"),
+    }
     let request = seen.lock().unwrap()[0].clone();
     assert_eq!(request["model"], "llama");
     assert_eq!(request["stream"], true);
+    assert_eq!(request["seed"], 1);
+    assert_eq!(request["temperature"], 0.5);
+    assert_eq!(request["max_tokens"], 10);
 }
 
+/// A character split between two network chunks arrives intact, not as U+FFFD.
 #[tokio::test]
-async fn a_resumed_job_resends_the_prompt_with_the_text_so_far() {
+async fn a_character_split_across_network_chunks_arrives_intact() {
+    let mut chunks = words(&["grüß ", "dich "], 4);
+    let first = chunks.remove(0);
+    let split = first.iter().position(|byte| *byte == 0xC3).unwrap() + 1;
+    chunks.insert(0, first[split..].to_vec());
+    chunks.insert(0, first[..split].to_vec());
+    let base = upstream(Reply::Chunks(chunks), Arc::new(Mutex::new(Vec::new()))).await;
+    let mut generation = engine(base).generate(job(10, None)).await.unwrap();
+    let (items, ended) = run(&mut generation).await;
+    ended.unwrap();
+    assert_eq!(text(&items), "grüß dich ");
+}
+
+/// A resumed job re-sends the conversation with the text so far as the assistant's turn, and
+/// asks only for the tokens left: the snapshot state counts tokens, not words.
+#[tokio::test]
+async fn a_resumed_job_asks_for_the_tokens_left_by_its_snapshot() {
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let base = upstream(seen.clone()).await;
-    let engine = OpenAiEngine::new(OpenAiSettings {
-        base_url: base,
-        connect_timeout: Duration::from_secs(5),
-    })
-    .unwrap();
+    let base = upstream(Reply::Chunks(words(&["on"], 5)), seen.clone()).await;
+    let engine = engine(base);
+    // Seven tokens made three words so far.
     let resume = ResumePoint {
-        state: Vec::new(),
+        state: 7u64.to_le_bytes().to_vec(),
         text_so_far: "so far ".into(),
     };
-    collect(&engine, job(Some(resume))).await;
-    let request = seen.lock().unwrap()[0].clone();
+    let mut resumed = engine.generate(job(10, Some(resume))).await.unwrap();
+    let (items, ended) = run(&mut resumed).await;
+    ended.unwrap();
+    let request = seen.lock().unwrap().last().unwrap().clone();
     let messages = request["messages"].as_array().unwrap();
     assert_eq!(
         messages.last().unwrap(),
         &json!({"role": "assistant", "content": "so far "})
     );
-    assert_eq!(request["max_tokens"], 8);
+    assert_eq!(request["max_tokens"], 3, "10 tokens, 7 spent");
+    match items.last() {
+        Some(GenerationItem::Finished { usage }) => assert_eq!(usage.output_tokens, 8),
+        other => panic!("not finished: {other:?}"),
+    }
 }
 
-/// A stopped generation yields nothing more (the upstream request is dropped).
+/// A resumed job whose budget is spent finishes at once, without asking the upstream.
+#[tokio::test]
+async fn a_resumed_job_with_no_budget_left_finishes_without_asking() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let base = upstream(Reply::Chunks(words(&["more"], 5)), seen.clone()).await;
+    let resume = ResumePoint {
+        state: 4u64.to_le_bytes().to_vec(),
+        text_so_far: "a b c d ".into(),
+    };
+    let mut generation = engine(base).generate(job(4, Some(resume))).await.unwrap();
+    let (items, ended) = run(&mut generation).await;
+    ended.unwrap();
+    assert!(
+        matches!(items.as_slice(), [GenerationItem::Finished { usage }] if usage.output_tokens == 4)
+    );
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+/// A stopped generation yields nothing more, not even what it had already read.
 #[tokio::test]
 async fn a_stopped_generation_yields_nothing_more() {
-    let base = upstream(Arc::new(Mutex::new(Vec::new()))).await;
-    let engine = OpenAiEngine::new(OpenAiSettings {
-        base_url: base,
-        connect_timeout: Duration::from_secs(5),
-    })
-    .unwrap();
-    let mut generation = engine.generate(job(None)).await.unwrap();
+    let base = upstream(
+        Reply::Chunks(words(&["alpha ", "beta ", "gamma "], 3)),
+        Arc::new(Mutex::new(Vec::new())),
+    )
+    .await;
+    let mut generation = engine(base).generate(job(10, None)).await.unwrap();
     assert!(matches!(
         generation.next_item().await.unwrap(),
         Some(GenerationItem::Delta { .. })
@@ -150,41 +270,77 @@ async fn a_stopped_generation_yields_nothing_more() {
     assert_eq!(generation.next_item().await.unwrap(), None);
 }
 
-#[tokio::test]
-async fn an_unreachable_upstream_makes_the_model_unavailable() {
-    let engine = OpenAiEngine::new(OpenAiSettings {
-        base_url: "http://127.0.0.1:9/v1".into(),
-        connect_timeout: Duration::from_secs(2),
-    })
-    .unwrap();
-    assert!(engine.load(&job(None).model).await.is_err());
-}
-
 /// A stream cut off before its end (no finish reason, no `[DONE]`) is an upstream failure, not a
 /// completion with truncated text.
 #[tokio::test]
 async fn a_stream_cut_off_before_its_end_fails() {
-    let base = upstream_ending(Arc::new(Mutex::new(Vec::new())), false).await;
+    let chunks = vec![word("alpha "), word("beta ")];
+    let base = upstream(Reply::Chunks(chunks), Arc::new(Mutex::new(Vec::new()))).await;
+    let mut generation = engine(base).generate(job(10, None)).await.unwrap();
+    let (items, ended) = run(&mut generation).await;
+    assert_eq!(text(&items), "alpha beta ");
+    assert!(
+        matches!(ended, Err(EngineError::UpstreamUnavailable(_))),
+        "{ended:?}"
+    );
+}
+
+/// An upstream that stops sending in the middle of a stream fails the generation with
+/// `Timeout` after the read timeout, instead of keeping it running forever.
+#[tokio::test]
+async fn an_upstream_that_stops_sending_times_out() {
+    let base = upstream(
+        Reply::Hang(vec![word("alpha ")]),
+        Arc::new(Mutex::new(Vec::new())),
+    )
+    .await;
+    let mut generation = engine(base).generate(job(10, None)).await.unwrap();
+    let (items, ended) = run(&mut generation).await;
+    assert_eq!(text(&items), "alpha ");
+    assert!(matches!(ended, Err(EngineError::Timeout(_))), "{ended:?}");
+}
+
+/// An upstream's error status keeps its message; an error inside the stream too.
+#[tokio::test]
+async fn upstream_errors_keep_their_message() {
+    let base = upstream(
+        Reply::Status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"error": {"message": "loading model", "code": 503}}).to_string(),
+        ),
+        Arc::new(Mutex::new(Vec::new())),
+    )
+    .await;
+    let refused = engine(base).generate(job(10, None)).await.err().unwrap();
+    assert!(
+        matches!(&refused, EngineError::UpstreamUnavailable(m) if m.contains("loading model")),
+        "{refused:?}"
+    );
+    let chunks = vec![
+        word("a "),
+        sse(&json!({"error": {"message": "context full"}})),
+    ];
+    let base = upstream(Reply::Chunks(chunks), Arc::new(Mutex::new(Vec::new()))).await;
+    let mut generation = engine(base).generate(job(10, None)).await.unwrap();
+    let (_, ended) = run(&mut generation).await;
+    assert!(
+        matches!(&ended, Err(EngineError::UpstreamUnavailable(m)) if m.contains("context full")),
+        "{ended:?}"
+    );
+}
+
+/// An unreachable upstream is `UpstreamUnavailable` (not a missing model file).
+#[tokio::test]
+async fn an_unreachable_upstream_is_unavailable() {
     let engine = OpenAiEngine::new(OpenAiSettings {
-        base_url: base,
-        connect_timeout: Duration::from_secs(5),
+        base_url: "http://127.0.0.1:9/v1".into(),
+        connect_timeout: Duration::from_secs(2),
+        read_timeout: Duration::from_secs(2),
     })
     .unwrap();
-    let mut generation = engine.generate(job(None)).await.unwrap();
-    let mut deltas = 0;
-    let ended = loop {
-        match generation.next_item().await {
-            Ok(Some(GenerationItem::Delta { .. })) => deltas += 1,
-            Ok(other) => panic!("not a failure: {other:?}"),
-            Err(error) => break error,
-        }
-    };
-    assert_eq!(deltas, 3);
+    let failed = engine.load(&job(10, None).model).await.err().unwrap();
     assert!(
-        matches!(
-            ended,
-            lmsp_domain::ports::EngineError::UpstreamUnavailable(_)
-        ),
-        "{ended:?}"
+        matches!(failed, EngineError::UpstreamUnavailable(_)),
+        "{failed:?}"
     );
 }

@@ -126,6 +126,10 @@ pub struct ServeArgs {
     /// The OpenAI-compatible server of `--engine openai`, e.g. `http://127.0.0.1:8080/v1`.
     #[arg(long, env = "LMSP_UPSTREAM", required_if_eq("engine", "openai"))]
     pub upstream: Option<String>,
+    /// How long the upstream may send nothing (while it loads, queues or generates) before the
+    /// task fails with `timeout`.
+    #[arg(long, env = "LMSP_UPSTREAM_READ_TIMEOUT", default_value = "120s", value_parser = duration)]
+    pub upstream_read_timeout: Duration,
     /// The reference engine's time to load a model.
     #[arg(long, env = "LMSP_REFERENCE_LOAD_DELAY", default_value = "0ms", value_parser = duration)]
     pub reference_load_delay: Duration,

@@ -70,6 +70,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let upstream = OpenAiEngine::new(OpenAiSettings {
             base_url: args.upstream.clone().unwrap_or_default(),
             connect_timeout: Duration::from_secs(10),
+            read_timeout: args.upstream_read_timeout,
         })?;
         engines = engines.with(EngineKind::Upstream, Arc::new(upstream));
     }
