@@ -146,6 +146,10 @@ pub struct ServeArgs {
     /// faster, but a power loss (not a crash) may lose the last commits.
     #[arg(long, env = "LMSP_SYNC", value_enum, default_value = "full")]
     pub sync: SyncFlag,
+    /// Caps the database at this many pages (`PRAGMA max_page_count`, 4 KiB each), so that a
+    /// full disk can be provoked without filling one: for fault tests and drills.
+    #[arg(long, env = "LMSP_SQLITE_MAX_PAGES", hide = true)]
+    pub sqlite_max_pages: Option<u32>,
     /// Log format on stderr (`RUST_LOG` filters, default `info`).
     #[arg(long, env = "LMSP_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

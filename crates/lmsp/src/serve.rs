@@ -44,6 +44,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let path = datadir::database_path(&args.data.data_dir);
     let options = SqliteOptions {
         sync,
+        max_page_count: args.sqlite_max_pages,
         ..SqliteOptions::default()
     };
     let store = SqliteStore::open(&path, options, listener.clone() as Arc<dyn StoreListener>)

@@ -65,11 +65,20 @@ pub struct TestServer {
 }
 
 fn spawn_serve(
+    wrapper: &[&str],
     data_dir: &Path,
     extra: &[&str],
     log_filter: &str,
 ) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(lmsp_binary())
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(lmsp_binary());
+            command
+        }
+        None => Command::new(lmsp_binary()),
+    };
+    let mut child = command
         .arg("serve")
         .arg("--data-dir")
         .arg(data_dir)
@@ -134,16 +143,28 @@ impl TestServer {
     }
 
     fn start_with_filter(extra: &[&str], filter: &str) -> Self {
+        Self::start_wrapped(&[], extra, filter)
+    }
+
+    /// Starts a server on a new temp data directory as the last argument of `wrapper` (e.g.
+    /// `fiu-run -x`), which must exec it (so the child's pid is the server's).
+    pub fn start_wrapped(wrapper: &[&str], extra: &[&str], filter: &str) -> Self {
         let temp = tempfile::tempdir().expect("tempdir");
         let data_dir = temp.path().join("data");
-        let mut server = Self::start_in(&data_dir, String::new(), extra, filter);
+        let mut server = Self::start_in(wrapper, &data_dir, String::new(), extra, filter);
         server.temp = Some(temp);
         server
     }
 
     /// Starts a server on an existing (or new) data directory.
-    fn start_in(data_dir: &Path, admin_token: String, extra: &[&str], log_filter: &str) -> Self {
-        let (child, lines) = spawn_serve(data_dir, extra, log_filter);
+    fn start_in(
+        wrapper: &[&str],
+        data_dir: &Path,
+        admin_token: String,
+        extra: &[&str],
+        log_filter: &str,
+    ) -> Self {
+        let (child, lines) = spawn_serve(wrapper, data_dir, extra, log_filter);
         let mut admin_token = admin_token;
         let mut announced_token = None;
         let deadline = Instant::now() + DEADLINE;
@@ -202,7 +223,7 @@ impl TestServer {
     pub fn restart(&mut self, extra: &[&str]) {
         assert!(self.child.is_none(), "the server still runs");
         let temp = self.temp.take();
-        let mut next = Self::start_in(&self.data_dir, self.admin_token.clone(), extra, "warn");
+        let mut next = Self::start_in(&[], &self.data_dir, self.admin_token.clone(), extra, "warn");
         next.temp = temp;
         std::mem::swap(self, &mut next);
     }
