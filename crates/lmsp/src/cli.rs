@@ -15,7 +15,7 @@ use lmsp_domain::RestartPolicy;
 /// Responses and chat completions APIs, or LMSP's own task API); the service runs it
 /// asynchronously and never loses or corrupts a task across crashes, restarts and cancels.
 #[derive(Debug, Parser)]
-#[command(name = "lmsp", version, about, long_about = None)]
+#[command(name = "lmsp", version)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

@@ -1,0 +1,254 @@
+//! The official OpenAI Python SDK against the real binary: starts `lmsp serve` on a
+//! temp data directory and port 0, pairs an application client, and runs
+//! `crates/lmsp/tests/sdk/test_openai_sdk.py` with the venv's Python
+//! (`target/openai-sdk-venv`, made by `scripts/openai-sdk-deps`), its output streamed into this
+//! test's. The test fails when the program does not exit 0, and fails at once, saying what to
+//! run, when the venv is missing: it never skips.
+//!
+//! Self-contained on purpose: it shares no harness with the other test targets of this crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// How long the server may take to start, and the SDK program to run.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+const RUN_DEADLINE: Duration = Duration::from_secs(600);
+
+/// The workspace root: two levels above this crate's manifest.
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .join("../..")
+        .canonicalize()
+        .expect("the workspace root exists")
+}
+
+/// A running `lmsp serve`, killed when dropped.
+struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    base: String,
+    admin_token: String,
+    /// Every stderr line after the address, for a failure's report.
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(data_dir: &Path, models_dir: &Path) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lmsp"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--models-dir")
+            .arg(models_dir)
+            .args(["--listen", "127.0.0.1:0"])
+            // Slow enough that a long response is still running when the SDK cancels it.
+            .args(["--reference-token-delay", "10ms"])
+            .env("RUST_LOG", "warn")
+            .env_remove("LMSP_LOG_FORMAT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("lmsp serve starts");
+        let stderr = child.stderr.take().expect("the server's stderr");
+        let (lines, received) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + START_DEADLINE;
+        let mut admin_token = None;
+        let mut seen = Vec::new();
+        let base = loop {
+            let line = received
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| {
+                    panic!("lmsp serve never printed its address; it wrote {seen:#?}")
+                });
+            if let Some(token) = line.strip_prefix("admin token (shown once): ") {
+                admin_token = Some(token.trim().to_owned());
+            }
+            if let Some(address) = line.strip_prefix("lmsp listening on ") {
+                break address.trim().to_owned();
+            }
+            seen.push(line);
+        };
+        let admin_token = admin_token
+            .unwrap_or_else(|| panic!("a first start prints the admin token; it wrote {seen:#?}"));
+        // Keep draining stderr, so that the server never blocks on a full pipe.
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&log);
+        std::thread::spawn(move || {
+            while let Ok(line) = received.recv() {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            child,
+            base,
+            admin_token,
+            log,
+        }
+    }
+}
+
+/// Waits for `GET /v1/health` to answer 200.
+async fn wait_healthy(http: &reqwest::Client, base: &str) {
+    let deadline = Instant::now() + START_DEADLINE;
+    let mut last = String::from("no answer");
+    while Instant::now() < deadline {
+        match http.get(format!("{base}/v1/health")).send().await {
+            Ok(reply) if reply.status().is_success() => return,
+            Ok(reply) => last = format!("status {}", reply.status()),
+            Err(error) => last = error.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the server never became healthy: {last}");
+}
+
+/// Pairs a client with an application's scopes (no admin, no `models:write`) and returns its
+/// token: the `api_key` an application gives the SDK.
+async fn application_token(http: &reqwest::Client, base: &str, admin_token: &str) -> String {
+    let scopes = json!(["responses:write", "responses:read", "models:read"]);
+    let pairing: Value = http
+        .post(format!("{base}/v1/pairings"))
+        .bearer_auth(admin_token)
+        .json(&json!({ "scopes": scopes }))
+        .send()
+        .await
+        .expect("POST /v1/pairings is answered")
+        .error_for_status()
+        .expect("POST /v1/pairings succeeds")
+        .json()
+        .await
+        .expect("a pairing");
+    let code = pairing["code"].as_str().expect("a pairing code");
+    let paired: Value = http
+        .post(format!("{base}/v1/pair"))
+        .json(&json!({"code": code, "name": "openai-sdk-test", "scopes": scopes}))
+        .send()
+        .await
+        .expect("POST /v1/pair is answered")
+        .error_for_status()
+        .expect("POST /v1/pair succeeds")
+        .json()
+        .await
+        .expect("a paired client");
+    paired["token"].as_str().expect("a client token").to_owned()
+}
+
+/// Copies a child's output, line by line, into this test's output (shown when it fails, or
+/// live with `--nocapture`).
+fn forward(output: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(output).lines().map_while(Result::ok) {
+            if to_stderr {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+        }
+    })
+}
+
+#[test]
+fn the_official_openai_python_sdk_works_against_the_service() {
+    let root = workspace_root();
+    let python = root.join("target/openai-sdk-venv/bin/python");
+    let program = root.join("crates/lmsp/tests/sdk/test_openai_sdk.py");
+    assert!(
+        python.is_file(),
+        "\n\n{} is missing: run `scripts/openai-sdk-deps` (from {}) to install the pinned \
+         OpenAI Python SDK, then run this test again.\n\n",
+        python.display(),
+        root.display()
+    );
+    assert!(program.is_file(), "{} is missing", program.display());
+
+    let temp = tempfile::tempdir().expect("a temp directory");
+    let data_dir = temp.path().join("data");
+    let models_dir = temp.path().join("models");
+    std::fs::create_dir_all(&models_dir).expect("the models directory");
+    let server = Server::start(&data_dir, &models_dir);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("an HTTP client");
+    let token = runtime.block_on(async {
+        wait_healthy(&http, &server.base).await;
+        application_token(&http, &server.base, &server.admin_token).await
+    });
+
+    let mut child = Command::new(&python)
+        .arg(&program)
+        .current_dir(&root)
+        .env("LMSP_BASE_URL", format!("{}/v1", server.base))
+        .env("LMSP_TOKEN", &token)
+        .env("LMSP_ADMIN_TOKEN", &server.admin_token)
+        .env("LMSP_MODELS_DIR", &models_dir)
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        // Whatever the environment says, the SDK talks to this server only.
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .env("NO_PROXY", "*")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+    let out = forward(child.stdout.take().expect("stdout"), false);
+    let err = forward(child.stderr.take().expect("stderr"), true);
+    let deadline = Instant::now() + RUN_DEADLINE;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the SDK program's status") {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = out.join();
+    let _ = err.join();
+    let succeeded = status.is_some_and(|s| s.success());
+    if !succeeded {
+        let log = server.log.lock().unwrap().clone();
+        eprintln!("--- the server's stderr ---\n{}", log.join("\n"));
+    }
+    match status {
+        None => panic!("the SDK program ran longer than {RUN_DEADLINE:?} and was killed"),
+        Some(status) => assert!(
+            status.success(),
+            "the SDK program failed ({status}); its output is above"
+        ),
+    }
+}

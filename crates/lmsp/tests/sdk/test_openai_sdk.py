@@ -1,0 +1,842 @@
+#!/usr/bin/env python3
+"""The official OpenAI Python SDK (pinned in requirements.txt beside this file) against a running
+LMSP service: every OpenAI-compatible call that an application makes, each answer checked
+field by field against the SDK's own types (validated, not just constructed).
+
+Environment:
+  LMSP_BASE_URL     the service's base URL with /v1, e.g. http://127.0.0.1:8717/v1
+  LMSP_TOKEN        an application's client token (responses:write, responses:read, models:read)
+  LMSP_ADMIN_TOKEN  an admin token: registers the model file the failure case needs
+  LMSP_MODELS_DIR   the service's --models-dir (that file is written there, then removed)
+
+The service must run the reference engine with a per-token delay (e.g.
+--reference-token-delay 10ms), so that a long response is still running when it is cancelled.
+crates/lmsp/tests/openai_sdk.rs starts such a service and runs this program; it exits 0 when
+every check passed.
+
+Run: target/openai-sdk-venv/bin/python crates/lmsp/tests/sdk/test_openai_sdk.py [-v]
+(the venv comes from scripts/openai-sdk-deps).
+"""
+
+import os
+import sys
+import threading
+import time
+import unittest
+import uuid
+
+import httpx2
+import openai
+from openai import OpenAI
+from openai.types import Model
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseCreatedEvent,
+    ResponseErrorEvent,
+    ResponseFailedEvent,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseQueuedEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+)
+
+ENV = ("LMSP_BASE_URL", "LMSP_TOKEN", "LMSP_ADMIN_TOKEN", "LMSP_MODELS_DIR")
+BASE_URL = os.environ.get("LMSP_BASE_URL", "")
+TOKEN = os.environ.get("LMSP_TOKEN", "")
+ADMIN_TOKEN = os.environ.get("LMSP_ADMIN_TOKEN", "")
+MODELS_DIR = os.environ.get("LMSP_MODELS_DIR", "")
+
+MODEL = "reference"
+PROMPT = "Once upon a time"
+SEED = 4242
+TOKENS = 24
+# A response that runs for minutes at the service's per-token delay: it is cancelled.
+LONG = 100_000
+DEADLINE = 60.0
+
+# Every type a Responses stream of LMSP may carry, and the SDK's class for it.
+EVENT_CLASSES = {
+    "response.created": ResponseCreatedEvent,
+    "response.queued": ResponseQueuedEvent,
+    "response.in_progress": ResponseInProgressEvent,
+    "response.output_item.added": ResponseOutputItemAddedEvent,
+    "response.content_part.added": ResponseContentPartAddedEvent,
+    "response.output_text.delta": ResponseTextDeltaEvent,
+    "response.output_text.done": ResponseTextDoneEvent,
+    "response.content_part.done": ResponseContentPartDoneEvent,
+    "response.output_item.done": ResponseOutputItemDoneEvent,
+    "response.completed": ResponseCompletedEvent,
+    "response.failed": ResponseFailedEvent,
+    "response.incomplete": ResponseIncompleteEvent,
+    "error": ResponseErrorEvent,
+}
+LIFECYCLE = {
+    "response.created",
+    "response.queued",
+    "response.in_progress",
+    "response.completed",
+    "response.failed",
+    "response.incomplete",
+}
+# The types a completed response's stream from the start does not carry.
+ABSENT_WHEN_COMPLETED = {"response.queued", "response.failed", "response.incomplete", "error"}
+# Log events OpenAI has no type for: left out of the OpenAI rendering.
+NATIVE_ONLY = {"response.loading", "response.cancelling", "response.resumed"}
+
+
+def sdk(token=None, **options):
+    """An SDK client, as an application makes one."""
+    options.setdefault("max_retries", 2)
+    options.setdefault("timeout", DEADLINE)
+    return OpenAI(base_url=BASE_URL, api_key=token or TOKEN, **options)
+
+
+def http(token=None):
+    """A plain HTTP client (the SDK's own httpx2) for LMSP's native API."""
+    return httpx2.Client(
+        base_url=BASE_URL.rstrip("/") + "/",
+        headers={"Authorization": f"Bearer {token or TOKEN}"},
+        timeout=DEADLINE,
+    )
+
+
+def lmsp_error_codes_as_openai(value):
+    """A copy of `value` in which a response object's `error.code`, one of LMSP's task error
+    codes (`model_unavailable`, …), reads `server_error`: the SDK types that field as the
+    literal codes of OpenAI's own failures. LMSP keeps its codes there (docs/openai-sdk.md);
+    the SDK constructs them unchanged, as a str."""
+    if isinstance(value, list):
+        return [lmsp_error_codes_as_openai(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    copy = {key: lmsp_error_codes_as_openai(item) for key, item in value.items()}
+    if copy.get("object") == "response" and isinstance(copy.get("error"), dict):
+        copy["error"] = {**copy["error"], "code": "server_error"}
+    return copy
+
+
+def validated(cls, obj):
+    """Validates what the SDK built (it constructs without validating) against its type."""
+    return cls.model_validate(lmsp_error_codes_as_openai(obj.to_dict()))
+
+
+def wait_for(what, probe, deadline=DEADLINE):
+    """Polls `probe` until it returns something truthy; fails with the last value seen."""
+    end = time.monotonic() + deadline
+    last = None
+    while time.monotonic() < end:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}; last saw {last!r}")
+
+
+def all_tasks(client):
+    """Every task this client sees, via GET /v1/tasks (newest first, paged with `after`)."""
+    tasks, after = [], None
+    while True:
+        params = {"limit": 100}
+        if after:
+            params["after"] = after
+        reply = client.get("tasks", params=params)
+        reply.raise_for_status()
+        page = reply.json()
+        assert page["object"] == "list", page
+        tasks.extend(page["data"])
+        if not page["has_more"]:
+            return tasks
+        after = page["data"][-1]["id"]
+
+
+def native_events(client, task_id):
+    """The task's stored log, via GET /v1/tasks/{id}/events."""
+    events, after = [], 0
+    while True:
+        reply = client.get(f"tasks/{task_id}/events", params={"after": after, "limit": 1000})
+        reply.raise_for_status()
+        page = reply.json()
+        events.extend(page["data"])
+        if not page["has_more"]:
+            return events
+        after = page["data"][-1]["sequence_number"]
+
+
+def strings_in(value):
+    """Every string anywhere in a JSON value, keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from strings_in(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from strings_in(item)
+
+
+class OpenAiSdk(unittest.TestCase):
+    """Each test names the SDK calls it makes."""
+
+    maxDiff = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.client = sdk()
+        cls.http = http()
+        cls.admin = http(ADMIN_TOKEN)
+        # The reference output for PROMPT/SEED/TOKENS, from a synchronous create.
+        cls.reference = cls.client.responses.create(
+            model=MODEL, input=PROMPT, max_output_tokens=TOKENS, extra_body={"seed": SEED}
+        )
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.http.close()
+        cls.admin.close()
+        cls.client.close()
+
+    # ---- helpers that check a whole answer ----
+
+    def check_response(self, response, status="completed", model=MODEL):
+        """A response object: the SDK's type, OpenAI's fields, LMSP's own fields."""
+        self.assertIsInstance(response, Response)
+        validated(Response, response)
+        raw = response.to_dict()
+        self.assertTrue(response.id.startswith("resp_"), response.id)
+        self.assertEqual(response.object, "response")
+        self.assertEqual(response.status, status)
+        self.assertEqual(response.model, model)
+        self.assertIsInstance(response.created_at, (int, float))
+        self.assertGreater(response.created_at, 1_600_000_000)
+        self.assertEqual(response.tools, [])
+        self.assertEqual(response.tool_choice, "auto")
+        self.assertIsInstance(response.parallel_tool_calls, bool)
+        self.assertTrue(raw["task_id"].startswith("task_"), raw)
+        self.assertIn(raw["on_restart"], ("fail", "retry", "resume"))
+        self.assertIsInstance(raw["seed"], int)
+        self.assertIsInstance(raw["restarts"], int)
+        if status == "completed":
+            self.assertIsInstance(response.completed_at, (int, float))
+            self.assertGreaterEqual(response.completed_at, response.created_at)
+            self.assertEqual(len(response.output), 1, raw)
+            message = response.output[0]
+            self.assertEqual(message.type, "message")
+            self.assertTrue(message.id.startswith("msg_"), message.id)
+            self.assertEqual(message.role, "assistant")
+            self.assertEqual(message.status, "completed")
+            self.assertEqual(len(message.content), 1)
+            part = message.content[0]
+            self.assertEqual(part.type, "output_text")
+            self.assertEqual(part.annotations, [])
+            self.assertNotEqual(response.output_text, "")
+            self.assertEqual(part.text, response.output_text)
+            self.assertEqual(raw["output_text"], response.output_text)
+            usage = response.usage
+            self.assertGreater(usage.input_tokens, 0)
+            self.assertGreater(usage.output_tokens, 0)
+            self.assertLessEqual(usage.output_tokens, response.max_output_tokens)
+            self.assertEqual(usage.total_tokens, usage.input_tokens + usage.output_tokens)
+            self.assertEqual(usage.input_tokens_details.cached_tokens, 0)
+            self.assertEqual(usage.output_tokens_details.reasoning_tokens, 0)
+            self.assertIsNone(response.error)
+        else:
+            self.assertEqual(response.output, [])
+            self.assertIsNone(response.usage)
+        return raw
+
+    def check_events(self, events, terminal="response.completed", first=1):
+        """A Responses stream from sequence `first` on: every event is the SDK's own typed
+        event for its type and validates; sequence numbers are the task log's (the events
+        OpenAI has no type for left out); the lifecycle events carry the one response; the
+        deltas joined are the final text. Returns (response id, task id, joined deltas)."""
+        self.assertTrue(events, "the stream sent no event")
+        seen_types = set()
+        response_id = None
+        for event in events:
+            cls = EVENT_CLASSES.get(event.type)
+            self.assertIsNotNone(cls, f"unexpected event type {event.type}")
+            self.assertIs(type(event), cls, event.type)
+            validated(cls, event)
+            seen_types.add(event.type)
+            if event.type in LIFECYCLE:
+                self.assertIsInstance(event.response, Response, event.type)
+                validated(Response, event.response)
+                self.assertEqual(event.response.object, "response")
+                response_id = response_id or event.response.id
+                self.assertEqual(event.response.id, response_id, event.type)
+        task_id = None
+        for event in events:
+            if event.type in LIFECYCLE:
+                task_id = event.response.to_dict()["task_id"]
+                break
+        self.assertIsNotNone(task_id, "no event carried the response")
+        # Sequence numbers: the log's, strictly increasing (the `error` event shares its
+        # number with the `response.failed` after it), exactly the log's events OpenAI has a
+        # type for.
+        numbers = [e.sequence_number for e in events]
+        for before, event in zip(events, events[1:]):
+            if before.type == "error":
+                self.assertEqual(event.type, "response.failed")
+                self.assertEqual(event.sequence_number, before.sequence_number)
+            else:
+                self.assertGreater(event.sequence_number, before.sequence_number)
+        log = native_events(self.http, task_id)
+        expected = [e["sequence_number"] for e in log if e["type"] not in NATIVE_ONLY]
+        expected = [n for n in expected if n >= first]
+        self.assertEqual(
+            [n for e, n in zip(events, numbers) if e.type != "error"], expected, "sequence numbers"
+        )
+        if first == 1:
+            self.assertEqual(events[0].type, "response.created")
+            self.assertEqual(events[0].sequence_number, 1)
+            self.assertEqual(events[0].response.status, "queued")
+        self.assertEqual(events[-1].type, terminal)
+        self.assertEqual(events[-1].sequence_number, log[-1]["sequence_number"])
+        deltas = [e for e in events if e.type == "response.output_text.delta"]
+        for before, delta in zip(deltas, deltas[1:]):
+            self.assertEqual(delta.sequence_number, before.sequence_number + 1, "delta numbers")
+        for delta in deltas:
+            self.assertIsInstance(delta.delta, str)
+            self.assertNotEqual(delta.delta, "")
+            self.assertTrue(delta.item_id.startswith("msg_"), delta.item_id)
+            self.assertEqual(delta.output_index, 0)
+            self.assertEqual(delta.content_index, 0)
+            self.assertEqual(delta.logprobs, [])
+        text = "".join(d.delta for d in deltas)
+        if terminal == "response.completed" and first == 1:
+            by_type = {e.type: e for e in events}
+            for kind in EVENT_CLASSES:
+                if kind not in ABSENT_WHEN_COMPLETED:
+                    self.assertIn(kind, seen_types)
+            item_id = by_type["response.output_item.added"].item.id
+            self.assertEqual(by_type["response.output_item.added"].item.status, "in_progress")
+            self.assertEqual(by_type["response.output_item.added"].item.role, "assistant")
+            self.assertEqual(by_type["response.content_part.added"].part.type, "output_text")
+            self.assertEqual({d.item_id for d in deltas}, {item_id})
+            self.assertEqual(by_type["response.output_text.done"].text, text)
+            self.assertEqual(by_type["response.content_part.done"].part.text, text)
+            done = by_type["response.output_item.done"].item
+            self.assertEqual((done.id, done.status), (item_id, "completed"))
+            self.assertEqual(done.content[0].text, text)
+            final = by_type["response.completed"].response
+            self.check_response(final)
+            self.assertEqual(final.output_text, text)
+            self.assertEqual(final.output[0].id, item_id)
+            self.assertEqual(by_type["response.in_progress"].response.status, "in_progress")
+        return response_id, task_id, text
+
+    def background_running(self, **extra):
+        """A long background response, once its task runs."""
+        metadata = {"case": uuid.uuid4().hex}
+        created = self.client.responses.create(
+            model=MODEL,
+            input=PROMPT,
+            background=True,
+            max_output_tokens=LONG,
+            metadata=metadata,
+            **extra,
+        )
+        wait_for(
+            "the response to be in progress",
+            lambda: self.client.responses.retrieve(created.id).status == "in_progress",
+        )
+        return created
+
+    def wait_status(self, response_id, status):
+        return wait_for(
+            f"{response_id} to be {status}",
+            lambda: (lambda r: r if r.status == status else None)(
+                self.client.responses.retrieve(response_id)
+            ),
+        )
+
+    # ---- the calls ----
+
+    def test_01_models_list(self):
+        """models.list(), models.retrieve(): created and owned_by set; no file path for an
+        application's token."""
+        models = list(self.client.models.list())
+        self.assertIn(MODEL, [m.id for m in models])
+        for model in models:
+            self.assertIsInstance(model, Model)
+            validated(Model, model)
+            self.assertEqual(model.object, "model")
+            self.assertIsInstance(model.created, int)
+            self.assertGreater(model.created, 1_600_000_000)
+            self.assertIsInstance(model.owned_by, str)
+            self.assertNotEqual(model.owned_by, "")
+        raw = self.client.models.with_raw_response.list().http_response.json()
+        one = self.client.models.with_raw_response.retrieve(MODEL).http_response.json()
+        for value in strings_in([raw, one]):
+            self.assertFalse(os.path.isabs(value), f"an absolute path in the JSON: {value}")
+            self.assertNotIn(os.sep + "models" + os.sep, value)
+        model = self.client.models.retrieve(MODEL)
+        self.assertEqual((model.id, model.object), (MODEL, "model"))
+        self.assertGreater(model.created, 1_600_000_000)
+
+    def test_02_create_sync(self):
+        """responses.create(): waits, 200, the completed response; same seed, same text."""
+        raw = self.client.responses.with_raw_response.create(
+            model=MODEL, input=PROMPT, max_output_tokens=TOKENS, extra_body={"seed": SEED}
+        )
+        self.assertEqual(raw.http_response.status_code, 200)
+        response = raw.parse()
+        fields = self.check_response(response)
+        self.assertEqual(raw.headers["lmsp-task-id"], fields["task_id"])
+        self.assertFalse(response.background)
+        self.assertEqual(response.max_output_tokens, TOKENS)
+        self.assertEqual(fields["seed"], SEED)
+        self.assertEqual(response.output_text, self.reference.output_text)
+        self.check_response(self.reference)
+        # The same response again, by id.
+        again = self.client.responses.retrieve(response.id)
+        self.check_response(again)
+        self.assertEqual(again.to_dict(), response.to_dict())
+
+    def test_03_create_background(self):
+        """responses.create(background=True): 202 queued at once, then retrieve() until
+        completed; the same text as the synchronous create with the same seed."""
+        raw = self.client.responses.with_raw_response.create(
+            model=MODEL,
+            input=PROMPT,
+            background=True,
+            max_output_tokens=TOKENS,
+            extra_body={"seed": SEED},
+        )
+        self.assertEqual(raw.http_response.status_code, 202)
+        created = raw.parse()
+        fields = self.check_response(created, status="queued")
+        self.assertTrue(created.id.startswith("resp_"))
+        self.assertEqual(created.object, "response")
+        self.assertTrue(created.background)
+        self.assertEqual(raw.headers["location"], f"/v1/tasks/{fields['task_id']}")
+        self.assertEqual(raw.headers["lmsp-task-id"], fields["task_id"])
+        done = self.wait_status(created.id, "completed")
+        self.check_response(done)
+        self.assertEqual(done.id, created.id)
+        self.assertTrue(done.background)
+        self.assertNotEqual(done.output_text, "")
+        self.assertEqual(done.output_text, self.reference.output_text)
+
+    def test_04_create_stream(self):
+        """responses.create(stream=True): OpenAI's typed events, the log's sequence numbers,
+        the deltas joined equal to the final text and to the synchronous one."""
+        with self.client.responses.create(
+            model=MODEL,
+            input=PROMPT,
+            max_output_tokens=TOKENS,
+            stream=True,
+            extra_body={"seed": SEED},
+        ) as stream:
+            events = list(stream)
+        response_id, _, text = self.check_events(events)
+        self.assertEqual(text, self.reference.output_text)
+        self.assertEqual(self.client.responses.retrieve(response_id).output_text, text)
+
+    def test_05_stream_helper(self):
+        """client.responses.stream(...): text deltas joined == get_final_response()'s text."""
+        deltas, kinds = [], []
+        with self.client.responses.stream(
+            model=MODEL, input=PROMPT, max_output_tokens=TOKENS, extra_body={"seed": SEED}
+        ) as stream:
+            for event in stream:
+                kinds.append(event.type)
+                if event.type == "response.output_text.delta":
+                    deltas.append(event.delta)
+                    self.assertEqual(event.snapshot, "".join(deltas))
+            final = stream.get_final_response()
+        self.assertEqual(kinds[0], "response.created")
+        self.assertEqual(kinds[-1], "response.completed")
+        self.check_response(final)
+        self.assertEqual("".join(deltas), final.output_text)
+        self.assertEqual(final.output_text, self.reference.output_text)
+
+    def test_06_retrieve_stream_resume(self):
+        """responses.retrieve(id, stream=True, starting_after=N): exactly the events after N;
+        and the helper responses.stream(response_id=…, starting_after=N)."""
+        created = self.client.responses.create(
+            model=MODEL,
+            input=PROMPT,
+            background=True,
+            max_output_tokens=TOKENS,
+            extra_body={"seed": SEED},
+        )
+        self.wait_status(created.id, "completed")
+        everything = list(self.client.responses.retrieve(created.id, stream=True))
+        _, _, text = self.check_events(everything)
+        self.assertEqual(text, self.reference.output_text)
+        deltas = [e for e in everything if e.type == "response.output_text.delta"]
+        for after in (0, deltas[0].sequence_number, deltas[len(deltas) // 2].sequence_number):
+            rest = list(
+                self.client.responses.retrieve(created.id, stream=True, starting_after=after)
+            )
+            self.assertEqual(
+                [e.to_dict() for e in rest],
+                [e.to_dict() for e in everything if e.sequence_number > after],
+                f"starting_after={after}",
+            )
+            self.check_events(rest, first=after + 1)
+        last = everything[-1].sequence_number
+        self.assertEqual(
+            list(self.client.responses.retrieve(created.id, stream=True, starting_after=last)), []
+        )
+        middle = deltas[len(deltas) // 2].sequence_number
+        with self.client.responses.stream(response_id=created.id, starting_after=middle) as stream:
+            seen = list(stream)
+            final = stream.get_final_response()
+        self.assertTrue(all(e.sequence_number > middle for e in seen))
+        self.assertEqual(seen[-1].type, "response.completed")
+        self.check_response(final)
+        self.assertEqual(final.output_text, text)
+
+    def test_07_resume_live_stream(self):
+        """A stream dropped while the response runs, resumed with starting_after: every event
+        exactly once, the joined text equal to the final one."""
+        created = self.client.responses.create(
+            model=MODEL, input=PROMPT, background=True, max_output_tokens=400
+        )
+        first = []
+        stream = self.client.responses.retrieve(created.id, stream=True)
+        for event in stream:
+            first.append(event)
+            if sum(e.type == "response.output_text.delta" for e in first) == 3:
+                break
+        stream.close()
+        self.assertNotEqual(first[-1].type, "response.completed", "the response finished too fast")
+        rest = list(
+            self.client.responses.retrieve(
+                created.id, stream=True, starting_after=first[-1].sequence_number
+            )
+        )
+        _, _, text = self.check_events(first + rest)
+        done = self.client.responses.retrieve(created.id)
+        self.check_response(done)
+        self.assertEqual(done.output_text, text)
+
+    def test_08_cancel(self):
+        """responses.cancel(id) on a running background response: it ends cancelled; its
+        stream ends with the response in status cancelled; a second cancel answers it."""
+        created = self.background_running()
+        cancelled = self.client.responses.cancel(created.id)
+        self.assertIsInstance(cancelled, Response)
+        validated(Response, cancelled)
+        self.assertEqual(cancelled.id, created.id)
+        self.assertIn(cancelled.status, ("in_progress", "cancelled"))
+        final = self.wait_status(created.id, "cancelled")
+        self.check_response(final, status="cancelled")
+        again = self.client.responses.cancel(created.id)
+        self.assertEqual(again.status, "cancelled")
+        events = list(self.client.responses.retrieve(created.id, stream=True))
+        self.check_events(events, terminal="response.incomplete")
+        self.assertEqual(events[-1].response.status, "cancelled")
+        self.assertEqual(events[-1].response.id, created.id)
+        # A finished, completed response cannot be cancelled: 409, the SDK's ConflictError.
+        with self.assertRaises(openai.ConflictError) as caught:
+            self.client.with_options(max_retries=0).responses.cancel(self.reference.id)
+        self.assertEqual(caught.exception.code, "task_not_cancellable")
+
+    def test_09_delete(self):
+        """responses.delete(id): a finished response goes (404 afterwards); an unfinished one
+        is 409."""
+        created = self.client.responses.create(
+            model=MODEL, input=PROMPT, max_output_tokens=TOKENS, extra_body={"seed": SEED}
+        )
+        task_id = created.to_dict()["task_id"]
+        self.assertIsNone(self.client.responses.delete(created.id))
+        with self.assertRaises(openai.NotFoundError) as caught:
+            self.client.responses.retrieve(created.id)
+        self.assertEqual(caught.exception.status_code, 404)
+        self.assertEqual(caught.exception.code, "not_found")
+        self.assertEqual(caught.exception.type, "not_found_error")
+        self.assertEqual(self.http.get(f"tasks/{task_id}").status_code, 404)
+        with self.assertRaises(openai.NotFoundError):
+            self.client.responses.delete(created.id)
+        running = self.background_running()
+        with self.assertRaises(openai.ConflictError) as caught:
+            self.client.with_options(max_retries=0).responses.delete(running.id)
+        self.assertEqual(caught.exception.status_code, 409)
+        self.assertEqual(caught.exception.code, "task_not_finished")
+        self.client.responses.cancel(running.id)
+        self.wait_status(running.id, "cancelled")
+        self.assertIsNone(self.client.responses.delete(running.id))
+
+    def test_10_failed_sync_create_is_not_retried(self):
+        """A synchronous create whose task fails: 500 with the task's error code and
+        x-should-retry: false, so the SDK (max_retries=3) makes no second task."""
+        model_id = f"vanishing-{uuid.uuid4().hex[:8]}"
+        path = os.path.join(MODELS_DIR, f"{model_id}.txt")
+        with open(path, "w", encoding="utf-8") as file:
+            file.write("the file of a model that is gone before it is loaded\n" * 20)
+        reply = self.admin.post("models", json={"id": model_id, "path": path})
+        self.assertEqual(reply.status_code, 201, reply.text)
+        os.remove(path)
+        client = sdk(max_retries=3)
+        before = len(all_tasks(self.http))
+        with self.assertRaises(openai.InternalServerError) as caught:
+            client.responses.create(model=model_id, input=PROMPT, max_output_tokens=TOKENS)
+        error = caught.exception
+        self.assertEqual(error.status_code, 500)
+        self.assertEqual(error.code, "model_unavailable")
+        self.assertEqual(error.type, "server_error")
+        self.assertEqual(error.response.headers.get("x-should-retry"), "false")
+        self.assertEqual(len(all_tasks(self.http)), before + 1, "the SDK retried into new tasks")
+        task = self.http.get(f"tasks/{error.response.headers['lmsp-task-id']}").json()
+        self.assertEqual((task["status"], task["error"]["code"]), ("failed", "model_unavailable"))
+        # The same task's response, failed, through the SDK.
+        failed = self.client.responses.retrieve(task["response_id"])
+        self.check_response(failed, status="failed", model=model_id)
+        self.assertEqual(failed.error.code, "model_unavailable")
+        events = list(self.client.responses.retrieve(task["response_id"], stream=True))
+        self.check_events(events, terminal="response.failed")
+        self.assertEqual([e.type for e in events[-2:]], ["error", "response.failed"])
+        self.assertEqual(events[-2].code, "model_unavailable")
+        self.assertEqual(events[-1].response.error.code, "model_unavailable")
+        # The same for a chat completion, streamed or not.
+        before = len(all_tasks(self.http))
+        messages = [{"role": "user", "content": PROMPT}]
+        with self.assertRaises(openai.InternalServerError) as caught:
+            client.chat.completions.create(model=model_id, messages=messages)
+        self.assertEqual(caught.exception.code, "model_unavailable")
+        self.assertEqual(caught.exception.response.headers.get("x-should-retry"), "false")
+        with self.assertRaises(openai.APIError) as caught:
+            list(client.chat.completions.create(model=model_id, messages=messages, stream=True))
+        self.assertEqual(caught.exception.code, "model_unavailable")
+        self.assertEqual(len(all_tasks(self.http)), before + 2, "the SDK retried into new tasks")
+
+    def test_11_cancelled_sync_create_is_not_retried(self):
+        """A synchronous create whose task is cancelled meanwhile: 409 task_cancelled with
+        x-should-retry: false (the SDK retries other 409s), no second task."""
+        client = sdk(max_retries=3)
+        case = uuid.uuid4().hex
+        before = len(all_tasks(self.http))
+        outcome = {}
+
+        def create():
+            try:
+                outcome["response"] = client.responses.create(
+                    model=MODEL, input=PROMPT, max_output_tokens=LONG, metadata={"case": case}
+                )
+            except Exception as error:  # noqa: BLE001 — handed to the test thread
+                outcome["error"] = error
+
+        thread = threading.Thread(target=create)
+        thread.start()
+        task = wait_for(
+            "the synchronous task to run",
+            lambda: next(
+                (
+                    t
+                    for t in all_tasks(self.http)
+                    if t["metadata"].get("case") == case and t["status"] == "running"
+                ),
+                None,
+            ),
+        )
+        self.client.responses.cancel(task["response_id"])
+        thread.join(DEADLINE)
+        self.assertFalse(thread.is_alive())
+        error = outcome.get("error")
+        self.assertIsInstance(error, openai.ConflictError, outcome)
+        self.assertEqual(error.code, "task_cancelled")
+        self.assertEqual(error.response.headers.get("x-should-retry"), "false")
+        self.assertEqual(len(all_tasks(self.http)), before + 1)
+
+    def test_12_parameters(self):
+        """temperature, top_p, instructions, store, metadata, user, text, content parts,
+        message items, the developer role, previous_response_id: accepted and echoed."""
+        response = self.client.responses.create(
+            model=MODEL,
+            instructions="Tell a story.",
+            input=[
+                {"role": "developer", "content": "Keep it short."},
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": PROMPT}],
+                },
+            ],
+            temperature=0.5,
+            top_p=0.9,
+            store=True,
+            metadata={"case": "parameters"},
+            user="sdk-test",
+            text={"format": {"type": "text"}},
+            max_output_tokens=16,
+            extra_body={"seed": 7},
+        )
+        fields = self.check_response(response)
+        self.assertEqual(response.temperature, 0.5)
+        self.assertEqual(response.top_p, 0.9)
+        self.assertEqual(response.instructions, "Tell a story.")
+        self.assertEqual(response.metadata, {"case": "parameters"})
+        self.assertIs(fields["store"], True)
+        self.assertEqual(response.text.format.type, "text")
+        self.assertEqual(fields["seed"], 7)
+        # A content-part array is the same input as the string.
+        parts = self.client.responses.create(
+            model=MODEL,
+            input=[{"role": "user", "content": [{"type": "input_text", "text": PROMPT}]}],
+            max_output_tokens=TOKENS,
+            extra_body={"seed": SEED},
+        )
+        plain = self.client.responses.create(
+            model=MODEL,
+            input=[{"role": "user", "content": PROMPT}],
+            max_output_tokens=TOKENS,
+            extra_body={"seed": SEED},
+        )
+        self.check_response(parts)
+        self.assertEqual(parts.output_text, plain.output_text)
+        # A conversation continued from a response.
+        follow = self.client.responses.create(
+            model=MODEL,
+            previous_response_id=response.id,
+            input="And then?",
+            max_output_tokens=16,
+        )
+        self.check_response(follow)
+        self.assertEqual(follow.previous_response_id, response.id)
+        # A conversation carried by the application: the earlier output items given back as
+        # input, as OpenAI's guides do it (`input += response.output`).
+        turn = self.client.responses.create(
+            model=MODEL,
+            input=[
+                {"role": "user", "content": PROMPT},
+                *parts.output,
+                {"role": "user", "content": "And then?"},
+            ],
+            max_output_tokens=16,
+        )
+        self.check_response(turn)
+        # What LMSP cannot do is a 400 naming the field, never ignored.
+        for param, extra in (
+            ("tools", {"tools": [{"type": "function", "name": "f", "parameters": {}}]}),
+            ("reasoning", {"reasoning": {"effort": "low"}}),
+        ):
+            with self.assertRaises(openai.BadRequestError) as caught:
+                self.client.responses.create(model=MODEL, input=PROMPT, **extra)
+            self.assertEqual(caught.exception.param, param)
+            self.assertEqual(caught.exception.type, "invalid_request_error")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.responses.create(
+                model=MODEL,
+                input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
+            )
+        self.assertEqual(caught.exception.param, "input[0].content[0].type")
+        with self.assertRaises(openai.NotFoundError) as caught:
+            self.client.responses.create(model="no-such-model", input=PROMPT)
+        self.assertEqual(caught.exception.code, "model_not_found")
+
+    def test_13_chat_completions(self):
+        """chat.completions.create(), with and without stream (and include_usage): a task
+        like any other; the stream's content joined equals the completion's."""
+        messages = [
+            {"role": "system", "content": "You tell stories."},
+            {"role": "developer", "content": "Keep it short."},
+            {"role": "user", "content": [{"type": "text", "text": PROMPT}]},
+        ]
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, max_completion_tokens=TOKENS, seed=SEED
+        )
+        completion = raw.parse()
+        self.assertIsInstance(completion, ChatCompletion)
+        validated(ChatCompletion, completion)
+        self.assertEqual(completion.object, "chat.completion")
+        self.assertTrue(completion.id.startswith("chatcmpl-"), completion.id)
+        self.assertEqual(completion.model, MODEL)
+        self.assertGreater(completion.created, 1_600_000_000)
+        self.assertEqual(len(completion.choices), 1)
+        choice = completion.choices[0]
+        self.assertEqual(choice.index, 0)
+        self.assertEqual(choice.message.role, "assistant")
+        self.assertTrue(choice.message.content)
+        self.assertIn(choice.finish_reason, ("stop", "length"))
+        usage = completion.usage
+        self.assertGreater(usage.completion_tokens, 0)
+        self.assertEqual(usage.total_tokens, usage.prompt_tokens + usage.completion_tokens)
+        task = self.http.get(f"tasks/{raw.headers['lmsp-task-id']}").json()
+        self.assertEqual(task["status"], "completed")
+        chunks = list(
+            self.client.chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                max_completion_tokens=TOKENS,
+                seed=SEED,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        for chunk in chunks:
+            self.assertIsInstance(chunk, ChatCompletionChunk)
+            validated(ChatCompletionChunk, chunk)
+            self.assertEqual(chunk.object, "chat.completion.chunk")
+            self.assertEqual(chunk.model, MODEL)
+        self.assertEqual(len({c.id for c in chunks}), 1)
+        with_choices = [c for c in chunks if c.choices]
+        self.assertEqual(with_choices[0].choices[0].delta.role, "assistant")
+        text = "".join(c.choices[0].delta.content or "" for c in with_choices)
+        self.assertEqual(text, choice.message.content)
+        finishes = [c.choices[0].finish_reason for c in with_choices if c.choices[0].finish_reason]
+        self.assertEqual(finishes, [choice.finish_reason])
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, usage.completion_tokens)
+        self.assertEqual(chunks[-1].usage.prompt_tokens, usage.prompt_tokens)
+        # Without include_usage no chunk carries it.
+        plain = list(
+            self.client.chat.completions.create(
+                model=MODEL, messages=messages, max_completion_tokens=TOKENS, seed=SEED, stream=True
+            )
+        )
+        self.assertTrue(all(c.usage is None for c in plain))
+        plain_text = "".join(c.choices[0].delta.content or "" for c in plain if c.choices)
+        self.assertEqual(plain_text, text)
+        # The SDK's stream helper (which raises LengthFinishReasonError, with the completion,
+        # when the output ran up to its budget).
+        with self.client.chat.completions.stream(
+            model=MODEL, messages=messages, max_completion_tokens=TOKENS, seed=SEED
+        ) as stream:
+            try:
+                final = stream.get_final_completion()
+            except openai.LengthFinishReasonError as error:
+                self.assertEqual(choice.finish_reason, "length")
+                final = error.completion
+        self.assertEqual(final.choices[0].message.content, text)
+        self.assertEqual(final.choices[0].finish_reason, choice.finish_reason)
+
+    def test_14_errors(self):
+        """Errors as the SDK's exception classes, with code, param and type."""
+        with self.assertRaises(openai.AuthenticationError) as caught:
+            sdk(token="lmsp_not-a-token").models.list()
+        self.assertEqual(caught.exception.type, "authentication_error")
+        with self.assertRaises(openai.NotFoundError) as caught:
+            self.client.responses.retrieve("resp_01J0000000000000000000000")
+        self.assertEqual(caught.exception.code, "not_found")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.responses.create(model=MODEL, input=PROMPT, max_output_tokens=0)
+        self.assertEqual(caught.exception.param, "max_output_tokens")
+
+
+def main():
+    missing = [name for name in ENV if not os.environ.get(name)]
+    if missing:
+        names = ", ".join(missing)
+        print(f"test_openai_sdk.py: set {names} (see the module's docstring)", file=sys.stderr)
+        return 2
+    print(f"openai {openai.__version__} against {BASE_URL}", flush=True)
+    program = unittest.main(argv=[sys.argv[0], "-v", *sys.argv[1:]], exit=False)
+    result = program.result
+    bad = len(result.failures) + len(result.errors)
+    print(f"openai SDK checks: {result.testsRun} run, {bad} not passed", flush=True)
+    return 0 if result.wasSuccessful() and result.testsRun > 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
