@@ -1,4 +1,4 @@
-//! Raw SQLite ceilings (DESIGN.md §4): what a durable service on this machine cannot beat,
+//! Raw SQLite ceilings (the README's performance targets): what a durable service on this machine cannot beat,
 //! measured with bare SQL on a connection of its own — WAL, `synchronous=FULL`, prepared
 //! statements, nothing but the rows — so the service's figures can be printed as ratios to them.
 //!

@@ -1,7 +1,7 @@
-//! `lmsp-bench`: the service-level benchmark harness (DESIGN.md §4).
+//! `lmsp-bench`: the service-level benchmark harness (the README's performance targets).
 //!
 //! It starts the real `lmsp` binary on temp data directories (or targets `--url`), measures the
-//! figures of DESIGN.md §4 — background submits per second and their latency at 1, 16, 64 and
+//! figures of the README's performance targets — background submits per second and their latency at 1, 16, 64 and
 //! 256 clients, persisted events per second with 256 tasks streaming, startup recovery of
 //! 100 000 leftovers, writers' p99 commit latency while a purge of 1 000 000 events runs, RSS
 //! idle and with 10 000 open SSE streams — each over several repetitions, measures the matching
@@ -38,7 +38,7 @@ use crate::server::{find_lmsp, CpuMeter, Server};
 use crate::stats::Spread;
 use crate::submit::Request;
 
-/// Measures the LMSP service against DESIGN.md §4 and the raw SQLite ceilings.
+/// Measures the LMSP service against the README's performance targets and the raw SQLite ceilings.
 #[derive(Debug, Parser)]
 #[command(name = "lmsp-bench", version, about)]
 struct Cli {

@@ -1,4 +1,4 @@
-//! The raw SQLite ceilings of DESIGN.md §4, measured in the same run as the service's figures
+//! The raw SQLite ceilings of the README's performance targets, measured in the same run as the service's figures
 //! through `lmsp_bench::ceilings` (the one definition of each ceiling).
 
 use std::path::Path;
@@ -9,7 +9,7 @@ use lmsp_bench::ceilings;
 
 use crate::stats::Spread;
 
-/// Rows (or events) per commit of the batched ceilings (DESIGN.md §4).
+/// Rows (or events) per commit of the batched ceilings (the README's performance targets).
 pub const PER_COMMIT: usize = 64;
 /// Rows per transaction of the raw recovery ceiling (the store's recovery batch).
 pub const RECOVERY_BATCH: usize = 1000;

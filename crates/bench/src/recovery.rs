@@ -139,7 +139,7 @@ pub async fn prepare(dir: &Path, leftovers: usize) -> anyhow::Result<PathBuf> {
 }
 
 /// What recovery must report on `/metrics` for the leftovers [`prepare`] leaves, by the table of
-/// API.md §7: (moved other than resumed, untouched, resumed).
+/// docs/rules.md: (moved other than resumed, untouched, resumed).
 pub fn expected_report(leftovers: usize) -> (u64, u64, u64) {
     let (mut moved, mut untouched, mut resumed) = (0, 0, 0);
     for i in 0..leftovers {

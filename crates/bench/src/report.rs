@@ -311,7 +311,7 @@ pub fn tables(plan: &Plan, r: &Results) {
         300.0,
         problem("rss"),
     ));
-    print_table("## DESIGN.md §4 targets", &main);
+    print_table("## targets", &main);
 
     let mut other = Vec::new();
     for (&clients, (per_s, p50, p99, errors)) in &r.submit {

@@ -1,6 +1,6 @@
 //! CI's smoke test of the benchmark harness: runs `lmsp-bench --quick` end to end against the
 //! real `lmsp` binary and the apalis peer example, and checks that it completes and prints every
-//! figure of DESIGN.md §4 with its ceiling. It asserts that the harness works, never a speed.
+//! figure of the README's performance targets with its ceiling. It asserts that the harness works, never a speed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -41,7 +41,7 @@ enum Who {
     /// The instance that died in the last crash (its worker's late writes), or, before any crash,
     /// an instance that never had the task.
     Dead,
-    /// Another live instance of the same database (API.md §12).
+    /// Another live instance of the same database (ARCHITECTURE.md).
     Other,
 }
 
@@ -222,7 +222,7 @@ impl Life {
     }
 
     /// The deltas after the last `response.queued` (all of them when there is none), joined:
-    /// the text of the current run (API.md §5).
+    /// the text of the current run (docs/events.md).
     fn run_text(&self) -> String {
         let start = self
             .events
@@ -356,7 +356,7 @@ impl Life {
         Ok(())
     }
 
-    /// A cancel request from any instance: decided as API.md §4 says.
+    /// A cancel request from any instance: decided as docs/api.md says.
     fn cancel(&mut self, by: Who) -> Result<(), TestCaseError> {
         let at = self.tick();
         let by = self.instance_of(by);
@@ -391,7 +391,7 @@ impl Life {
     }
 
     /// The instance in whose care the task is dies and a new one recovers it (P-7…P-11, I-5):
-    /// the model predicts the cell of API.md §7, with the open item closed as incomplete when the
+    /// the model predicts the cell of docs/rules.md, with the open item closed as incomplete when the
     /// run goes back to the queue; a second recovery by the same rescuer writes nothing.
     fn crash(&mut self, twice: bool, use_snapshot: bool) -> Result<(), TestCaseError> {
         let at = self.tick();
@@ -625,7 +625,7 @@ impl Life {
         Ok(())
     }
 
-    /// The output item structure of API.md §5.
+    /// The output item structure of docs/events.md.
     fn check_items(&self) -> Result<(), TestCaseError> {
         let events = &self.events;
         let mut open: Option<ItemId> = None;

@@ -1,6 +1,6 @@
 //! Property tests of the pure domain against the contract written down in `contract/`: the state
 //! machine and the output item structure of the log (P-3, P-4, I-2, I-3), ownership by instance,
-//! the cancel table (P-4), the recovery table of API.md §7 (P-7…P-11, I-5), idempotency decisions
+//! the cancel table (P-4), the recovery table of docs/rules.md (P-7…P-11, I-5), idempotency decisions
 //! (I-8), the pairing limit (I-7) and the request validator (I-9).
 //!
 //! Each property runs 2 000 cases (fewer when `PROPTEST_CASES` says so: the mutation run); the
@@ -83,7 +83,7 @@ fn every_status_accepts_exactly_the_steps_of_the_contract() {
 }
 
 /// Only a worker's steps need the owner: a claim moves the task into the claimer's care and a
-/// cancel may come from any instance (DESIGN.md §2b).
+/// cancel may come from any instance (ARCHITECTURE.md).
 #[test]
 fn only_a_workers_steps_need_the_owner() {
     for kind in StepKind::ALL {
@@ -219,7 +219,7 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Ownership by instance (DESIGN.md §2b, API.md §12).
+// Ownership by instance (ARCHITECTURE.md, ARCHITECTURE.md).
 // ---------------------------------------------------------------------------------------------
 
 /// A task of instance 0 that instance 0 has brought to `running`.
@@ -283,7 +283,7 @@ fn a_claim_moves_the_task_into_the_claimers_care() {
     assert_eq!(former, Err(Refusal::NotOwner));
 }
 
-/// A cancel may come from any instance (API.md §12: "a cancel sent to any instance"), and it
+/// A cancel may come from any instance (ARCHITECTURE.md: "a cancel sent to any instance"), and it
 /// leaves the task in its owner's care.
 #[test]
 fn a_cancel_from_any_instance_is_accepted_and_leaves_the_owner() {
@@ -371,7 +371,7 @@ fn started_at_is_the_first_claims_time_and_finished_at_the_finishing_steps() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The output item structure of the log (API.md §5).
+// The output item structure of the log (docs/events.md).
 // ---------------------------------------------------------------------------------------------
 
 fn item(task: &Task, output_index: u32) -> ItemId {
@@ -584,10 +584,10 @@ fn a_resumed_run_continues_the_same_item() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The cancel table (API.md §4, P-4).
+// The cancel table (docs/api.md, P-4).
 // ---------------------------------------------------------------------------------------------
 
-/// P-4: each status's cancel decision is the row of API.md §4: the new status, the reply, the
+/// P-4: each status's cancel decision is the row of docs/api.md: the new status, the reply, the
 /// event, whether the worker is told to stop; and a cancel step from any instance writes that
 /// event and moves to that status, or is refused as finished where the reply is 409.
 #[test]
@@ -625,7 +625,7 @@ fn cancel_decisions_follow_api_section_4() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Recovery (API.md §7, P-7…P-11, I-5).
+// Recovery (docs/rules.md, P-7…P-11, I-5).
 // ---------------------------------------------------------------------------------------------
 
 /// The exhaustive form: all 7 × 3 cells of the table, each spelled out (P-7…P-10).
@@ -723,7 +723,7 @@ fn recovery_carries_out_each_cell_on_a_task_with_an_open_item() {
 proptest! {
     #![proptest_config(config("tests/proptest-regressions/properties.txt"))]
 
-    /// P-7…P-11: every (status, policy) cell of `recovery::plan` is the cell of API.md §7, and
+    /// P-7…P-11: every (status, policy) cell of `recovery::plan` is the cell of docs/rules.md, and
     /// `recovery::recover` carries it out on any task row: nothing for a finished task, a task
     /// in the rescuer's own care or an untouched cell; else the new status with the cell's event
     /// in one transaction (P-11), preceded by the open item's `response.output_item.done`
@@ -813,7 +813,7 @@ fn restart_policies_parse_from_their_names_only() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Idempotency (API.md §6, I-8).
+// Idempotency (docs/api.md, I-8).
 // ---------------------------------------------------------------------------------------------
 
 fn scope() -> IdempotencyScope {
@@ -847,7 +847,7 @@ fn record(state: KeyState, held_until: Option<i64>, expires_at: i64) -> Idempote
     }
 }
 
-/// The rule of API.md §6 with holds, written down: an expired record (its expiry not after now)
+/// The rule of docs/api.md with holds, written down: an expired record (its expiry not after now)
 /// is no record; a key held past now is in use whatever the body; a pending record whose hold
 /// ended belonged to a request that died before creating anything, so the new request proceeds;
 /// an answered record replays the same request and refuses another as reused.
@@ -1030,7 +1030,7 @@ proptest! {
         prop_assert_eq!(decided, expected_decision(stored.as_ref(), &digest, at(now)));
     }
 
-    /// API.md §6: an `Idempotency-Key` is 1–255 visible ASCII characters; a well-formed key is
+    /// docs/api.md: an `Idempotency-Key` is 1–255 visible ASCII characters; a well-formed key is
     /// kept as it was sent.
     #[test]
     fn idempotency_keys_are_one_to_255_visible_ascii_characters(
@@ -1085,10 +1085,10 @@ fn operations_have_stable_stored_names() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The pairing limit (API.md §3).
+// The pairing limit (docs/api.md).
 // ---------------------------------------------------------------------------------------------
 
-/// The pairing limit as API.md §3 says it, kept as a list: "after 5 wrong codes within 10
+/// The pairing limit as docs/api.md says it, kept as a list: "after 5 wrong codes within 10
 /// minutes every outstanding code is burnt, and `/v1/pair` answers 429 … until that window has
 /// passed". A wrong code that is exactly 10 minutes old is outside the window.
 #[derive(Debug, Default)]
@@ -1172,7 +1172,7 @@ fn a_wrong_code_ten_minutes_old_is_outside_the_window() {
 proptest! {
     #![proptest_config(config("tests/proptest-regressions/properties.txt"))]
 
-    /// API.md §3, I-7: through any sequence of pairing attempts (wrong codes only while pairing
+    /// docs/api.md, I-7: through any sequence of pairing attempts (wrong codes only while pairing
     /// is open, as the store checks the lock first), the limit burns the codes and locks exactly
     /// when the written-down window says, and holds the same failures and lock.
     #[test]
@@ -1211,10 +1211,10 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Validation (API.md §4, §10; I-9).
+// Validation (docs/api.md, docs/openai-sdk.md; I-9).
 // ---------------------------------------------------------------------------------------------
 
-/// The params of `draft` that break a rule of API.md §4 (and the id rules), written down: the
+/// The params of `draft` that break a rule of docs/api.md (and the id rules), written down: the
 /// validator must reject exactly the drafts that have one, naming one of them.
 fn broken_params(draft: &SubmitDraft) -> BTreeSet<String> {
     let mut broken = BTreeSet::new();
@@ -1282,7 +1282,7 @@ fn broken_params(draft: &SubmitDraft) -> BTreeSet<String> {
     broken
 }
 
-/// The request a valid draft must become: its values, with the defaults of API.md §4 for what
+/// The request a valid draft must become: its values, with the defaults of docs/api.md for what
 /// it leaves out.
 fn expected_request(draft: &SubmitDraft) -> SubmitRequest {
     let role = |name: &str| Role::parse(name).unwrap();

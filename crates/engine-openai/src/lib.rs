@@ -3,7 +3,7 @@
 //!
 //! The upstream model name is the task's model id. A snapshot needs no engine state: resuming
 //! re-sends the prompt with the text produced so far as the start of the assistant's turn, and
-//! continues from there (API.md §1).
+//! continues from there (the README).
 
 use std::collections::VecDeque;
 use std::time::Duration;

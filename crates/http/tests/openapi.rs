@@ -176,7 +176,7 @@ async fn served(router: &Router, method: &str, uri: &str) -> bool {
     !fallback && reply.status != StatusCode::METHOD_NOT_ALLOWED
 }
 
-/// Every path of API.md, whether documented yet or not: the reverse check probes these.
+/// Every path of docs/api.md, whether documented yet or not: the reverse check probes these.
 const API_PATHS: [&str; 18] = [
     "/v1/health",
     "/v1/openapi.json",
@@ -248,7 +248,7 @@ async fn every_served_route_is_documented() {
     for path in API_PATHS {
         assert!(
             operations.iter().any(|(_, documented)| documented == path),
-            "{path} of API.md is not documented"
+            "{path} of docs/api.md is not documented"
         );
     }
 }

@@ -1,4 +1,4 @@
-//! Authentication and isolation end to end (API.md §1, §3): scopes, a client's own tasks and
+//! Authentication and isolation end to end (the README, docs/api.md): scopes, a client's own tasks and
 //! responses, and revocation that takes effect at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -113,7 +113,7 @@ async fn clients_are_isolated_and_revocation_is_immediate_i7() {
     );
 }
 
-/// API.md §1, §3: a client added with `lmsp clients add` while the server runs works at once; one
+/// the README, docs/api.md: a client added with `lmsp clients add` while the server runs works at once; one
 /// revoked with `lmsp clients revoke` stops at once; `lmsp clients list` shows its state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_offline_client_commands_take_effect_on_a_running_server_at_once() {

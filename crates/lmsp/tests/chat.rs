@@ -1,4 +1,4 @@
-//! OpenAI's chat completions end to end (API.md §10): `POST /v1/chat/completions` with and
+//! OpenAI's chat completions end to end (docs/openai-sdk.md): `POST /v1/chat/completions` with and
 //! without `stream`, each a durable task like any other (listed, `Lmsp-Task-Id`, idempotency).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -139,7 +139,7 @@ async fn a_streamed_chat_completion_sends_chunks_then_done() {
     assert!(messages.iter().all(|m| m.data.get("usage").is_none()));
 }
 
-/// API.md §6, §10: a chat completion takes an idempotency key like any task request: the same
+/// docs/api.md, docs/openai-sdk.md: a chat completion takes an idempotency key like any task request: the same
 /// key and body replay the first reply and start nothing new; another body is 422.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_completion_is_idempotent_with_a_key() {

@@ -1,4 +1,4 @@
-//! Idempotency keys (API.md §6, I-8): replay of the first reply, key reuse, a key in use, scope
+//! Idempotency keys (docs/api.md, I-8): replay of the first reply, key reuse, a key in use, scope
 //! per client and path, canonical digests, expiry, and `POST /v1/models`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -70,7 +70,7 @@ async fn a_key_replays_its_first_reply_for_the_same_canonical_body_i8() {
     assert_eq!(server.task_count().await, 3);
 }
 
-/// API.md §6: while the first request with a key is still being answered (a synchronous request
+/// docs/api.md: while the first request with a key is still being answered (a synchronous request
 /// waiting for its task), the same key is 409 `idempotency_key_in_use`; afterwards it replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_is_in_use_while_its_first_request_is_answered() {
@@ -109,7 +109,7 @@ async fn a_key_is_in_use_while_its_first_request_is_answered() {
     assert_eq!(server.task_count().await, 1);
 }
 
-/// API.md §6: keys expire after `--idempotency-ttl`; the purge job removes them, and the same key
+/// docs/api.md: keys expire after `--idempotency-ttl`; the purge job removes them, and the same key
 /// then starts a new task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_expire_after_the_ttl_and_are_purged() {
@@ -131,7 +131,7 @@ async fn keys_expire_after_the_ttl_and_are_purged() {
     assert_ne!(second["id"], first["id"]);
 }
 
-/// API.md §6: `POST /v1/models` takes a key too: the same body replays the 201, another is 422.
+/// docs/api.md: `POST /v1/models` takes a key too: the same body replays the 201, another is 422.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model_registration_is_idempotent_with_a_key() {
     let server = TestServer::start(&[]);

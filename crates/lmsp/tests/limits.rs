@@ -1,4 +1,4 @@
-//! What the service refuses, end to end (API.md §2, §10): bad input of every kind gets its 4xx
+//! What the service refuses, end to end (docs/api.md, docs/openai-sdk.md): bad input of every kind gets its 4xx
 //! with the error envelope and creates nothing (I-9); what LMSP cannot do is a 400 naming the
 //! field; a slow request is answered 408; past the connection limit a connection gets 503.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -251,7 +251,7 @@ async fn bad_input_gets_a_4xx_envelope_and_creates_nothing_i9() {
     );
 }
 
-/// API.md §10, I-9: what LMSP cannot do (tools, images, reasoning, other output formats, more
+/// docs/openai-sdk.md, I-9: what LMSP cannot do (tools, images, reasoning, other output formats, more
 /// than one choice) is a 400 whose `param` names the field, never silently ignored; nothing is
 /// created. What it accepts of OpenAI's requests (`instructions`, content parts, `developer`,
 /// `store`, `user`, `{"type": "message"}` items) works.
@@ -343,7 +343,7 @@ fn address(server: &TestServer) -> String {
     server.base.trim_start_matches("http://").to_owned()
 }
 
-/// API.md §2: a request whose headers do not arrive within the request timeout is answered 408
+/// docs/api.md: a request whose headers do not arrive within the request timeout is answered 408
 /// with the envelope (`invalid_request`) and closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_too_slow_is_answered_408_with_the_envelope() {
@@ -356,7 +356,7 @@ async fn a_request_too_slow_is_answered_408_with_the_envelope() {
     assert_envelope(408, &body, "invalid_request", "408");
 }
 
-/// API.md §2: past the connection limit, a new connection gets 503 `service_unavailable` with
+/// docs/api.md: past the connection limit, a new connection gets 503 `service_unavailable` with
 /// `Retry-After`; once a connection closes, new ones are served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_connection_limit_a_connection_gets_503() {
@@ -405,7 +405,7 @@ async fn past_the_connection_limit_a_connection_gets_503() {
     }
 }
 
-/// API.md §2: a URI or headers too large are answered 414 / 431, still with the envelope
+/// docs/api.md: a URI or headers too large are answered 414 / 431, still with the envelope
 /// (`invalid_request`), and the connection is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_uri_or_headers_too_large_get_414_or_431_with_the_envelope() {

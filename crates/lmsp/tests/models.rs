@@ -1,4 +1,4 @@
-//! Models (API.md §8, P-1): registration with a streamed digest inside `--models-dir`, the
+//! Models (docs/api.md, P-1): registration with a streamed digest inside `--models-dir`, the
 //! metadata endpoints, the digest check at load, startup registration and the offline CLI.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -60,7 +60,7 @@ async fn a_model_file_is_registered_with_its_digest_and_deleted_without_touching
     assert!(model["owned_by"].is_string(), "{model}");
 
     assert_eq!(server.get("/v1/models/story").await, (200, model.clone()));
-    // API.md §10: `path` only for `admin` and `models:write`.
+    // docs/openai-sdk.md: `path` only for `admin` and `models:write`.
     let reader = server.add_client("reader", &["models:read"]);
     let (status, seen) = server.get_as(&reader, "/v1/models/story").await;
     assert_eq!(status, 200, "{seen}");
@@ -241,7 +241,7 @@ async fn bad_model_registrations_are_rejected_and_register_nothing_i9() {
     assert_eq!(std::fs::read(&outside).unwrap(), b"secret");
 }
 
-/// API.md §8: a task on a model whose file changed fails with `model_digest_mismatch`; one whose
+/// docs/api.md: a task on a model whose file changed fails with `model_digest_mismatch`; one whose
 /// file is gone fails with `model_unavailable`; the file is re-hashed only when it changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_or_missing_model_file_fails_the_task_with_its_code() {
@@ -277,7 +277,7 @@ async fn a_changed_or_missing_model_file_fails_the_task_with_its_code() {
     }
 }
 
-/// API.md §1, §8: files in `--models-dir` are registered at startup (id = file stem), and
+/// the README, docs/api.md: files in `--models-dir` are registered at startup (id = file stem), and
 /// `lmsp models add` registers a file offline, printing its digest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn models_dir_files_register_at_startup_and_the_cli_adds_offline() {

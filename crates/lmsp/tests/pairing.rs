@@ -1,4 +1,4 @@
-//! Pairing and clients (API.md §3): bad input to the pairing endpoints is refused with the
+//! Pairing and clients (docs/api.md): bad input to the pairing endpoints is refused with the
 //! envelope and creates nothing; the client list never shows a secret.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -178,7 +178,7 @@ async fn the_client_list_never_shows_a_secret_i7() {
     }
 }
 
-/// API.md §3: wrong codes sent all at once get no more than five 401s; the rest are 429 with
+/// docs/api.md: wrong codes sent all at once get no more than five 401s; the rest are 429 with
 /// `Retry-After` (the limit holds under concurrency).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_wrong_codes_cannot_pass_the_limit() {
@@ -212,7 +212,7 @@ async fn concurrent_wrong_codes_cannot_pass_the_limit() {
     );
 }
 
-/// API.md §3: an admin's pairing code gives a new client a token once; wrong codes are 401, and
+/// docs/api.md: an admin's pairing code gives a new client a token once; wrong codes are 401, and
 /// after five of them every outstanding code is burnt and pairing answers 429 with
 /// `Retry-After`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Crashes, restarts and shutdown end to end (API.md §1, §7): SIGKILL with tasks in every
+//! Crashes, restarts and shutdown end to end (the README, docs/rules.md): SIGKILL with tasks in every
 //! unfinished status under every policy, the recovery table, acknowledged work surviving a
 //! crash, and the graceful stop on SIGTERM.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +13,7 @@ use serde_json::Value;
 
 type Cells = HashMap<&'static str, HashMap<&'static str, String>>;
 
-/// What the recovery table of API.md §7 says for a task found in `found` under `policy`: its
+/// What the recovery table of docs/rules.md says for a task found in `found` under `policy`: its
 /// status after recovery and the event recovery writes (none for a `queued` task that stays).
 fn expected_move(found: &str, policy: &str) -> (&'static str, Option<&'static str>) {
     match (found, policy) {
@@ -27,7 +27,7 @@ fn expected_move(found: &str, policy: &str) -> (&'static str, Option<&'static st
 }
 
 /// P-7…P-11, I-5, I-6: SIGKILL with tasks in `queued`, `running` and `cancelling` under each
-/// policy, restart, and check every cell of the recovery table of API.md §7 (`loading` has its
+/// policy, restart, and check every cell of the recovery table of docs/rules.md (`loading` has its
 /// own test below); then let the moved tasks run: a resumed task's output equals the
 /// uninterrupted one (I-6), a retried task's is its new run's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +285,7 @@ async fn an_accepted_task_survives_a_sigkill_right_after_the_reply_i1() {
     assert_eq!(server.task_count().await, 20);
 }
 
-/// API.md §1: SIGTERM stops new work — new task requests get 503 `service_unavailable` during
+/// the README: SIGTERM stops new work — new task requests get 503 `service_unavailable` during
 /// the grace, reads still work — lets the running task finish, and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_new_work_lets_running_tasks_finish_and_exits_zero() {
@@ -318,7 +318,7 @@ async fn sigterm_stops_new_work_lets_running_tasks_finish_and_exits_zero() {
     assert_eq!(task["restarts"], 0, "nothing was left for recovery");
 }
 
-/// API.md §1: a second `lmsp serve` on a data directory in use exits non-zero with a clear
+/// the README: a second `lmsp serve` on a data directory in use exits non-zero with a clear
 /// message and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_server_on_the_same_data_directory_exits_and_changes_nothing() {
@@ -389,7 +389,7 @@ fn serve_on_a_busy_port(data_dir: &std::path::Path) -> (std::process::ExitStatus
     (status, message)
 }
 
-/// API.md §1: a start that cannot listen exits non-zero with a clear message and changes
+/// the README: a start that cannot listen exits non-zero with a clear message and changes
 /// nothing: on a new data directory it creates no database (so no admin token is shown and
 /// lost), and on one with leftover tasks it does not recover them — the next start does, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

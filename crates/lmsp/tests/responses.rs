@@ -1,4 +1,4 @@
-//! OpenAI's Responses API end to end (API.md §4, §10): a background response followed, cancelled
+//! OpenAI's Responses API end to end (docs/api.md, docs/openai-sdk.md): a background response followed, cancelled
 //! and deleted by its `resp_` id, in every status of its task.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -7,7 +7,7 @@ mod common;
 use common::{assert_envelope, joined_deltas, prompt, TestServer};
 use serde_json::{json, Value};
 
-/// The fields of OpenAI's response object (API.md §10), LMSP's own included.
+/// The fields of OpenAI's response object (docs/openai-sdk.md), LMSP's own included.
 const RESPONSE_FIELDS: [&str; 24] = [
     "object",
     "id",
@@ -47,7 +47,7 @@ fn assert_response_shape(response: &Value) {
     assert_eq!(response["tool_choice"], "auto");
 }
 
-/// API.md §10: a background response is followed by its `resp_` id: `GET /v1/responses/{id}`
+/// docs/openai-sdk.md: a background response is followed by its `resp_` id: `GET /v1/responses/{id}`
 /// answers the response object in every status (`queued`, `in_progress`, `completed`), the same
 /// id its task names, and once completed it holds the output, the usage and `completed_at`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,7 +122,7 @@ async fn a_background_response_is_followed_by_its_resp_id_through_every_status()
     }
 }
 
-/// API.md §4, §10: `POST /v1/responses/{id}/cancel` is the task's cancel answering the response
+/// docs/api.md, docs/openai-sdk.md: `POST /v1/responses/{id}/cancel` is the task's cancel answering the response
 /// object — 202 while work is under way (the response stays `in_progress`), 200 once
 /// `cancelled`, 409 `task_not_cancellable` once completed — and the task ends `cancelled`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,7 +186,7 @@ async fn a_response_is_cancelled_by_its_resp_id_p4() {
     );
 }
 
-/// API.md §10: `DELETE /v1/responses/{id}` deletes a finished task's response and log (404
+/// docs/openai-sdk.md: `DELETE /v1/responses/{id}` deletes a finished task's response and log (404
 /// afterwards, by either id); an unfinished one is 409 and stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_response_is_deleted_by_its_resp_id_and_an_unfinished_one_is_not() {
@@ -242,7 +242,7 @@ async fn a_finished_response_is_deleted_by_its_resp_id_and_an_unfinished_one_is_
     assert_eq!(server.task_count().await, 0);
 }
 
-/// API.md §10: `previous_response_id` puts the earlier response's input and output first; an
+/// docs/openai-sdk.md: `previous_response_id` puts the earlier response's input and output first; an
 /// unknown one is a 404 and creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_continues_a_previous_one() {

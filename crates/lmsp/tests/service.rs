@@ -1,4 +1,4 @@
-//! The service and its operations end to end (API.md §1, §9): the service document and health,
+//! The service and its operations end to end (the README): the service document and health,
 //! the OpenAPI document, metrics, the request log, files readable by their owner only, and
 //! `lmsp backup`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -43,7 +43,7 @@ async fn the_service_document_keeps_its_id_across_restarts() {
         .await
         .unwrap();
     assert_eq!(anonymous.status().as_u16(), 401);
-    // API.md §4: a request that names no policy gets the service's default; no budget, 256.
+    // docs/api.md: a request that names no policy gets the service's default; no budget, 256.
     let accepted = server
         .submit_response(serde_json::json!({"model": "reference", "input": "hi"}))
         .await;
@@ -64,7 +64,7 @@ async fn the_service_document_keeps_its_id_across_restarts() {
     assert_eq!(second["default_on_restart"], "fail");
 }
 
-/// API.md §9: `GET /v1/openapi.json` (no auth) is an OpenAPI 3.1 document of the API.
+/// the README: `GET /v1/openapi.json` (no auth) is an OpenAPI 3.1 document of the API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openapi_document_describes_the_api_without_auth() {
     let server = TestServer::start(&[]);
@@ -101,7 +101,7 @@ async fn the_openapi_document_describes_the_api_without_auth() {
     }
 }
 
-/// API.md §9: `/metrics` is admin-only Prometheus text that counts what was committed: tasks by
+/// the README: `/metrics` is admin-only Prometheus text that counts what was committed: tasks by
 /// status, submitted and finished tasks, events written, and the group commits' histograms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_for_admins_and_count_committed_work() {
@@ -197,7 +197,7 @@ async fn each_request_is_logged_once_with_its_latency_and_never_a_token() {
     }
 }
 
-/// API.md §1, §9: every file the service creates is its owner's only (0600, directories 0700),
+/// the README: every file the service creates is its owner's only (0600, directories 0700),
 /// and `lmsp backup OUT` writes a consistent copy of the database while the server runs, from
 /// which a server starts with the same tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Streams end to end (API.md §5, §10): `stream: true` on create, the native SSE stream of a
+//! Streams end to end (docs/events.md, docs/openai-sdk.md): `stream: true` on create, the native SSE stream of a
 //! task's log with `Last-Event-ID`, and OpenAI's stream of a response with `starting_after`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -174,7 +174,7 @@ async fn an_sse_reconnect_with_last_event_id_gets_every_later_event_exactly_once
     );
 }
 
-/// API.md §10: OpenAI's stream of a response (`GET /v1/responses/{id}?stream=true`) resumes with
+/// docs/openai-sdk.md: OpenAI's stream of a response (`GET /v1/responses/{id}?stream=true`) resumes with
 /// `starting_after=N` (or `Last-Event-ID`) exactly once: a client that reads part of it, drops
 /// it and reconnects after the last sequence number it saw gets every later event once, in
 /// order, and the whole is the stream as it is once the task is done.
@@ -254,7 +254,7 @@ async fn an_openai_stream_resumes_with_starting_after_exactly_once() {
     assert!(after_end.is_empty(), "{after_end:?}");
 }
 
-/// API.md §10: a cancel ends OpenAI's stream with the response in status `cancelled`; the
+/// docs/openai-sdk.md: a cancel ends OpenAI's stream with the response in status `cancelled`; the
 /// `response.cancelling` of the log is left out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_ends_the_openai_stream_with_a_cancelled_response() {
@@ -295,7 +295,7 @@ async fn a_cancel_ends_the_openai_stream_with_a_cancelled_response() {
     );
 }
 
-/// API.md §4, §10: `stream: true` streams with `background: true` too; a failed task's stream
+/// docs/api.md, docs/openai-sdk.md: `stream: true` streams with `background: true` too; a failed task's stream
 /// sends `error` with the task's error code, then `response.failed` carrying the response in
 /// status `failed` with that error, and closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,7 +368,7 @@ async fn a_failed_task_ends_the_openai_stream_with_error_then_response_failed() 
     assert_eq!(again, ["error", "response.failed"]);
 }
 
-/// API.md §5: a stream resumed at or past a task's terminal event (as a browser's `EventSource`
+/// docs/events.md: a stream resumed at or past a task's terminal event (as a browser's `EventSource`
 /// does after the server closed it) sends nothing more and closes, whether the task had already
 /// finished or finishes later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Tasks end to end (API.md §4, §5, §7): a background task's life and log, a synchronous
+//! Tasks end to end (docs/api.md, docs/events.md, docs/rules.md): a background task's life and log, a synchronous
 //! request and its failure replies, the cancel table, and retention.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -40,7 +40,7 @@ async fn a_background_task_runs_to_completion_with_a_gapless_log_i2() {
 
     let done = server.wait_status(&id, "completed").await;
     assert_eq!(done["object"], "task");
-    // API.md §2: RFC 3339 UTC with milliseconds.
+    // docs/api.md: RFC 3339 UTC with milliseconds.
     for field in ["created_at", "started_at", "finished_at"] {
         let at = done[field].as_str().unwrap();
         let millis = at
@@ -110,7 +110,7 @@ async fn a_synchronous_request_answers_with_the_deterministic_response() {
     assert_ne!(first["id"], second["id"]);
 }
 
-/// API.md §4: a synchronous request whose task fails answers 500 with the task's error code; one
+/// docs/api.md: a synchronous request whose task fails answers 500 with the task's error code; one
 /// whose task is cancelled meanwhile answers 409 `task_cancelled`; both carry
 /// `x-should-retry: false` and name the task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,7 +167,7 @@ async fn a_synchronous_request_reports_a_failed_or_cancelled_task_without_retry(
     assert_envelope(409, &body, "task_cancelled", "a cancelled task");
 }
 
-/// P-4, I-3: cancel in every status, per the table of API.md §4.
+/// P-4, I-3: cancel in every status, per the table of docs/api.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_follows_the_table_in_every_status_p4_i3() {
     let server = TestServer::start(&[
@@ -246,7 +246,7 @@ async fn a_task_cancelled_while_loading_ends_cancelled_p4() {
     assert_log_invariants(&done, &server.all_events(&id).await);
 }
 
-/// API.md §4: `GET /v1/tasks` lists newest first, filters by status, and pages with `after`.
+/// docs/api.md: `GET /v1/tasks` lists newest first, filters by status, and pages with `after`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_task_list_is_newest_first_filters_by_status_and_pages() {
     let server = TestServer::start(&["--workers", "1", "--reference-load-delay", "1h"]);

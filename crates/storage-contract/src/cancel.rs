@@ -1,4 +1,4 @@
-//! Cancelling (P-4, I-3, the table of API.md §4) and deleting a finished task now
+//! Cancelling (P-4, I-3, the table of docs/api.md) and deleting a finished task now
 //! (`delete_finished`, P-6).
 
 use lmsp_domain::cancel::{CancelDecision, CancelReply};
@@ -14,7 +14,7 @@ use crate::support::*;
 use crate::{fresh_store, StoreFactory};
 
 /// P-4: a cancel in each of the seven statuses decides, replies, moves and logs as the table of
-/// API.md §4 says, in one transaction; the cells that change nothing write nothing.
+/// docs/api.md says, in one transaction; the cells that change nothing write nothing.
 pub async fn a_cancel_follows_the_table_in_every_status_p4<F: StoreFactory>(factory: &F) {
     let (store, listener) = fresh_store(factory).await;
     let worker = instance_id();

@@ -1,4 +1,4 @@
-//! Clients, pairing codes and the pairing limit (API.md §3, I-7), and the service's identity
+//! Clients, pairing codes and the pairing limit (docs/api.md, I-7), and the service's identity
 //! (`initialize`, `check_writable`).
 
 use lmsp_domain::auth::{Scope, SecretHash, PAIRING_TTL_MILLIS};
@@ -83,7 +83,7 @@ pub async fn clients_are_found_by_token_hash_until_revoked_and_listed_oldest_fir
     assert!(listener.events().is_empty(), "clients write no task event");
 }
 
-/// API.md §3: a pairing code pairs once, before it expires, a client asking for scopes it
+/// docs/api.md: a pairing code pairs once, before it expires, a client asking for scopes it
 /// grants: the code is used up and the client stored in one transaction; a used or expired
 /// code is no code.
 pub async fn a_pairing_code_pairs_one_client_once_before_it_expires<F: StoreFactory>(factory: &F) {
@@ -140,7 +140,7 @@ pub async fn a_pairing_code_pairs_one_client_once_before_it_expires<F: StoreFact
     );
 }
 
-/// API.md §3: a code that does not grant every scope a client asks for pairs nothing, stores
+/// docs/api.md: a code that does not grant every scope a client asks for pairs nothing, stores
 /// nothing and is not counted as a wrong code; it stays usable for the scopes it grants.
 pub async fn a_code_that_does_not_grant_the_scopes_asked_for_is_kept<F: StoreFactory>(factory: &F) {
     let (store, _listener) = fresh_store(factory).await;
@@ -178,7 +178,7 @@ pub async fn a_code_that_does_not_grant_the_scopes_asked_for_is_kept<F: StoreFac
     );
 }
 
-/// API.md §3: the fifth wrong code within ten minutes burns every outstanding code and locks
+/// docs/api.md: the fifth wrong code within ten minutes burns every outstanding code and locks
 /// pairing; while locked nothing is tried (not even a good code, which is burnt anyway); ten
 /// minutes after the fifth failure pairing opens again with a fresh count.
 pub async fn the_fifth_wrong_code_within_ten_minutes_burns_every_code_and_locks_pairing<
@@ -284,7 +284,7 @@ pub async fn the_fifth_wrong_code_within_ten_minutes_burns_every_code_and_locks_
     );
 }
 
-/// API.md §3: wrong codes older than ten minutes are forgotten: four old ones and one new one
+/// docs/api.md: wrong codes older than ten minutes are forgotten: four old ones and one new one
 /// do not make the limit.
 pub async fn wrong_codes_older_than_ten_minutes_do_not_count<F: StoreFactory>(factory: &F) {
     let (store, _listener) = fresh_store(factory).await;

@@ -1,5 +1,5 @@
 //! Instances and recovery (P-7…P-11, I-5): registering, renewing and retiring, the stopped
-//! instances, and `recover_instance` applying the recovery table of API.md §7 to every leftover
+//! instances, and `recover_instance` applying the recovery table of docs/rules.md to every leftover
 //! task of a stopped instance on behalf of a rescuer.
 
 use lmsp_domain::event::{ClosedItem, EventKind, EventPayload, QueueReason};
@@ -96,7 +96,7 @@ pub async fn a_lone_registered_instance_leads_the_maintenance<F: StoreFactory>(f
     assert!(store.lead_maintenance(only.id).await.unwrap(), "and again");
 }
 
-/// What a leftover task must become, per API.md §7.
+/// What a leftover task must become, per docs/rules.md.
 struct Expected {
     before: Task,
     status: TaskStatus,
@@ -105,8 +105,8 @@ struct Expected {
     snapshot_after: Option<Snapshot>,
 }
 
-/// P-7…P-11, I-5: every leftover task of a stopped instance moves exactly per the table of API.md
-/// §7, each move with its event in the same transaction as its new state (P-11), `restarts + 1`
+/// P-7…P-11, I-5: every leftover task of a stopped instance moves exactly per the recovery table
+/// (docs/rules.md), each move with its event in the same transaction as its new state (P-11), `restarts + 1`
 /// and the rescuer as its owner; a task moved to `failed` gets `server_restarted` (P-9), one moved
 /// to `cancelled` gets `response.cancelled` (P-10), a resumed one `response.resumed` naming where
 /// its snapshot ends; a queued task that stays queued, finished tasks and the tasks of a live
@@ -343,7 +343,7 @@ pub async fn a_second_recovery_changes_nothing_i5<F: StoreFactory>(factory: &F) 
     assert!(listener.events_since(mark).is_empty(), "I-5: nothing heard");
 }
 
-/// API.md §5, §7: a `retry` task put back in the queue has its open item closed as incomplete,
+/// docs/events.md, docs/rules.md: a `retry` task put back in the queue has its open item closed as incomplete,
 /// with the item's text so far, just before `response.queued`; its next run starts from nothing
 /// (claiming it drops the old snapshot) and opens the next item, whose text is the response's.
 pub async fn a_requeued_task_closes_its_open_item_as_incomplete_and_its_next_run_opens_a_new_one<
@@ -481,7 +481,7 @@ pub async fn a_requeued_task_closes_its_open_item_as_incomplete_and_its_next_run
     );
 }
 
-/// API.md §5, §7: a `resume` task continued from its snapshot keeps its open item: the resumed
+/// docs/events.md, docs/rules.md: a `resume` task continued from its snapshot keeps its open item: the resumed
 /// run's output continues that item with deltas only.
 pub async fn a_resumed_task_continues_its_open_item<F: StoreFactory>(factory: &F) {
     let (store, _listener) = fresh_store(factory).await;

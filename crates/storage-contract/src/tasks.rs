@@ -193,7 +193,7 @@ pub async fn appended_steps_number_their_events_after_the_last_and_move_the_task
     assert_eq!(listener.events_since(mark), expected);
 }
 
-/// API.md §5: a run's first output opens its output item and content part with its first delta
+/// docs/events.md: a run's first output opens its output item and content part with its first delta
 /// in one transaction; later outputs are deltas of the same item.
 pub async fn the_first_output_of_a_run_opens_its_item_and_later_outputs_are_deltas_of_it<
     F: StoreFactory,
@@ -470,7 +470,7 @@ pub async fn steps_on_an_unknown_task_find_nothing<F: StoreFactory>(factory: &F)
     assert!(listener.events().is_empty());
 }
 
-/// P-3, API.md §5: completing stores the response and drops the snapshot; the item's text, part
+/// P-3, docs/events.md: completing stores the response and drops the snapshot; the item's text, part
 /// and item are closed with the response's text just before `response.completed`, in the same
 /// transaction; the task is finished and accepts no further step.
 pub async fn completing_stores_the_response_drops_the_snapshot_and_closes_the_item_p3<
@@ -580,7 +580,7 @@ pub async fn completing_stores_the_response_drops_the_snapshot_and_closes_the_it
     assert_eq!(store.response(done.id).await.unwrap(), Some(answer));
 }
 
-/// API.md §5: a run that completes without output still opens and closes its item: the item and
+/// docs/events.md: a run that completes without output still opens and closes its item: the item and
 /// its part are added with the completion.
 pub async fn a_completion_without_output_opens_and_closes_its_item<F: StoreFactory>(factory: &F) {
     let (store, _listener) = fresh_store(factory).await;

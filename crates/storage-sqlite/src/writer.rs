@@ -1,4 +1,4 @@
-//! The write path (DESIGN.md §2): one thread owns the write connection and commits every pending
+//! The write path (ARCHITECTURE.md): one thread owns the write connection and commits every pending
 //! command in one `BEGIN IMMEDIATE` transaction with a savepoint per command (group commit). The
 //! hook hears the batch's events after the commit; callers are answered after the commit.
 //!

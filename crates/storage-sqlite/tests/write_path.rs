@@ -1,4 +1,4 @@
-//! SQLite-specific checks of the write path (DESIGN.md §2): one failing command in a group
+//! SQLite-specific checks of the write path (ARCHITECTURE.md): one failing command in a group
 //! commit rolls back only its own savepoint, and a full disk surfaces as `StoreError::Full`
 //! while leaving the database consistent and readable.
 

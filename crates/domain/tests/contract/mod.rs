@@ -1,9 +1,9 @@
-//! The contract, written down from API.md independently of the domain's own tables: which step
-//! each status accepts and what follows (§4, §5), the events a step writes with the output item
-//! structure of the log (§5), the cancel table (§4, P-4) and the recovery table (§7, P-7…P-11).
+//! The contract, written down from docs/api.md independently of the domain's own tables: which step
+//! each status accepts and what follows (docs/api.md, docs/events.md), the events a step writes with the output item
+//! structure of the log (docs/events.md), the cancel table (docs/api.md, P-4) and the recovery table (docs/rules.md, P-7…P-11).
 //!
 //! The tests compare the domain with this transcription cell by cell; where the two disagree,
-//! one of them misreads API.md. Only the domain's vocabulary (statuses, step kinds, refusals,
+//! one of them misreads docs/api.md. Only the domain's vocabulary (statuses, step kinds, refusals,
 //! payloads) is borrowed, never one of its decisions.
 
 // Each test binary that includes this module uses its own part of it.
@@ -17,7 +17,7 @@ use lmsp_domain::transition::{Refusal, Step, StepKind};
 use lmsp_domain::{CancelReply, Event, TaskErrorCode, TaskStatus, Timestamp};
 
 // ---------------------------------------------------------------------------------------------
-// The state machine (API.md §4: statuses and the cancel table; §5: the events of a run).
+// The state machine (docs/api.md: statuses and the cancel table; docs/events.md: the events of a run).
 // ---------------------------------------------------------------------------------------------
 
 /// The status a task is in after a step of `step` from `status`, or the refusal the contract
@@ -34,7 +34,7 @@ pub fn next_status(status: TaskStatus, step: StepKind) -> Result<TaskStatus, Ref
         (Running, Output) => Some(Running),
         (Running, Complete) => Some(Completed),
         (Loading | Running, Fail) => Some(Failed),
-        // API.md §4, the cancel table.
+        // docs/api.md, the cancel table.
         (Queued, RequestCancel) => Some(Cancelled),
         (Loading | Running, RequestCancel) => Some(Cancelling),
         (Cancelling, RequestCancel) => Some(Cancelling),
@@ -51,7 +51,7 @@ pub fn next_status(status: TaskStatus, step: StepKind) -> Result<TaskStatus, Ref
 }
 
 /// Whether a step is a worker's, which only the instance in whose care the task is may take
-/// (DESIGN.md §2b: claims carry an owner instance). A claim passes the task into the claimer's
+/// (ARCHITECTURE.md: claims carry an owner instance). A claim passes the task into the claimer's
 /// care and a cancel may come from any instance.
 pub fn is_worker_step(step: StepKind) -> bool {
     matches!(
@@ -79,7 +79,7 @@ pub fn refusal_for(
     }
 }
 
-/// The payloads an accepted `step` writes (API.md §5), given the status it is taken in, the run's
+/// The payloads an accepted `step` writes (docs/events.md), given the status it is taken in, the run's
 /// open output item (if any) and the item a run opens next.
 ///
 /// A run's first output opens its item and content part in the delta's transaction; later output
@@ -241,10 +241,10 @@ pub fn expected_batch(
 }
 
 // ---------------------------------------------------------------------------------------------
-// The cancel table (API.md §4, P-4).
+// The cancel table (docs/api.md, P-4).
 // ---------------------------------------------------------------------------------------------
 
-/// One row of API.md §4's cancel table: the status after the cancel (`None`: nothing, 409), the
+/// One row of docs/api.md's cancel table: the status after the cancel (`None`: nothing, 409), the
 /// reply, the event it writes, and whether a worker may be running the task and must stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CancelRow {
@@ -258,7 +258,7 @@ pub struct CancelRow {
     pub stops_worker: bool,
 }
 
-/// API.md §4, row by row.
+/// docs/api.md, row by row.
 pub fn api_section_4_cancel(status: TaskStatus) -> CancelRow {
     use TaskStatus::{Cancelled, Cancelling, Completed, Failed, Loading, Queued, Running};
     let row = |new_status, reply, event, stops_worker| CancelRow {
@@ -292,17 +292,17 @@ pub fn api_section_4_cancel(status: TaskStatus) -> CancelRow {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The recovery table (API.md §7, P-7…P-11), with the item rule of §5.
+// The recovery table (docs/rules.md, P-7…P-11), with the item rule of docs/events.md.
 // ---------------------------------------------------------------------------------------------
 
-/// What API.md §7 says one cell does: `None` for "untouched, no event", else the new status, the
+/// What docs/rules.md says one cell does: `None` for "untouched, no event", else the new status, the
 /// event kind, whether the engine continues from the snapshot, and whether an open output item
-/// is closed as incomplete first (§5: "when recovery puts a run back in the queue, its open item
+/// is closed as incomplete first (docs/events.md: "when recovery puts a run back in the queue, its open item
 /// gets `response.output_item.done` with status `incomplete` in the same transaction as
 /// `response.queued`").
 pub type Cell = Option<(TaskStatus, EventKind, bool, bool)>;
 
-/// API.md §7, row by row (plus the finished statuses, which are not leftovers: P-7).
+/// docs/rules.md, row by row (plus the finished statuses, which are not leftovers: P-7).
 pub fn api_section_7(status: TaskStatus, policy: RestartPolicy) -> Cell {
     use RestartPolicy::{Fail, Resume, Retry};
     use TaskStatus::{Cancelled, Cancelling, Completed, Failed, Loading, Queued, Running};
@@ -332,7 +332,7 @@ pub fn expected_move(status: TaskStatus, policy: RestartPolicy) -> Move {
             event,
             // P-9: a move to `failed` carries `server_restarted`; no other move has a code.
             error_code: (event == EventKind::Failed).then_some(TaskErrorCode::ServerRestarted),
-            // §7: "each move that writes an event … increments `task.restarts`".
+            // docs/rules.md: "each move that writes an event … increments `task.restarts`".
             increments_restarts: true,
             resumes_from_snapshot: resumes,
             closes_open_item: closes,

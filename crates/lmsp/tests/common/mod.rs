@@ -641,7 +641,7 @@ pub fn joined_deltas(events: &[Value]) -> String {
         .collect()
 }
 
-/// The error envelope of API.md §2 and §10: `code` (as expected), a human `message`, a `param`
+/// The error envelope of docs/api.md, docs/openai-sdk.md: `code` (as expected), a human `message`, a `param`
 /// (string or null), and the SDK class `type` that goes with the status.
 pub fn assert_envelope(status: u16, body: &Value, code: &str, context: &str) {
     let error = &body["error"];
