@@ -437,6 +437,14 @@ async fn append(
             refusal: Refusal::CancelPending { .. },
             ..
         }) => Appended::Ended(Ending::Cancelled),
+        // A cancel committed since the worker last looked (by another instance, or in the race
+        // with its notice): the sequence moved on, so the step is stale, but the task is still
+        // this worker's to acknowledge. Leaving it would strand it `cancelling`.
+        Ok(StepOutcome::Refused { task, .. })
+            if task.status == TaskStatus::Cancelling && task.owner == inner.instance =>
+        {
+            Appended::Ended(Ending::Cancelled)
+        }
         // An earlier try committed after all: the log is exactly where the steps lead.
         Ok(StepOutcome::Refused {
             task,

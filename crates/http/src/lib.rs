@@ -6,6 +6,8 @@
 //! [`router`] builds the whole API over an [`AppState`]; it can be driven with `oneshot` in tests
 //! without binding a port. No business rule lives here: handlers parse, call a use case, render.
 //! [`openapi`] documents exactly the routes [`router`] serves: both come from one route table.
+//! [`router`] also mounts the web console (`lmsp_console::router`, static files under
+//! `/console/`), which is not API and so not documented.
 
 pub mod error;
 pub mod extract;
@@ -99,12 +101,15 @@ pub fn router(state: AppState) -> Router {
         .on_body_chunk(())
         .on_eos(())
         .on_failure(());
+    // The web console (`/console/…`): static files, no token, not part of the API (so not in
+    // the OpenAPI document). It only speaks to the API from the browser.
     served
         .fallback(routes::service::unknown_route)
         .method_not_allowed_fallback(routes::service::method_not_allowed)
+        .with_state(state)
+        .merge(lmsp_console::router())
         .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
         .layer(request_log)
-        .with_state(state)
 }
 
 fn request_span(request: &Request) -> tracing::Span {

@@ -49,6 +49,22 @@ pub struct DataDir {
     /// directory).
     #[arg(long, env = "LMSP_DATA_DIR", default_value = "./lmsp-data")]
     pub data_dir: PathBuf,
+    /// Store everything in this PostgreSQL database (`postgres://user@host/db`) instead of the
+    /// data directory's SQLite file; any number of instances may share it.
+    #[arg(long, env = "LMSP_DATABASE", value_parser = postgres_url)]
+    pub database: Option<String>,
+}
+
+/// A `postgres://` or `postgresql://` URL.
+fn postgres_url(text: &str) -> Result<String, String> {
+    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        Ok(text.to_owned())
+    } else {
+        Err(String::from(
+            "a PostgreSQL URL, postgres://user@host:port/database (SQLite needs no --database: it \
+             lives in --data-dir)",
+        ))
+    }
 }
 
 /// `--sync`.
@@ -150,6 +166,14 @@ pub struct ServeArgs {
     /// full disk can be provoked without filling one: for fault tests and drills.
     #[arg(long, env = "LMSP_SQLITE_MAX_PAGES", hide = true)]
     pub sqlite_max_pages: Option<u32>,
+    /// This instance's name on a shared database (`--database`): its incarnations share it, and a
+    /// restarted one recovers its previous incarnation's tasks at once. Default: the host name.
+    #[arg(long, env = "LMSP_INSTANCE")]
+    pub instance: Option<String>,
+    /// How long this instance's lease runs without renewal: when it has run out (a crash, a cut
+    /// network), another instance recovers its tasks.
+    #[arg(long, env = "LMSP_LEASE", default_value = "10s", value_parser = positive_duration)]
+    pub lease: Duration,
     /// Log format on stderr (`RUST_LOG` filters, default `info`).
     #[arg(long, env = "LMSP_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

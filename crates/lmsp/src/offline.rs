@@ -10,30 +10,49 @@ use lmsp_domain::auth::Scopes;
 use lmsp_domain::ports::{ModelFiles, Progress, Store};
 use lmsp_domain::{ClientId, ModelId};
 use lmsp_models_fs::FsModelFiles;
+use lmsp_storage_postgres::{PostgresOptions, PostgresStore};
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
 
 use crate::cli::{ClientsCommand, DataDir, ModelsCommand};
 use crate::datadir;
 
-fn open(data: &DataDir) -> anyhow::Result<Arc<dyn Store>> {
+async fn open(data: &DataDir) -> anyhow::Result<Arc<dyn Store>> {
+    if let Some(url) = &data.database {
+        let store = PostgresStore::connect_without_listener(url, PostgresOptions::default())
+            .await
+            .with_context(|| format!("cannot open the database {}", redacted(url)))?;
+        return Ok(Arc::new(store));
+    }
     let path = datadir::existing_database(&data.data_dir)?;
     let store = SqliteStore::open_without_listener(&path, SqliteOptions::default())
         .with_context(|| format!("cannot open the database {}", path.display()))?;
     Ok(Arc::new(store))
 }
 
+/// A database URL without its password, for messages.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            let user = credentials.split(':').next().unwrap_or("");
+            format!("{}{user}@{}", &url[..scheme + 3], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// `lmsp clients …`.
 pub async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
     match command {
         ClientsCommand::Add { name, scopes, data } => {
-            let store = open(&data)?;
+            let store = open(&data).await?;
             let added =
                 clients_offline::add_client(store.as_ref(), &name, Scopes::new(scopes)).await?;
             println!("{}", added.client.id);
             println!("{}", added.token.expose());
         }
         ClientsCommand::List { data } => {
-            let store = open(&data)?;
+            let store = open(&data).await?;
             let clients = store.list_clients().await?;
             println!("ID\tNAME\tSCOPES\tSTATE\tCREATED");
             for client in clients {
@@ -56,7 +75,7 @@ pub async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
         ClientsCommand::Revoke { id, data } => {
             let client_id = ClientId::parse(&id)
                 .map_err(|_| anyhow::anyhow!("`{id}` is not a client id (cli_…)"))?;
-            let store = open(&data)?;
+            let store = open(&data).await?;
             match clients_offline::revoke_client(store.as_ref(), client_id).await {
                 Ok(()) => println!("revoked {id}"),
                 Err(AppError::NotFound) => bail!("no active client {id}"),
@@ -71,7 +90,7 @@ pub async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
 pub async fn models(command: ModelsCommand) -> anyhow::Result<()> {
     let ModelsCommand::Add { id, path, data } = command;
     let model_id = ModelId::parse(&id)?;
-    let store = open(&data)?;
+    let store = open(&data).await?;
     let files = FsModelFiles::new(data.data_dir.join("models"));
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
@@ -109,6 +128,11 @@ pub async fn models(command: ModelsCommand) -> anyhow::Result<()> {
 
 /// `lmsp backup OUT`.
 pub fn backup(out: &std::path::Path, data: &DataDir) -> anyhow::Result<()> {
+    if data.database.is_some() {
+        bail!(
+            "lmsp backup copies the SQLite database of --data-dir; back up PostgreSQL with pg_dump"
+        );
+    }
     let path = datadir::existing_database(&data.data_dir)?;
     lmsp_storage_sqlite::backup(&path, out)
         .with_context(|| format!("cannot back up {} to {}", path.display(), out.display()))?;

@@ -15,19 +15,25 @@ use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
 use lmsp_http::server::{ServerLimits, ServerStop};
 use lmsp_http::{router, AppState};
 use lmsp_models_fs::FsModelFiles;
+use lmsp_storage_postgres::{PostgresOptions, PostgresStore};
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
 
 use crate::cli::{EngineFlag, ServeArgs, SyncFlag};
 use crate::datadir;
 use crate::logging;
+use crate::offline;
 
 /// Runs the service until SIGTERM/SIGINT (exit 0 after the grace) or a fatal loss (non-zero).
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     datadir::private_files();
     let logs = logging::install(args.log_format);
     let ready_timer = std::time::Instant::now();
-    // Taken before anything is opened or recovered: a second server here changes nothing.
-    let _lock = datadir::lock(&args.data.data_dir)?;
+    // Taken before anything is opened or recovered: a second server here changes nothing. A
+    // shared PostgreSQL database needs no lock: its instances coordinate through leases.
+    let _lock = match args.data.database {
+        Some(_) => None,
+        None => Some(datadir::lock(&args.data.data_dir)?),
+    };
     // Bound before the store is opened: a start that cannot listen changes nothing (no database,
     // no identity or admin token, no recovery). Nothing is accepted before recovery is done.
     let tcp = tokio::net::TcpListener::bind(args.listen)
@@ -41,15 +47,26 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         SyncFlag::Full => SyncMode::Full,
         SyncFlag::Normal => SyncMode::Normal,
     };
-    let path = datadir::database_path(&args.data.data_dir);
-    let options = SqliteOptions {
-        sync,
-        max_page_count: args.sqlite_max_pages,
-        ..SqliteOptions::default()
+    let heard = listener.clone() as Arc<dyn StoreListener>;
+    let store: Arc<dyn Store> = match &args.data.database {
+        Some(url) => Arc::new(
+            PostgresStore::connect(url, PostgresOptions::default(), heard)
+                .await
+                .with_context(|| format!("cannot open the database {}", offline::redacted(url)))?,
+        ),
+        None => {
+            let path = datadir::database_path(&args.data.data_dir);
+            let options = SqliteOptions {
+                sync,
+                max_page_count: args.sqlite_max_pages,
+                ..SqliteOptions::default()
+            };
+            Arc::new(
+                SqliteStore::open(&path, options, heard)
+                    .with_context(|| format!("cannot open the database {}", path.display()))?,
+            )
+        }
     };
-    let store = SqliteStore::open(&path, options, listener.clone() as Arc<dyn StoreListener>)
-        .with_context(|| format!("cannot open the database {}", path.display()))?;
-    let store: Arc<dyn Store> = Arc::new(store);
     let models_dir = args
         .models_dir
         .clone()
@@ -82,6 +99,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     settings.purge_interval = args.purge_interval;
     settings.idempotency_ttl = args.idempotency_ttl;
     settings.default_on_restart = args.default_policy();
+    settings.lease = args.lease;
+    if args.data.database.is_some() {
+        settings.instance_name = args.instance.clone().unwrap_or_else(host_name);
+        // Notifications from other instances may be lost (a dropped LISTEN connection): a poll
+        // now and then catches the cancels they carried.
+        settings.poll_fallback = Some(Duration::from_secs(1));
+    }
     let adapters = Adapters {
         store,
         engines,
@@ -157,4 +181,13 @@ async fn shutdown_signal() {
             let _ = interrupt.await;
         }
     }
+}
+
+/// The host's name, the default instance name on a shared database.
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| String::from("lmsp"))
 }

@@ -1,0 +1,162 @@
+//! Several instances of the real binary on one PostgreSQL database (`lmsp serve --database`):
+//! every task is claimed and run once, a killed instance's tasks are recovered by another once
+//! its lease runs out, and a cancel sent to any instance stops the task where it runs.
+//!
+//! Needs a PostgreSQL server: `LMSP_TEST_POSTGRES_URL` (what `scripts/postgres-test-cluster
+//! start` prints; `scripts/test` starts it). Without it the tests fail, saying so.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{prompt, TestServer};
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+/// A fresh, empty database on the test server; its URL.
+async fn fresh_database() -> String {
+    let base = std::env::var("LMSP_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!(
+            "LMSP_TEST_POSTGRES_URL is not set: run `scripts/postgres-test-cluster start` and \
+             export the URL it prints (scripts/test does both)"
+        )
+    });
+    let (client, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {base}: {e}"));
+    tokio::spawn(connection);
+    let name = format!(
+        "lmsp_e2e_{}_{}",
+        std::process::id(),
+        ulid::Ulid::new().to_string().to_lowercase()
+    );
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let (prefix, _) = base.rsplit_once('/').expect("a URL with a database");
+    format!("{prefix}/{name}")
+}
+
+/// Starts an instance named `name` on `database`, with the admin token of the first instance.
+fn instance(database: &str, name: &str, admin_token: Option<&str>, extra: &[&str]) -> TestServer {
+    let mut args = vec!["--database", database, "--instance", name, "--lease", "2s"];
+    args.extend_from_slice(extra);
+    let mut server = TestServer::start(&args);
+    if let Some(token) = admin_token {
+        assert!(
+            server.announced_token.is_none(),
+            "only the first instance creates the admin client"
+        );
+        server.admin_token = token.to_owned();
+    }
+    server
+}
+
+async fn finished(server: &TestServer, id: &str) -> Value {
+    server
+        .wait_task(id, "finished", |t| {
+            ["completed", "failed", "cancelled"].contains(&t["status"].as_str().unwrap_or(""))
+        })
+        .await
+}
+
+/// Three instances share one queue: thirty tasks submitted to one instance are each claimed once
+/// (one `response.loading`, no restart) and complete; every instance answers for every task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_run_each_task_once() {
+    let database = fresh_database().await;
+    let first = instance(
+        &database,
+        "a",
+        None,
+        &["--workers", "2", "--reference-token-delay", "5ms"],
+    );
+    let token = first.admin_token.clone();
+    let second = instance(
+        &database,
+        "b",
+        Some(&token),
+        &["--workers", "2", "--reference-token-delay", "5ms"],
+    );
+    let third = instance(
+        &database,
+        "c",
+        Some(&token),
+        &["--workers", "2", "--reference-token-delay", "5ms"],
+    );
+    let mut ids = Vec::new();
+    for seed in 0..30u64 {
+        ids.push(first.submit(prompt(seed, 20, "retry")).await);
+    }
+    for (index, id) in ids.iter().enumerate() {
+        let reader = [&first, &second, &third][index % 3];
+        let task = finished(reader, id).await;
+        assert_eq!(task["status"], "completed", "{task}");
+        assert_eq!(task["restarts"], 0, "{task}");
+        let events = reader.all_events(id).await;
+        common::assert_log_invariants(&task, &events);
+        let loads = events
+            .iter()
+            .filter(|e| e["type"] == "response.loading")
+            .count();
+        assert_eq!(loads, 1, "claimed once: {events:?}");
+    }
+}
+
+/// P-7, I-5: when an instance is killed, another recovers its running tasks once its lease has
+/// run out (policy `retry`: requeued once, then run to completion), and touches no task of a
+/// live instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instances_tasks_are_recovered_by_another_p7_i5() {
+    let database = fresh_database().await;
+    let slow = ["--workers", "4", "--reference-token-delay", "20ms"];
+    let mut doomed = instance(&database, "doomed", None, &slow);
+    let token = doomed.admin_token.clone();
+    let mut ids = Vec::new();
+    for seed in 0..4u64 {
+        ids.push(doomed.submit(prompt(seed, 400, "retry")).await);
+    }
+    for id in &ids {
+        doomed.wait_status(id, "running").await;
+    }
+    let survivor = instance(&database, "survivor", Some(&token), &["--workers", "4"]);
+    doomed.kill();
+    let mut restarts = BTreeSet::new();
+    for id in &ids {
+        let task = finished(&survivor, id).await;
+        assert_eq!(task["status"], "completed", "{task}");
+        restarts.insert(task["restarts"].as_u64().unwrap());
+        let events = survivor.all_events(id).await;
+        common::assert_log_invariants(&task, &events);
+        let requeued = events
+            .iter()
+            .filter(|e| e["type"] == "response.queued")
+            .count();
+        assert_eq!(requeued, 1, "recovered once: {events:?}");
+    }
+    assert_eq!(restarts, BTreeSet::from([1]));
+}
+
+/// A cancel sent to one instance stops the task running on another (the notification port).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_sent_to_any_instance_stops_the_task_where_it_runs() {
+    let database = fresh_database().await;
+    let runner = instance(
+        &database,
+        "runner",
+        None,
+        &["--workers", "1", "--reference-token-delay", "20ms"],
+    );
+    let token = runner.admin_token.clone();
+    let other = instance(&database, "other", Some(&token), &["--workers", "1"]);
+    let id = runner.submit(prompt(1, 5_000, "fail")).await;
+    runner.wait_status(&id, "running").await;
+    let (status, _, body) = other
+        .post(&format!("/v1/tasks/{id}/cancel"), Value::Null)
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let task = runner.wait_status(&id, "cancelled").await;
+    let events = runner.all_events(&id).await;
+    common::assert_log_invariants(&task, &events);
+}

@@ -1,0 +1,191 @@
+//! Idempotency records (I-8): the hold, the first reply, expiry. The record's row is locked
+//! while a request is decided, and a record inserted by a concurrent request under the
+//! transaction makes it run again, so one request proceeds across every process.
+
+use lmsp_domain::idempotency::{
+    decide, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, KeyState,
+    RequestDigest, StoredReply,
+};
+use lmsp_domain::ids::{InstanceId, TaskId};
+use lmsp_domain::time::Timestamp;
+
+use crate::error::DbError;
+use crate::ops::{client_key, corrupt, instance_key, instance_of, key, to_i64, ulid_of, Db, Res};
+
+/// The record stored under a key, expired or not, its row locked until the transaction ends.
+pub async fn locked_record<C: Db>(
+    db: &C,
+    scope: &IdempotencyScope,
+    key_text: &IdempotencyKey,
+) -> Res<Option<IdempotencyRecord>> {
+    let Some(row) = db
+        .query_opt(
+            "SELECT digest, reply, reply_task, held_until, held_by, created_at, expires_at \
+             FROM idempotency_keys WHERE client_id = $1 AND operation = $2 AND key = $3 \
+             FOR UPDATE",
+            &[
+                &client_key(scope.client_id),
+                &scope.operation.as_str(),
+                &key_text.as_str(),
+            ],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let digest: Vec<u8> = row.try_get(0)?;
+    let reply: Option<Vec<u8>> = row.try_get(1)?;
+    let reply_task: Option<Vec<u8>> = row.try_get(2)?;
+    let held_until: Option<i64> = row.try_get(3)?;
+    let held_by: Option<Vec<u8>> = row.try_get(4)?;
+    let created_at: i64 = row.try_get(5)?;
+    let expires_at: i64 = row.try_get(6)?;
+    let digest: [u8; 32] = digest
+        .try_into()
+        .map_err(|_| corrupt("an idempotency digest is not 32 bytes"))?;
+    let state = match reply {
+        None => KeyState::Pending,
+        Some(body) => KeyState::Answered(StoredReply {
+            task_id: reply_task
+                .map(|id| Ok::<_, DbError>(TaskId::from_ulid(ulid_of(&id)?)))
+                .transpose()?,
+            body,
+        }),
+    };
+    Ok(Some(IdempotencyRecord {
+        scope: scope.clone(),
+        key: key_text.clone(),
+        digest: RequestDigest(digest),
+        state,
+        held_until: held_until.map(Timestamp::from_millis),
+        held_by: held_by.map(|id| instance_of(&id)).transpose()?,
+        created_at: Timestamp::from_millis(created_at),
+        expires_at: Timestamp::from_millis(expires_at),
+    }))
+}
+
+/// Writes a record. When the transaction found (and locked) a record under the key, it is
+/// replaced; when it found none and a concurrent transaction inserted one meanwhile, the
+/// transaction runs again ([`DbError::Retry`]) to decide on that record.
+pub async fn put_record<C: Db>(db: &C, record: &IdempotencyRecord, existed: bool) -> Res<()> {
+    let (reply, reply_task) = match &record.state {
+        KeyState::Pending => (None, None),
+        KeyState::Answered(reply) => (Some(reply.body.clone()), reply.task_id.map(key)),
+    };
+    let conflict = if existed {
+        "ON CONFLICT (client_id, operation, key) DO UPDATE SET digest = EXCLUDED.digest, \
+         reply = EXCLUDED.reply, reply_task = EXCLUDED.reply_task, \
+         held_until = EXCLUDED.held_until, held_by = EXCLUDED.held_by, \
+         created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at"
+    } else {
+        "ON CONFLICT (client_id, operation, key) DO NOTHING"
+    };
+    let sql = format!(
+        "INSERT INTO idempotency_keys (client_id, operation, key, digest, reply, reply_task, \
+         held_until, held_by, created_at, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) {conflict}"
+    );
+    let written = db
+        .execute(
+            &sql,
+            &[
+                &client_key(record.scope.client_id),
+                &record.scope.operation.as_str(),
+                &record.key.as_str(),
+                &record.digest.0.as_slice(),
+                &reply,
+                &reply_task,
+                &record.held_until.map(Timestamp::as_millis),
+                &record.held_by.map(instance_key),
+                &record.created_at.as_millis(),
+                &record.expires_at.as_millis(),
+            ],
+        )
+        .await?;
+    if written != 1 {
+        return Err(DbError::Retry);
+    }
+    Ok(())
+}
+
+/// Decides a request under its key; holds the key when it proceeds.
+pub async fn claim_key<C: Db>(db: &C, claim: &KeyClaim, now: Timestamp) -> Res<KeyDecision> {
+    let stored = locked_record(db, &claim.scope, &claim.key).await?;
+    let decision = decide(stored.as_ref(), &claim.digest, now);
+    if decision == KeyDecision::Proceed {
+        put_record(db, &claim.pending_record(now), stored.is_some()).await?;
+    }
+    Ok(decision)
+}
+
+/// Records the reply of a held key.
+pub async fn answer_key<C: Db>(
+    db: &C,
+    scope: &IdempotencyScope,
+    key_text: &IdempotencyKey,
+    reply: &StoredReply,
+) -> Res<()> {
+    db.execute(
+        "UPDATE idempotency_keys SET reply = $1, reply_task = $2 \
+         WHERE client_id = $3 AND operation = $4 AND key = $5",
+        &[
+            &reply.body,
+            &reply.task_id.map(key),
+            &client_key(scope.client_id),
+            &scope.operation.as_str(),
+            &key_text.as_str(),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Ends a key's hold: a pending record goes, an answered one stays.
+pub async fn release_key<C: Db>(
+    db: &C,
+    scope: &IdempotencyScope,
+    key_text: &IdempotencyKey,
+) -> Res<()> {
+    let id = client_key(scope.client_id);
+    db.execute(
+        "DELETE FROM idempotency_keys \
+         WHERE client_id = $1 AND operation = $2 AND key = $3 AND reply IS NULL",
+        &[&id, &scope.operation.as_str(), &key_text.as_str()],
+    )
+    .await?;
+    db.execute(
+        "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL \
+         WHERE client_id = $1 AND operation = $2 AND key = $3",
+        &[&id, &scope.operation.as_str(), &key_text.as_str()],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes up to `batch` expired records.
+pub async fn purge_idempotency<C: Db>(db: &C, at: Timestamp, batch: usize) -> Res<u64> {
+    Ok(db
+        .execute(
+            "DELETE FROM idempotency_keys WHERE (client_id, operation, key) IN \
+             (SELECT client_id, operation, key FROM idempotency_keys \
+             WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            &[&at.as_millis(), &to_i64(batch as u64)?],
+        )
+        .await?)
+}
+
+/// Ends every hold of a stopped instance: its pending records go, its answered ones replay.
+pub async fn release_holds_of<C: Db>(db: &C, instance: InstanceId) -> Res<()> {
+    let id = instance_key(instance);
+    db.execute(
+        "DELETE FROM idempotency_keys WHERE held_by = $1 AND reply IS NULL",
+        &[&id],
+    )
+    .await?;
+    db.execute(
+        "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL WHERE held_by = $1",
+        &[&id],
+    )
+    .await?;
+    Ok(())
+}

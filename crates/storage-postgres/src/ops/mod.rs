@@ -1,0 +1,298 @@
+//! The SQL of every port method: async functions over a connection or a transaction.
+//!
+//! Every write runs inside one transaction (see [`crate::PostgresStore`]): it locks the rows it
+//! changes (`SELECT … FOR UPDATE`), asks the domain, and writes what the domain returns as a
+//! compare-and-set on what it read. Ids of tasks, clients and instances are the 16 bytes of their
+//! ULID.
+
+pub mod clients;
+pub mod events;
+pub mod idempotency;
+pub mod instances;
+pub mod models;
+pub mod purge;
+pub mod service;
+pub mod tasks;
+
+use lmsp_domain::event::Event;
+use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::model::ModelId;
+use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::status::TaskStatus;
+use lmsp_domain::task::{OutputItems, Task};
+use lmsp_domain::time::Timestamp;
+use tokio_postgres::{GenericClient, Row};
+use ulid::Ulid;
+
+use crate::codec;
+use crate::error::DbError;
+
+/// The result type of the operations.
+pub type Res<T> = Result<T, DbError>;
+
+/// What an operation runs on: a pooled connection (reads) or a transaction (writes).
+pub trait Db: GenericClient + Sync {}
+
+impl<T: GenericClient + Sync> Db for T {}
+
+/// The finished statuses, for `status IN …`.
+pub const FINISHED_SQL: &str = "('completed','failed','cancelled')";
+
+/// The unfinished statuses (P-7), in the order recovery looks at them.
+pub const LEFTOVER_STATUSES: [TaskStatus; 4] = TaskStatus::UNFINISHED;
+
+/// A `u64` as PostgreSQL's `bigint`.
+pub fn to_i64(value: u64) -> Res<i64> {
+    i64::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is out of range")))
+}
+
+/// A `bigint` as a `u64`.
+pub fn from_i64(value: i64) -> Res<u64> {
+    u64::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is negative")))
+}
+
+/// A `bigint` as a `u32`.
+pub fn u32_of(value: i64) -> Res<u32> {
+    u32::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is out of range")))
+}
+
+/// A stored row that makes no sense.
+pub fn corrupt(what: impl std::fmt::Display) -> DbError {
+    DbError::Corrupt(what.to_string())
+}
+
+/// The stored key of a task id: its ULID's 16 bytes (so key order is creation order).
+pub fn key(id: TaskId) -> Vec<u8> {
+    id.ulid().to_bytes().to_vec()
+}
+
+/// The stored key of a client id.
+pub fn client_key(id: ClientId) -> Vec<u8> {
+    id.ulid().to_bytes().to_vec()
+}
+
+/// The stored key of an instance id.
+pub fn instance_key(id: InstanceId) -> Vec<u8> {
+    id.ulid().to_bytes().to_vec()
+}
+
+/// A ULID from its stored 16 bytes.
+pub fn ulid_of(bytes: &[u8]) -> Res<Ulid> {
+    let bytes: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| corrupt(format!("an id of {} bytes", bytes.len())))?;
+    Ok(Ulid::from_bytes(bytes))
+}
+
+/// An instance id from its stored bytes.
+pub fn instance_of(bytes: &[u8]) -> Res<InstanceId> {
+    Ok(InstanceId::from_ulid(ulid_of(bytes)?))
+}
+
+/// The response id of a task whose row stores none: the task's own ULID.
+pub fn derived_response_id(task: TaskId) -> ResponseId {
+    ResponseId::from_ulid(task.ulid())
+}
+
+/// The columns [`decode_task`] reads, in order (`t` is `tasks`, `s` is `task_specs`).
+pub const TASK_COLUMNS: &str = "t.id, t.client_id, t.status, t.model, t.on_restart, \
+     t.created_at, t.started_at, t.finished_at, t.last_sequence_number, t.restarts, t.error, \
+     t.response_id, t.owner, t.background, t.items_opened, t.item_open, s.spec, s.metadata, \
+     s.accepted_by";
+
+/// How many columns [`TASK_COLUMNS`] names.
+pub const TASK_COLUMN_COUNT: usize = 19;
+
+/// `tasks` joined with its spec, for `SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE …`.
+pub const TASK_FROM: &str = "tasks t JOIN task_specs s ON s.task_id = t.id";
+
+/// Decodes a task row selected with [`TASK_COLUMNS`].
+pub fn decode_task(row: &Row) -> Res<Task> {
+    let id_bytes: Vec<u8> = row.try_get(0)?;
+    let id = TaskId::from_ulid(ulid_of(&id_bytes)?);
+    let client: Vec<u8> = row.try_get(1)?;
+    let status: String = row.try_get(2)?;
+    let model: String = row.try_get(3)?;
+    let on_restart: String = row.try_get(4)?;
+    let created_at: i64 = row.try_get(5)?;
+    let started_at: Option<i64> = row.try_get(6)?;
+    let finished_at: Option<i64> = row.try_get(7)?;
+    let last: i64 = row.try_get(8)?;
+    let restarts: i64 = row.try_get(9)?;
+    let error: Option<String> = row.try_get(10)?;
+    let response_id: Option<String> = row.try_get(11)?;
+    let owner: Vec<u8> = row.try_get(12)?;
+    let background: bool = row.try_get(13)?;
+    let items_opened: i64 = row.try_get(14)?;
+    let item_open: bool = row.try_get(15)?;
+    let spec: String = row.try_get(16)?;
+    let metadata: String = row.try_get(17)?;
+    let accepted_by: Option<Vec<u8>> = row.try_get(18)?;
+    let owner = instance_of(&owner)?;
+    Ok(Task {
+        id,
+        response_id: match response_id {
+            Some(text) => ResponseId::parse(&text).map_err(corrupt)?,
+            None => derived_response_id(id),
+        },
+        client_id: ClientId::from_ulid(ulid_of(&client)?),
+        owner,
+        accepted_by: match accepted_by {
+            Some(bytes) => instance_of(&bytes)?,
+            None => owner,
+        },
+        status: TaskStatus::parse(&status).map_err(corrupt)?,
+        model: ModelId::parse(&model).map_err(corrupt)?,
+        on_restart: RestartPolicy::parse(&on_restart).map_err(corrupt)?,
+        background,
+        spec: codec::spec_from_text(&spec)?,
+        metadata: codec::metadata_from_text(&metadata)?,
+        created_at: Timestamp::from_millis(created_at),
+        started_at: started_at.map(Timestamp::from_millis),
+        finished_at: finished_at.map(Timestamp::from_millis),
+        last_sequence_number: from_i64(last)?,
+        restarts: u32::try_from(restarts).map_err(corrupt)?,
+        error: error
+            .map(|error| codec::error_from_text(&error))
+            .transpose()?,
+        items: OutputItems {
+            opened: u32_of(items_opened)?,
+            open: item_open,
+        },
+    })
+}
+
+/// Reads a task (no lock: a read).
+pub async fn load_task<C: Db>(db: &C, id: TaskId) -> Res<Option<Task>> {
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = $1");
+    db.query_opt(&sql, &[&key(id)])
+        .await?
+        .as_ref()
+        .map(decode_task)
+        .transpose()
+}
+
+/// Reads a task and locks its row until the transaction ends (`FOR UPDATE`), so the
+/// compare-and-set that follows cannot lose to a concurrent writer.
+pub async fn lock_task<C: Db>(db: &C, id: TaskId) -> Res<Option<Task>> {
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = $1 FOR UPDATE OF t");
+    db.query_opt(&sql, &[&key(id)])
+        .await?
+        .as_ref()
+        .map(decode_task)
+        .transpose()
+}
+
+fn error_text(task: &Task) -> Res<Option<String>> {
+    task.error.as_ref().map(codec::error_to_text).transpose()
+}
+
+/// The response id as stored: `NULL` when it is the derived one.
+fn stored_response_id(task: &Task) -> Option<String> {
+    (task.response_id != derived_response_id(task.id)).then(|| task.response_id.to_string())
+}
+
+/// Inserts a new task's rows (`tasks` and `task_specs`).
+pub async fn insert_task_rows<C: Db>(db: &C, task: &Task) -> Res<()> {
+    db.execute(
+        "INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, started_at, \
+         finished_at, last_sequence_number, restarts, error, response_id, owner, background, \
+         items_opened, item_open) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+        &[
+            &key(task.id),
+            &client_key(task.client_id),
+            &task.status.as_str(),
+            &task.model.as_str(),
+            &task.on_restart.as_str(),
+            &task.created_at.as_millis(),
+            &task.started_at.map(Timestamp::as_millis),
+            &task.finished_at.map(Timestamp::as_millis),
+            &to_i64(task.last_sequence_number)?,
+            &i64::from(task.restarts),
+            &error_text(task)?,
+            &stored_response_id(task),
+            &instance_key(task.owner),
+            &task.background,
+            &i64::from(task.items.opened),
+            &task.items.open,
+        ],
+    )
+    .await?;
+    db.execute(
+        "INSERT INTO task_specs (task_id, spec, metadata, accepted_by) VALUES ($1, $2, $3, $4)",
+        &[
+            &key(task.id),
+            &codec::spec_to_text(&task.spec)?,
+            &codec::metadata_to_text(&task.metadata)?,
+            &instance_key(task.accepted_by),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Writes a task after a decided step: a compare-and-set on status, last sequence number and
+/// owner, so a row that moved under the transaction is never overwritten; then its events.
+pub async fn write_advanced<C: Db>(db: &C, old: &Task, new: &Task, events: &[Event]) -> Res<()> {
+    let changed = db
+        .execute(
+            "UPDATE tasks SET status = $1, started_at = $2, finished_at = $3, \
+             last_sequence_number = $4, restarts = $5, error = $6, owner = $7, \
+             items_opened = $8, item_open = $9 \
+             WHERE id = $10 AND status = $11 AND last_sequence_number = $12 AND owner = $13",
+            &[
+                &new.status.as_str(),
+                &new.started_at.map(Timestamp::as_millis),
+                &new.finished_at.map(Timestamp::as_millis),
+                &to_i64(new.last_sequence_number)?,
+                &i64::from(new.restarts),
+                &error_text(new)?,
+                &instance_key(new.owner),
+                &i64::from(new.items.opened),
+                &new.items.open,
+                &key(old.id),
+                &old.status.as_str(),
+                &to_i64(old.last_sequence_number)?,
+                &instance_key(old.owner),
+            ],
+        )
+        .await?;
+    if changed != 1 {
+        // The row was locked when read, so this is a lost race the transaction cannot decide:
+        // run it again on what is stored now.
+        return Err(DbError::Retry);
+    }
+    events::insert_events(db, events).await
+}
+
+/// Drops a task's snapshot.
+pub async fn delete_snapshot<C: Db>(db: &C, id: TaskId) -> Res<()> {
+    db.execute("DELETE FROM snapshots WHERE task_id = $1", &[&key(id)])
+        .await?;
+    Ok(())
+}
+
+/// Reads a `service_config` value, locking its row when `lock`.
+pub async fn config_value<C: Db>(db: &C, name: &str, lock: bool) -> Res<Option<String>> {
+    let sql = if lock {
+        "SELECT value FROM service_config WHERE key = $1 FOR UPDATE"
+    } else {
+        "SELECT value FROM service_config WHERE key = $1"
+    };
+    Ok(match db.query_opt(sql, &[&name]).await? {
+        Some(row) => Some(row.try_get(0)?),
+        None => None,
+    })
+}
+
+/// Writes a `service_config` value.
+pub async fn set_config_value<C: Db>(db: &C, name: &str, value: &str) -> Res<()> {
+    db.execute(
+        "INSERT INTO service_config (key, value) VALUES ($1, $2) \
+         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+        &[&name, &value],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,344 @@
+//! Tasks: creation, the worker's steps, claims, cancels, deletion, and the reads.
+
+use lmsp_domain::cancel::decide_cancel;
+use lmsp_domain::event::{Event, EventPayload};
+use lmsp_domain::idempotency::{IdempotencyRecord, KeyState};
+use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::ports::{
+    CancelOutcome, CreateOutcome, DeleteOutcome, Page, Snapshot, StepOutcome, TaskFilter,
+};
+use lmsp_domain::status::TaskStatus;
+use lmsp_domain::task::{Response, Task};
+use lmsp_domain::time::Timestamp;
+use lmsp_domain::transition::{advance, advance_all, Step};
+use tokio_postgres::types::ToSql;
+
+use crate::codec;
+use crate::ops::idempotency::{locked_record, put_record};
+use crate::ops::{
+    client_key, corrupt, decode_task, delete_snapshot, events, from_i64, insert_task_rows,
+    instance_key, key, load_task, lock_task, to_i64, ulid_of, write_advanced, Db, Res,
+    TASK_COLUMNS, TASK_FROM,
+};
+
+/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record.
+pub async fn create_task<C: Db>(
+    db: &C,
+    task: &Task,
+    idempotency: Option<&IdempotencyRecord>,
+    at: Timestamp,
+) -> Res<(CreateOutcome, Vec<Event>)> {
+    let mut key_existed = false;
+    if let Some(record) = idempotency {
+        if let Some(existing) = locked_record(db, &record.scope, &record.key).await? {
+            key_existed = true;
+            if existing.expires_at > at && matches!(existing.state, KeyState::Answered(_)) {
+                return Ok((CreateOutcome::KeyAnswered(existing), Vec::new()));
+            }
+        }
+    }
+    let task = task.as_created();
+    let event = Event {
+        task_id: task.id,
+        sequence_number: 1,
+        created_at: task.created_at,
+        payload: EventPayload::Created {
+            task: Box::new(task.clone()),
+        },
+    };
+    insert_task_rows(db, &task).await?;
+    let events = vec![event];
+    events::insert_events(db, &events).await?;
+    if let Some(record) = idempotency {
+        put_record(db, record, key_existed).await?;
+    }
+    Ok((CreateOutcome::Created(task), events))
+}
+
+async fn insert_response<C: Db>(db: &C, response: &Response) -> Res<()> {
+    db.execute(
+        "INSERT INTO responses (id, task_id, doc) VALUES ($1, $2, $3) \
+         ON CONFLICT (id) DO UPDATE SET task_id = EXCLUDED.task_id, doc = EXCLUDED.doc",
+        &[
+            &response.id.to_string(),
+            &key(response.task_id),
+            &codec::response_to_text(response)?,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+async fn put_snapshot<C: Db>(db: &C, task_id: TaskId, snapshot: &Snapshot) -> Res<()> {
+    db.execute(
+        "INSERT INTO snapshots (task_id, sequence_number, state) VALUES ($1, $2, $3) \
+         ON CONFLICT (task_id) DO UPDATE SET sequence_number = EXCLUDED.sequence_number, \
+         state = EXCLUDED.state",
+        &[
+            &key(task_id),
+            &to_i64(snapshot.sequence_number)?,
+            &snapshot.state,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// P-3, I-2: folds a worker's steps through the domain, all or nothing.
+pub async fn append<C: Db>(
+    db: &C,
+    task_id: TaskId,
+    by: InstanceId,
+    expected: Option<u64>,
+    steps: &[Step],
+    snapshot: Option<&Snapshot>,
+    at: Timestamp,
+) -> Res<(StepOutcome, Vec<Event>)> {
+    let Some(old) = lock_task(db, task_id).await? else {
+        return Ok((StepOutcome::NotFound, Vec::new()));
+    };
+    let advanced = match advance_all(&old, steps, by, expected, at) {
+        Ok(advanced) => advanced,
+        Err(refusal) => return Ok((StepOutcome::Refused { task: old, refusal }, Vec::new())),
+    };
+    write_advanced(db, &old, &advanced.task, &advanced.events).await?;
+    for step in steps {
+        if let Step::Complete { response } = step {
+            insert_response(db, response).await?;
+        }
+    }
+    if advanced.task.status.is_finished() {
+        delete_snapshot(db, task_id).await?;
+    } else if let Some(snapshot) = snapshot {
+        put_snapshot(db, task_id, snapshot).await?;
+    }
+    let events = advanced.events.clone();
+    Ok((
+        StepOutcome::Applied {
+            task: advanced.task,
+            events: advanced.events,
+        },
+        events,
+    ))
+}
+
+/// Claims the oldest queued task for `by`: the row is locked with `SKIP LOCKED`, so concurrent
+/// claimers (in any process) each take a different task and never wait on each other.
+pub async fn claim_next<C: Db>(
+    db: &C,
+    by: InstanceId,
+    at: Timestamp,
+) -> Res<(Option<Task>, Vec<Event>)> {
+    let sql = format!(
+        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.status = 'queued' \
+         ORDER BY t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED"
+    );
+    let Some(row) = db.query_opt(&sql, &[]).await? else {
+        return Ok((None, Vec::new()));
+    };
+    let old = decode_task(&row)?;
+    let step = Step::Claim {
+        model: old.model.clone(),
+    };
+    let advanced = advance(&old, &step, by, at)
+        .map_err(|refusal| corrupt(format!("a queued task refused a claim: {refusal}")))?;
+    write_advanced(db, &old, &advanced.task, &advanced.events).await?;
+    delete_snapshot(db, old.id).await?;
+    Ok((Some(advanced.task), advanced.events))
+}
+
+/// P-4, I-3: decides and applies a cancel.
+pub async fn cancel<C: Db>(
+    db: &C,
+    task_id: TaskId,
+    client_id: Option<ClientId>,
+    at: Timestamp,
+) -> Res<(CancelOutcome, Vec<Event>)> {
+    let Some(old) = lock_task(db, task_id).await? else {
+        return Ok((CancelOutcome::NotFound, Vec::new()));
+    };
+    if client_id.is_some_and(|client| client != old.client_id) {
+        return Ok((CancelOutcome::NotFound, Vec::new()));
+    }
+    let decision = decide_cancel(old.status);
+    if decision.event().is_none() {
+        return Ok((
+            CancelOutcome::Decided {
+                decision,
+                task: old,
+            },
+            Vec::new(),
+        ));
+    }
+    let advanced = advance(&old, &Step::RequestCancel, old.owner, at)
+        .map_err(|refusal| corrupt(format!("a cancel was refused: {refusal}")))?;
+    write_advanced(db, &old, &advanced.task, &advanced.events).await?;
+    if advanced.task.status.is_finished() {
+        delete_snapshot(db, task_id).await?;
+    }
+    Ok((
+        CancelOutcome::Decided {
+            decision,
+            task: advanced.task,
+        },
+        advanced.events,
+    ))
+}
+
+/// Removes one task's rows; its idempotency records stay, pointing at nothing (a key outlives
+/// its task and keeps its reply until it expires). Returns how many events went.
+pub async fn delete_task_rows<C: Db>(db: &C, id: &[u8]) -> Res<u64> {
+    let events = db
+        .execute("DELETE FROM task_events WHERE task_id = $1", &[&id])
+        .await?;
+    for sql in [
+        "DELETE FROM responses WHERE task_id = $1",
+        "DELETE FROM snapshots WHERE task_id = $1",
+        "UPDATE idempotency_keys SET reply_task = NULL WHERE reply_task = $1",
+        "DELETE FROM task_specs WHERE task_id = $1",
+        "DELETE FROM tasks WHERE id = $1",
+    ] {
+        db.execute(sql, &[&id]).await?;
+    }
+    Ok(events)
+}
+
+/// Deletes one finished task now (P-6: never an unfinished one).
+pub async fn delete_finished<C: Db>(
+    db: &C,
+    task_id: TaskId,
+    client_id: Option<ClientId>,
+) -> Res<DeleteOutcome> {
+    let Some(task) = lock_task(db, task_id).await? else {
+        return Ok(DeleteOutcome::NotFound);
+    };
+    if client_id.is_some_and(|client| client != task.client_id) {
+        return Ok(DeleteOutcome::NotFound);
+    }
+    if !task.status.is_finished() {
+        return Ok(DeleteOutcome::Unfinished);
+    }
+    delete_task_rows(db, &key(task_id)).await?;
+    Ok(DeleteOutcome::Deleted)
+}
+
+/// The task whose response has this id: a task's own response id is its ULID, unless another
+/// one was stored with the task.
+pub async fn task_by_response<C: Db>(db: &C, response_id: ResponseId) -> Res<Option<Task>> {
+    if let Some(task) = load_task(db, TaskId::from_ulid(response_id.ulid())).await? {
+        if task.response_id == response_id {
+            return Ok(Some(task));
+        }
+    }
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.response_id = $1");
+    db.query_opt(&sql, &[&response_id.to_string()])
+        .await?
+        .as_ref()
+        .map(decode_task)
+        .transpose()
+}
+
+/// Tasks, newest first.
+pub async fn list_tasks<C: Db>(db: &C, filter: &TaskFilter) -> Res<Page<Task>> {
+    let mut sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE TRUE");
+    let mut values: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+    if let Some(client) = filter.client_id {
+        values.push(Box::new(client_key(client)));
+        sql.push_str(&format!(" AND t.client_id = ${}", values.len()));
+    }
+    if !filter.statuses.is_empty() {
+        let statuses: Vec<String> = filter
+            .statuses
+            .iter()
+            .map(|status| status.as_str().to_owned())
+            .collect();
+        values.push(Box::new(statuses));
+        sql.push_str(&format!(" AND t.status = ANY(${})", values.len()));
+    }
+    if let Some(model) = &filter.model {
+        values.push(Box::new(model.as_str().to_owned()));
+        sql.push_str(&format!(" AND t.model = ${}", values.len()));
+    }
+    if let Some(before) = filter.before {
+        values.push(Box::new(key(before)));
+        sql.push_str(&format!(" AND t.id < ${}", values.len()));
+    }
+    values.push(Box::new(to_i64(filter.limit as u64 + 1)?));
+    sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ${}", values.len()));
+    let params: Vec<&(dyn ToSql + Sync)> = values
+        .iter()
+        .map(|value| value.as_ref() as &(dyn ToSql + Sync))
+        .collect();
+    let rows = db.query(&sql, &params).await?;
+    let mut items = rows.iter().map(decode_task).collect::<Res<Vec<Task>>>()?;
+    let has_more = items.len() > filter.limit;
+    items.truncate(filter.limit);
+    Ok(Page { items, has_more })
+}
+
+/// A task's snapshot.
+pub async fn snapshot<C: Db>(db: &C, task_id: TaskId) -> Res<Option<Snapshot>> {
+    let Some(row) = db
+        .query_opt(
+            "SELECT sequence_number, state FROM snapshots WHERE task_id = $1",
+            &[&key(task_id)],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let seq: i64 = row.try_get(0)?;
+    Ok(Some(Snapshot {
+        sequence_number: from_i64(seq)?,
+        state: row.try_get(1)?,
+    }))
+}
+
+/// Counts per status.
+pub async fn count_by_status<C: Db>(db: &C) -> Res<Vec<(TaskStatus, u64)>> {
+    let rows = db
+        .query(
+            "SELECT status, COUNT(*) FROM tasks GROUP BY status ORDER BY status",
+            &[],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let status: String = row.try_get(0)?;
+            let count: i64 = row.try_get(1)?;
+            Ok((
+                TaskStatus::parse(&status).map_err(corrupt)?,
+                from_i64(count)?,
+            ))
+        })
+        .collect()
+}
+
+/// The `cancelling` tasks in the care of `owner`.
+pub async fn cancelling_tasks<C: Db>(db: &C, owner: InstanceId) -> Res<Vec<TaskId>> {
+    let rows = db
+        .query(
+            "SELECT id FROM tasks WHERE status = 'cancelling' AND owner = $1 ORDER BY id",
+            &[&instance_key(owner)],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let id: Vec<u8> = row.try_get(0)?;
+            Ok(TaskId::from_ulid(ulid_of(&id)?))
+        })
+        .collect()
+}
+
+/// The stored response of a task, with its id checked against the task's.
+pub async fn response<C: Db>(db: &C, task_id: TaskId) -> Res<Option<Response>> {
+    let response = events::response_of_task(db, task_id).await?;
+    if let Some(found) = &response {
+        if found.task_id != task_id {
+            return Err(corrupt(format!(
+                "the response of {task_id} names another task"
+            )));
+        }
+    }
+    Ok(response)
+}

@@ -1,0 +1,283 @@
+//! Runs the storage contract suite (`lmsp-storage-contract`) against PostgreSQL: one fresh
+//! database per check (`CREATE DATABASE lmsp_test_<n>` on the cluster named by
+//! `LMSP_TEST_POSTGRES_URL`), dropped when the check ends, plus the multi-process checks, whose
+//! second "process" is a second store with its own pool and `LISTEN` connection on the same
+//! database.
+//!
+//! Start a throwaway cluster first: `scripts/postgres-test-cluster start` prints the URL:
+//!
+//! ```text
+//! LMSP_TEST_POSTGRES_URL=$(scripts/postgres-test-cluster start) cargo test -p lmsp-storage-postgres
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use lmsp_domain::ports::StoreListener;
+use lmsp_storage_contract::{MultiProcess, StoreFactory};
+use lmsp_storage_postgres::{PostgresOptions, PostgresStore};
+use tokio_postgres::NoTls;
+
+/// The variable naming the cluster the tests create their databases on.
+const URL_VARIABLE: &str = "LMSP_TEST_POSTGRES_URL";
+
+/// Databases made so far by this test binary (part of each name).
+static MADE: AtomicU64 = AtomicU64::new(0);
+
+/// The base URL, or a failure that says how to get one (never a silent skip).
+fn base_url() -> String {
+    match std::env::var(URL_VARIABLE) {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => panic!(
+            "{URL_VARIABLE} is not set: run `scripts/postgres-test-cluster start` and set \
+             {URL_VARIABLE} to the URL it prints (e.g. \
+             {URL_VARIABLE}=$(scripts/postgres-test-cluster start) cargo test -p \
+             lmsp-storage-postgres)"
+        ),
+    }
+}
+
+/// The URL of database `name` on the cluster of `base`.
+fn database_url(base: &str, name: &str) -> String {
+    let (prefix, rest) = base.split_once("://").expect("a postgres:// URL");
+    let (authority, query) = match rest.split_once('/') {
+        Some((authority, path)) => (
+            authority,
+            path.split_once('?').map(|(_, query)| query).unwrap_or(""),
+        ),
+        None => (rest, ""),
+    };
+    if query.is_empty() {
+        format!("{prefix}://{authority}/{name}")
+    } else {
+        format!("{prefix}://{authority}/{name}?{query}")
+    }
+}
+
+/// Runs one statement on the cluster's maintenance database.
+async fn admin(base: &str, sql: &str) {
+    let (client, connection) = tokio_postgres::connect(base, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {base} ({e}): is the test cluster running?"));
+    let driver = tokio::spawn(connection);
+    client.batch_execute(sql).await.unwrap();
+    drop(client);
+    let _ = driver.await;
+}
+
+/// Fresh databases, one per store asked for, dropped with the factory.
+struct Postgres {
+    base: String,
+    options: PostgresOptions,
+    databases: Mutex<Vec<String>>,
+}
+
+impl Postgres {
+    fn new() -> Self {
+        Self::with(PostgresOptions {
+            pool_size: 8,
+            ..PostgresOptions::default()
+        })
+    }
+
+    fn with(options: PostgresOptions) -> Self {
+        Self {
+            base: base_url(),
+            options,
+            databases: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+#[async_trait]
+impl StoreFactory for Postgres {
+    type Store = PostgresStore;
+
+    async fn fresh(&self, listener: Arc<dyn StoreListener>) -> PostgresStore {
+        let name = format!(
+            "lmsp_test_{}_{}_{}",
+            std::process::id(),
+            MADE.fetch_add(1, Ordering::Relaxed),
+            ulid::Ulid::new().to_string().to_lowercase()
+        );
+        admin(&self.base, &format!("CREATE DATABASE {name}")).await;
+        self.databases.lock().unwrap().push(name.clone());
+        PostgresStore::connect(
+            &database_url(&self.base, &name),
+            self.options.clone(),
+            listener,
+        )
+        .await
+        .unwrap()
+    }
+}
+
+#[async_trait]
+impl MultiProcess for Postgres {
+    async fn another_process(
+        &self,
+        store: &PostgresStore,
+        listener: Arc<dyn StoreListener>,
+    ) -> PostgresStore {
+        let name = store.database().expect("the store names its database");
+        PostgresStore::connect(
+            &database_url(&self.base, &name),
+            self.options.clone(),
+            listener,
+        )
+        .await
+        .unwrap()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let names = std::mem::take(&mut *self.databases.lock().unwrap());
+        if names.is_empty() {
+            return;
+        }
+        let base = self.base.clone();
+        // The test's runtime is ending: drop the databases from a runtime of our own.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                for name in names {
+                    admin(
+                        &base,
+                        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+                    )
+                    .await;
+                }
+            });
+        });
+        let _ = dropped.join();
+    }
+}
+
+lmsp_storage_contract::storage_contract_tests!(Postgres::new());
+lmsp_storage_contract::storage_contract_multi_process_tests!(Postgres::new());
+
+/// P-7, I-5: two processes recovering the same stopped instance at the same time, in small
+/// batches, move each of its tasks exactly once between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_rescuers_move_each_task_once_i5() {
+    use lmsp_domain::ports::{InstanceStore, TaskStore};
+    use lmsp_domain::recovery::RestartPolicy;
+    use lmsp_domain::status::TaskStatus;
+    use lmsp_storage_contract::{self as contract, RecordingListener};
+
+    let factory = Postgres::with(PostgresOptions {
+        recovery_batch: 3,
+        pool_size: 8,
+        ..PostgresOptions::default()
+    });
+    let (first, _heard) = contract::fresh_store(&factory).await;
+    let second = factory
+        .another_process(&first, RecordingListener::new())
+        .await;
+    let gone = contract::support::register(&first, "gone", contract::time(0)).await;
+    let mut tasks = Vec::new();
+    for index in 0..20 {
+        let status = if index % 2 == 0 {
+            TaskStatus::Running
+        } else {
+            TaskStatus::Loading
+        };
+        let task = contract::task(gone.id, RestartPolicy::Retry);
+        tasks.push(contract::support::task_in(&first, task, gone.id, status).await);
+    }
+    first
+        .retire_instance(gone.id, contract::time(100))
+        .await
+        .unwrap();
+    let a = contract::support::register(&first, "rescuer-a", contract::time(100))
+        .await
+        .id;
+    let b = contract::support::register(&second, "rescuer-b", contract::time(100))
+        .await
+        .id;
+    let (first, second) = (Arc::new(first), Arc::new(second));
+    let one = {
+        let first = Arc::clone(&first);
+        tokio::spawn(async move {
+            first
+                .recover_instance(gone.id, a, contract::time(101))
+                .await
+                .unwrap()
+        })
+    };
+    let two = {
+        let second = Arc::clone(&second);
+        tokio::spawn(async move {
+            second
+                .recover_instance(gone.id, b, contract::time(101))
+                .await
+                .unwrap()
+        })
+    };
+    let (one, two) = (one.await.unwrap(), two.await.unwrap());
+    assert_eq!(one.moved + two.moved, 20, "{one:?} {two:?}");
+    for task in &tasks {
+        let (after, events) = contract::assert_log_consistent(first.as_ref(), task.id).await;
+        assert_eq!(after.status, TaskStatus::Queued);
+        assert_eq!(after.restarts, task.restarts + 1, "moved once");
+        assert_eq!(events.len() as u64, after.last_sequence_number);
+        assert!(after.owner == a || after.owner == b);
+    }
+    assert!(first
+        .stopped_instances(a, contract::time(102))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        first.count_by_status().await.unwrap(),
+        vec![(TaskStatus::Queued, 20)]
+    );
+}
+
+/// Leadership is a session lock: when the leading store goes away (or its instance retires),
+/// another instance leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_passes_on_when_the_leader_goes() {
+    use lmsp_domain::ports::InstanceStore;
+    use lmsp_storage_contract::{self as contract, RecordingListener};
+
+    let factory = Postgres::new();
+    let (first, _heard) = contract::fresh_store(&factory).await;
+    let second = factory
+        .another_process(&first, RecordingListener::new())
+        .await;
+    let third = factory
+        .another_process(&first, RecordingListener::new())
+        .await;
+    let a = contract::support::register(&first, "a", contract::time(0))
+        .await
+        .id;
+    let b = contract::support::register(&second, "b", contract::time(0))
+        .await
+        .id;
+    let c = contract::support::register(&third, "c", contract::time(0))
+        .await
+        .id;
+    assert!(first.lead_maintenance(a).await.unwrap());
+    assert!(!second.lead_maintenance(b).await.unwrap());
+    first.retire_instance(a, contract::time(1)).await.unwrap();
+    contract::eventually("b leads", contract::support::NEWS_DEADLINE, || {
+        let second = &second;
+        async move { second.lead_maintenance(b).await.unwrap().then_some(()) }
+    })
+    .await;
+    assert!(!third.lead_maintenance(c).await.unwrap());
+    drop(second);
+    contract::eventually("c leads", contract::support::NEWS_DEADLINE, || {
+        let third = &third;
+        async move { third.lead_maintenance(c).await.unwrap().then_some(()) }
+    })
+    .await;
+}
