@@ -239,6 +239,11 @@ pub enum ModelsCommand {
         id: String,
         /// The file.
         path: PathBuf,
+        /// The models directory of the server that will run it (as its `--models-dir`; default
+        /// DATA_DIR/models): a file inside it is stored by its path relative to it, which the
+        /// server resolves against its own `--models-dir`.
+        #[arg(long, env = "LMSP_MODELS_DIR")]
+        models_dir: Option<PathBuf>,
         #[command(flatten)]
         data: DataDir,
     },

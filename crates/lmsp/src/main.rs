@@ -8,12 +8,25 @@ mod logging;
 mod offline;
 mod serve;
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
 use crate::cli::{Cli, Command};
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // The cause chain on one line, for the person at the terminal: never a backtrace.
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

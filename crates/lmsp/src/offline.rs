@@ -88,10 +88,15 @@ pub async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
 
 /// `lmsp models …`.
 pub async fn models(command: ModelsCommand) -> anyhow::Result<()> {
-    let ModelsCommand::Add { id, path, data } = command;
+    let ModelsCommand::Add {
+        id,
+        path,
+        models_dir,
+        data,
+    } = command;
     let model_id = ModelId::parse(&id)?;
     let store = open(&data).await?;
-    let files = FsModelFiles::new(data.data_dir.join("models"));
+    let files = FsModelFiles::new(models_dir.unwrap_or_else(|| data.data_dir.join("models")));
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {bytes}/{total_bytes} ({eta})")

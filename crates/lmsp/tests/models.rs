@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{assert_envelope, lmsp_binary, TestServer};
+use common::{assert_envelope, lmsp_binary, prompt, TestServer};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -307,8 +307,32 @@ async fn models_dir_files_register_at_startup_and_the_cli_adds_offline() {
     );
     let printed = String::from_utf8(output.stdout).unwrap();
     assert!(printed.contains(&sha256_of(b"weights")), "{printed}");
+    // A file inside the server's models directory, added offline with that `--models-dir`, is
+    // stored relative to it, and the server finds it there.
+    std::fs::write(models.join("story.txt"), CORPUS).unwrap();
+    let output = Command::new(lmsp_binary())
+        .args(["models", "add", "story"])
+        .arg(models.join("story.txt"))
+        .arg("--models-dir")
+        .arg(&models)
+        .arg("--data-dir")
+        .arg(&server.data_dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     server.kill_and_restart(&["--models-dir", models.to_str().unwrap()]);
     let (status, model) = server.get("/v1/models/offline-model").await;
     assert_eq!(status, 200, "{model}");
     assert_eq!(model["size_bytes"], 7);
+    let (status, model) = server.get("/v1/models/story").await;
+    assert_eq!(status, 200, "{model}");
+    assert_eq!(model["path"], "story.txt", "{model}");
+    let mut body = prompt(3, 5, "fail");
+    body["model"] = Value::from("story");
+    let id = server.submit(body).await;
+    server.wait_status(&id, "completed").await;
 }
