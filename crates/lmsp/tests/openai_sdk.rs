@@ -47,14 +47,25 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// Starts a server on a free port; on a first start it prints the admin token.
     fn start(data_dir: &Path, models_dir: &Path) -> Self {
+        Self::start_on(data_dir, models_dir, "127.0.0.1:0", None)
+    }
+
+    /// Starts a server on `listen`; `admin_token` is the one a first start printed before.
+    fn start_on(
+        data_dir: &Path,
+        models_dir: &Path,
+        listen: &str,
+        admin_token: Option<String>,
+    ) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lmsp"))
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
             .arg("--models-dir")
             .arg(models_dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             // Slow enough that a long response is still running when the SDK cancels it.
             .args(["--reference-token-delay", "10ms"])
             .env("RUST_LOG", "warn")
@@ -74,7 +85,7 @@ impl Server {
             }
         });
         let deadline = Instant::now() + START_DEADLINE;
-        let mut admin_token = None;
+        let mut admin_token = admin_token;
         let mut seen = Vec::new();
         let base = loop {
             let line = received
@@ -187,7 +198,11 @@ fn the_official_openai_python_sdk_works_against_the_service() {
     let data_dir = temp.path().join("data");
     let models_dir = temp.path().join("models");
     std::fs::create_dir_all(&models_dir).expect("the models directory");
-    let server = Server::start(&data_dir, &models_dir);
+    let mut server = Server::start(&data_dir, &models_dir);
+    // The program asks for a kill -9 and restart by creating `restart` here; once the server on
+    // the same address answers again, this test creates `restarted`.
+    let control = temp.path().join("control");
+    std::fs::create_dir_all(&control).expect("the control directory");
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -209,6 +224,7 @@ fn the_official_openai_python_sdk_works_against_the_service() {
         .env("LMSP_TOKEN", &token)
         .env("LMSP_ADMIN_TOKEN", &server.admin_token)
         .env("LMSP_MODELS_DIR", &models_dir)
+        .env("LMSP_CONTROL_DIR", &control)
         .env("PYTHONUNBUFFERED", "1")
         .env("PYTHONDONTWRITEBYTECODE", "1")
         // Whatever the environment says, the SDK talks to this server only.
@@ -235,7 +251,16 @@ fn the_official_openai_python_sdk_works_against_the_service() {
             let _ = child.wait();
             break None;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        if std::fs::remove_file(control.join("restart")).is_ok() {
+            let listen = server.base.trim_start_matches("http://").to_owned();
+            let admin_token = server.admin_token.clone();
+            let _ = server.child.kill(); // SIGKILL: no graceful stop
+            let _ = server.child.wait();
+            server = Server::start_on(&data_dir, &models_dir, &listen, Some(admin_token));
+            runtime.block_on(wait_healthy(&http, &server.base));
+            std::fs::write(control.join("restarted"), b"").expect("the control file");
+        }
+        std::thread::sleep(Duration::from_millis(20));
     };
     let _ = out.join();
     let _ = err.join();

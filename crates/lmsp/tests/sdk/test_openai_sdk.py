@@ -47,11 +47,14 @@ from openai.types.responses import (
     ResponseTextDoneEvent,
 )
 
-ENV = ("LMSP_BASE_URL", "LMSP_TOKEN", "LMSP_ADMIN_TOKEN", "LMSP_MODELS_DIR")
+ENV = ("LMSP_BASE_URL", "LMSP_TOKEN", "LMSP_ADMIN_TOKEN", "LMSP_MODELS_DIR", "LMSP_CONTROL_DIR")
 BASE_URL = os.environ.get("LMSP_BASE_URL", "")
 TOKEN = os.environ.get("LMSP_TOKEN", "")
 ADMIN_TOKEN = os.environ.get("LMSP_ADMIN_TOKEN", "")
 MODELS_DIR = os.environ.get("LMSP_MODELS_DIR", "")
+# Where the Rust test that runs this program listens for a request to kill -9 and restart the
+# server (a file `restart`), and answers once the restarted server is healthy (`restarted`).
+CONTROL_DIR = os.environ.get("LMSP_CONTROL_DIR", "")
 
 MODEL = "reference"
 PROMPT = "Once upon a time"
@@ -822,6 +825,65 @@ class OpenAiSdk(unittest.TestCase):
         with self.assertRaises(openai.BadRequestError) as caught:
             self.client.responses.create(model=MODEL, input=PROMPT, max_output_tokens=0)
         self.assertEqual(caught.exception.param, "max_output_tokens")
+
+    def test_15_permission_denied(self):
+        """A token without the scope: the SDK's PermissionDeniedError (403 forbidden)."""
+        with self.assertRaises(openai.PermissionDeniedError) as caught:
+            self.client.with_options(max_retries=0).models.delete("reference")
+        self.assertEqual(caught.exception.code, "forbidden")
+
+    def test_16_kill_and_restart_mid_stream_then_resume(self):
+        """A kill -9 and restart of the server while the SDK streams a response with
+        on_restart resume: resuming the SDK stream with starting_after gives every later event
+        once, and the text the SDK assembled equals the response's output_text."""
+        stream = self.client.responses.create(
+            model=MODEL,
+            input=PROMPT,
+            background=True,
+            stream=True,
+            max_output_tokens=300,
+            extra_body={"on_restart": "resume", "seed": SEED},
+        )
+        first = []
+        for event in stream:
+            first.append(event)
+            if sum(e.type == "response.output_text.delta" for e in first) == 5:
+                break
+        stream.close()
+        response_id = first[0].response.id
+        restarted = os.path.join(CONTROL_DIR, "restarted")
+        with open(os.path.join(CONTROL_DIR, "restart"), "w", encoding="utf-8"):
+            pass
+        wait_for("the server to restart", lambda: os.path.exists(restarted))
+        os.remove(restarted)
+        rest = list(
+            self.client.responses.retrieve(
+                response_id, stream=True, starting_after=first[-1].sequence_number
+            )
+        )
+        numbers = [e.sequence_number for e in first + rest if e.type != "error"]
+        self.assertEqual(len(numbers), len(set(numbers)), "an event came twice")
+        self.assertEqual(rest[-1].type, "response.completed")
+        text = "".join(e.delta for e in first + rest if e.type == "response.output_text.delta")
+        done = self.client.responses.retrieve(response_id)
+        self.assertEqual(done.status, "completed")
+        self.assertEqual(done.output_text, text)
+        task = self.http.get(f"tasks/{done.model_extra.get('task_id') or response_id.replace('resp_', 'task_', 1)}")
+        self.assertEqual(task.status_code, 200, task.text)
+        self.assertEqual(task.json()["restarts"], 1, task.text)
+
+    def test_17_rate_limited(self):
+        """Wrong pairing codes until the limit: the SDK's RateLimitError (429 rate_limited)
+        with Retry-After. (Last: it locks pairing for ten minutes.)"""
+        client = sdk(max_retries=0)
+        body = {"code": "000-000", "name": "guess", "scopes": ["responses:read"]}
+        for _ in range(5):
+            with self.assertRaises(openai.AuthenticationError):
+                client.post("/pair", body=body, cast_to=object)
+        with self.assertRaises(openai.RateLimitError) as caught:
+            client.post("/pair", body=body, cast_to=object)
+        self.assertEqual(caught.exception.code, "rate_limited")
+        self.assertIn("retry-after", caught.exception.response.headers)
 
 
 def main():
