@@ -61,7 +61,7 @@ async fn finished(server: &TestServer, id: &str) -> Value {
         .await
 }
 
-/// Three instances share one queue: thirty tasks submitted to one instance are each claimed once
+/// Three instances share one queue: two hundred tasks submitted across the instances are each claimed once
 /// (one `response.loading`, no restart) and complete; every instance answers for every task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_run_each_task_once() {
@@ -86,8 +86,9 @@ async fn three_instances_run_each_task_once() {
         &["--workers", "2", "--reference-token-delay", "5ms"],
     );
     let mut ids = Vec::new();
-    for seed in 0..30u64 {
-        ids.push(first.submit(prompt(seed, 20, "retry")).await);
+    for seed in 0..200u64 {
+        let submitter = [&first, &second, &third][seed as usize % 3];
+        ids.push(submitter.submit(prompt(seed, 20, "retry")).await);
     }
     for (index, id) in ids.iter().enumerate() {
         let reader = [&first, &second, &third][index % 3];
@@ -159,4 +160,76 @@ async fn a_cancel_sent_to_any_instance_stops_the_task_where_it_runs() {
     let task = runner.wait_status(&id, "cancelled").await;
     let events = runner.all_events(&id).await;
     common::assert_log_invariants(&task, &events);
+}
+
+/// A stream on instance B of a task running on instance A, dropped halfway and resumed on
+/// instance C with `Last-Event-ID`, gets every event exactly once, as the stored log has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_follows_a_task_of_another_instance_and_resumes_on_a_third() {
+    let database = fresh_database().await;
+    let runner = instance(
+        &database,
+        "runner",
+        None,
+        &["--workers", "1", "--reference-token-delay", "20ms"],
+    );
+    let token = runner.admin_token.clone();
+    let watcher = instance(&database, "watcher", Some(&token), &["--workers", "1"]);
+    let third = instance(&database, "third", Some(&token), &["--workers", "1"]);
+    let id = runner.submit(prompt(5, 60, "fail")).await;
+    runner.wait_status(&id, "running").await;
+    let path = format!("/v1/tasks/{id}/events");
+    let mut first = watcher.sse(&path, None).await;
+    let mut seen = Vec::new();
+    while seen.len() < 10 {
+        let message = first.next_message().await.expect("an event");
+        seen.push(message.seq());
+    }
+    drop(first);
+    let last = *seen.last().unwrap();
+    let rest: Vec<u64> = third
+        .sse(&path, Some(last))
+        .await
+        .collect_all()
+        .await
+        .iter()
+        .map(|m| m.seq())
+        .collect();
+    seen.extend(rest);
+    let task = finished(&runner, &id).await;
+    assert_eq!(task["status"], "completed", "{task}");
+    let stored: Vec<u64> = runner
+        .all_events(&id)
+        .await
+        .iter()
+        .map(|e| e["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seen, stored, "every event once, across instances");
+}
+
+/// I-8: the same idempotent request sent to two instances creates one task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_retry_on_another_instance_creates_no_second_task_i8() {
+    let database = fresh_database().await;
+    let a = instance(&database, "a", None, &["--workers", "1"]);
+    let token = a.admin_token.clone();
+    let b = instance(&database, "b", Some(&token), &["--workers", "1"]);
+    let mut body = prompt(9, 5, "fail");
+    body["background"] = Value::Bool(true);
+    let send = |server: &TestServer| {
+        server
+            .request(reqwest::Method::POST, "/v1/responses", &token)
+            .header("idempotency-key", "across-instances")
+            .json(&body)
+            .send()
+    };
+    let first = send(&a).await.unwrap();
+    assert_eq!(first.status().as_u16(), 202);
+    let first: Value = first.json().await.unwrap();
+    let again = send(&b).await.unwrap();
+    assert_eq!(again.status().as_u16(), 202);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again: Value = again.json().await.unwrap();
+    assert_eq!(first["task_id"], again["task_id"]);
+    assert_eq!(a.task_count().await, 1);
 }
