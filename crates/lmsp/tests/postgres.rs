@@ -139,6 +139,49 @@ async fn a_killed_instances_tasks_are_recovered_by_another_p7_i5() {
     assert_eq!(restarts, BTreeSet::from([1]));
 }
 
+/// I-6 across instances: a `resume` task running on a killed instance is resumed by another from
+/// its snapshot, and its output equals an uninterrupted run of the same request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_task_of_a_killed_instance_continues_exactly_i6() {
+    let database = fresh_database().await;
+    let mut doomed = instance(
+        &database,
+        "doomed",
+        None,
+        &["--workers", "1", "--reference-token-delay", "20ms"],
+    );
+    let token = doomed.admin_token.clone();
+    let id = doomed.submit(prompt(77, 300, "resume")).await;
+    doomed
+        .wait_task(&id, "some output", |t| {
+            t["last_sequence_number"].as_u64().unwrap_or(0) > 30
+        })
+        .await;
+    let survivor = instance(&database, "survivor", Some(&token), &["--workers", "1"]);
+    doomed.kill();
+    let task = finished(&survivor, &id).await;
+    assert_eq!(task["status"], "completed", "{task}");
+    assert_eq!(task["restarts"], 1, "{task}");
+    let events = survivor.all_events(&id).await;
+    common::assert_log_invariants(&task, &events);
+    assert!(
+        events.iter().any(|e| e["type"] == "response.resumed"),
+        "resumed: {events:?}"
+    );
+    let fresh = survivor.submit(prompt(77, 300, "resume")).await;
+    survivor.wait_status(&fresh, "completed").await;
+    let text = |task_id: &str| {
+        let server = &survivor;
+        let response_id = task_id.replacen("task_", "resp_", 1);
+        async move {
+            let (status, response) = server.get(&format!("/v1/responses/{response_id}")).await;
+            assert_eq!(status, 200, "{response}");
+            response["output_text"].as_str().unwrap().to_owned()
+        }
+    };
+    assert_eq!(text(&id).await, text(&fresh).await, "I-6");
+}
+
 /// A cancel sent to one instance stops the task running on another (the notification port).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_sent_to_any_instance_stops_the_task_where_it_runs() {
