@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::num::NonZeroU32;
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use lmsp_domain::auth::Scope;
@@ -81,6 +83,8 @@ pub enum SyncFlag {
 pub enum EngineFlag {
     /// The deterministic reference engine (text corpora).
     Reference,
+    /// llama.cpp in process: registered GGUF files.
+    Llama,
     /// An OpenAI-compatible upstream server (`--upstream`).
     Openai,
 }
@@ -146,6 +150,18 @@ pub struct ServeArgs {
     /// task fails with `timeout`.
     #[arg(long, env = "LMSP_UPSTREAM_READ_TIMEOUT", default_value = "120s", value_parser = duration)]
     pub upstream_read_timeout: Duration,
+    /// llama.cpp: CPU threads per generation (default: the cores divided among the workers).
+    #[arg(long, env = "LMSP_LLAMA_THREADS")]
+    pub llama_threads: Option<NonZeroU32>,
+    /// llama.cpp: the most tokens (prompt and output) one generation's context holds.
+    #[arg(long, env = "LMSP_LLAMA_CONTEXT", default_value = "4096")]
+    pub llama_context: NonZeroU32,
+    /// llama.cpp: prompt tokens evaluated per call; a cancel is noticed between two calls.
+    #[arg(long, env = "LMSP_LLAMA_BATCH", default_value = "64")]
+    pub llama_batch: NonZeroU32,
+    /// llama.cpp: layers offloaded to the GPU (builds with the `cuda` or `metal` feature).
+    #[arg(long, env = "LMSP_LLAMA_GPU_LAYERS")]
+    pub llama_gpu_layers: Option<u32>,
     /// The reference engine's time to load a model.
     #[arg(long, env = "LMSP_REFERENCE_LOAD_DELAY", default_value = "0ms", value_parser = duration)]
     pub reference_load_delay: Duration,

@@ -2,6 +2,7 @@
 //! the service — which initializes, registers this instance and recovers to completion — then
 //! bind, then serve), and the graceful stop.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use anyhow::Context;
 use lmsp_app::{Adapters, Engines, Listener, Service, Settings, SystemClock};
 use lmsp_domain::ports::{Clock, Engine, ModelFiles, Store, StoreListener};
 use lmsp_domain::EngineKind;
+use lmsp_engine_llama::{LlamaEngine, LlamaSettings};
 use lmsp_engine_openai::{OpenAiEngine, OpenAiSettings};
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
 use lmsp_http::server::{ServerLimits, ServerStop};
@@ -91,6 +93,20 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             read_timeout: args.upstream_read_timeout,
         })?;
         engines = engines.with(EngineKind::Upstream, Arc::new(upstream));
+    }
+    if let EngineFlag::Llama = args.engine {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let per_worker = (cores / usize::from(args.workers).max(1)).max(1);
+        let defaults = LlamaSettings::default();
+        let llama = LlamaEngine::new(LlamaSettings {
+            threads: args
+                .llama_threads
+                .or(NonZeroU32::new(u32::try_from(per_worker).unwrap_or(1))),
+            context_size: args.llama_context,
+            batch_size: args.llama_batch,
+            gpu_layers: args.llama_gpu_layers.unwrap_or(defaults.gpu_layers),
+        })?;
+        engines = engines.with(EngineKind::Llama, Arc::new(llama));
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let mut settings = Settings::with_defaults(env!("CARGO_PKG_VERSION"));
