@@ -184,7 +184,11 @@ pub async fn lock_task<C: Db>(db: &C, id: TaskId) -> Res<Option<Task>> {
 }
 
 fn error_text(task: &Task) -> Res<Option<String>> {
-    task.error.as_ref().map(codec::error_to_text).transpose()
+    task.error
+        .as_ref()
+        .map(codec::error_to_text)
+        .transpose()
+        .map_err(Into::into)
 }
 
 /// The response id as stored: `NULL` when it is the derived one.

@@ -118,6 +118,7 @@ fn pairing_limit(conn: &Connection) -> Res<PairingLimit> {
     config_value(conn, PAIRING_LIMIT)?
         .map(|text| codec::pairing_limit_from_text(&text))
         .transpose()
+        .map_err(crate::error::DbError::from)
         .map(Option::unwrap_or_default)
 }
 

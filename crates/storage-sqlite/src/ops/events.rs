@@ -209,7 +209,9 @@ pub fn response_of_task(conn: &Connection, task_id: TaskId) -> Res<Option<Respon
         .prepare_cached("SELECT doc FROM responses WHERE task_id = ?1")?
         .query_row([key(task_id)], |row| row.get(0))
         .optional()?;
-    doc.map(|doc| codec::response_from_text(&doc)).transpose()
+    doc.map(|doc| codec::response_from_text(&doc))
+        .transpose()
+        .map_err(Into::into)
 }
 
 /// Events after `after`, ascending. One read transaction, so the events and the task and response

@@ -191,7 +191,11 @@ pub fn load_task(conn: &Connection, id: TaskId) -> Res<Option<Task>> {
 }
 
 fn error_text(task: &Task) -> Res<Option<String>> {
-    task.error.as_ref().map(codec::error_to_text).transpose()
+    task.error
+        .as_ref()
+        .map(codec::error_to_text)
+        .transpose()
+        .map_err(Into::into)
 }
 
 /// The response id as stored: `NULL` when it is the derived one.

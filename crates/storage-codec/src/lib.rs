@@ -1,0 +1,349 @@
+//! The storage adapters' encodings of the values they keep as text: the row codecs both the
+//! SQLite and the PostgreSQL adapter use, so the two store the same documents.
+//!
+//! Domain types carry no serialization; what is stored, and how, is decided here, so renaming a
+//! domain field can never silently change what is on disk. Each stored document has a serde
+//! struct of its own whose field names are the stored names. The shapes are those the first
+//! release wrote (a test opens a database file it wrote), extended only with optional fields.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use lmsp_domain::auth::{Scope, Scopes};
+use lmsp_domain::ids::{ResponseId, ServiceId, TaskId};
+use lmsp_domain::model::ModelId;
+use lmsp_domain::ports::ServiceIdentity;
+use lmsp_domain::task::{
+    Fraction, Input, Message, Metadata, Response, Role, TaskError, TaskSpec, Usage,
+};
+use lmsp_domain::{TaskErrorCode, Timestamp};
+
+/// A stored document that does not read, or a value that does not write.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    /// The document is not the JSON it must be.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// The document reads but makes no sense.
+    #[error("{0}")]
+    Corrupt(String),
+}
+
+fn corrupt(what: impl std::fmt::Display) -> DbError {
+    DbError::Corrupt(what.to_string())
+}
+
+/// `task_specs.spec`.
+#[derive(Debug, Serialize, Deserialize)]
+struct SpecDoc {
+    input: InputDoc,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    instructions: Option<String>,
+    max_output_tokens: u32,
+    seed: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous_response_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum InputDoc {
+    Text(String),
+    Messages(Vec<MessageDoc>),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct MessageDoc {
+    role: String,
+    content: String,
+}
+
+/// Encodes a task's spec.
+pub fn spec_to_text(spec: &TaskSpec) -> Result<String, DbError> {
+    let input = match &spec.input {
+        Input::Text(text) => InputDoc::Text(text.clone()),
+        Input::Messages(messages) => InputDoc::Messages(
+            messages
+                .iter()
+                .map(|m| MessageDoc {
+                    role: m.role.as_str().to_owned(),
+                    content: m.content.clone(),
+                })
+                .collect(),
+        ),
+    };
+    Ok(serde_json::to_string(&SpecDoc {
+        input,
+        instructions: spec.instructions.clone(),
+        max_output_tokens: spec.max_output_tokens,
+        seed: spec.seed,
+        temperature: spec.temperature.map(Fraction::get),
+        top_p: spec.top_p.map(Fraction::get),
+        previous_response_id: spec.previous_response_id.map(|id| id.to_string()),
+    })?)
+}
+
+fn fraction(value: Option<f64>) -> Result<Option<Fraction>, DbError> {
+    value
+        .map(|v| Fraction::new(v).ok_or_else(|| corrupt(format!("a sampling value of {v}"))))
+        .transpose()
+}
+
+/// Decodes a task's spec.
+pub fn spec_from_text(text: &str) -> Result<Arc<TaskSpec>, DbError> {
+    let doc: SpecDoc = serde_json::from_str(text)?;
+    let input = match doc.input {
+        InputDoc::Text(text) => Input::Text(text),
+        InputDoc::Messages(messages) => Input::Messages(
+            messages
+                .into_iter()
+                .map(|m| {
+                    Ok(Message {
+                        role: Role::parse(&m.role)
+                            .ok_or_else(|| corrupt(format!("a message role `{}`", m.role)))?,
+                        content: m.content,
+                    })
+                })
+                .collect::<Result<_, DbError>>()?,
+        ),
+    };
+    Ok(Arc::new(TaskSpec {
+        input,
+        instructions: doc.instructions,
+        max_output_tokens: doc.max_output_tokens,
+        seed: doc.seed,
+        temperature: fraction(doc.temperature)?,
+        top_p: fraction(doc.top_p)?,
+        previous_response_id: doc
+            .previous_response_id
+            .map(|id| ResponseId::parse(&id).map_err(corrupt))
+            .transpose()?,
+    }))
+}
+
+/// Encodes metadata (`task_specs.metadata`).
+pub fn metadata_to_text(metadata: &Metadata) -> Result<String, DbError> {
+    Ok(serde_json::to_string(metadata)?)
+}
+
+/// Decodes metadata.
+pub fn metadata_from_text(text: &str) -> Result<Metadata, DbError> {
+    Ok(serde_json::from_str::<BTreeMap<String, String>>(text)?)
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ErrorDoc {
+    code: String,
+    message: String,
+}
+
+/// Encodes a task error (`tasks.error`, the data of `response.failed`).
+pub fn error_to_text(error: &TaskError) -> Result<String, DbError> {
+    Ok(serde_json::to_string(&ErrorDoc {
+        code: error.code.as_str().to_owned(),
+        message: error.message.clone(),
+    })?)
+}
+
+/// Decodes a task error.
+pub fn error_from_text(text: &str) -> Result<TaskError, DbError> {
+    let doc: ErrorDoc = serde_json::from_str(text)?;
+    let code = TaskErrorCode::parse(&doc.code)
+        .ok_or_else(|| corrupt(format!("a task error code `{}`", doc.code)))?;
+    Ok(TaskError::new(code, doc.message))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct UsageDoc {
+    input_tokens: u64,
+    output_tokens: u64,
+}
+
+/// `responses.doc`.
+#[derive(Debug, Serialize, Deserialize)]
+struct ResponseDoc {
+    id: String,
+    task_id: String,
+    model: String,
+    output_text: String,
+    usage: UsageDoc,
+    created_at: i64,
+    completed_at: i64,
+}
+
+/// Encodes a stored response.
+pub fn response_to_text(response: &Response) -> Result<String, DbError> {
+    Ok(serde_json::to_string(&ResponseDoc {
+        id: response.id.to_string(),
+        task_id: response.task_id.to_string(),
+        model: response.model.as_str().to_owned(),
+        output_text: response.output_text.clone(),
+        usage: UsageDoc {
+            input_tokens: response.usage.input_tokens,
+            output_tokens: response.usage.output_tokens,
+        },
+        created_at: response.created_at.as_millis(),
+        completed_at: response.completed_at.as_millis(),
+    })?)
+}
+
+/// Decodes a stored response.
+pub fn response_from_text(text: &str) -> Result<Response, DbError> {
+    let doc: ResponseDoc = serde_json::from_str(text)?;
+    Ok(Response {
+        id: ResponseId::parse(&doc.id).map_err(corrupt)?,
+        task_id: TaskId::parse(&doc.task_id).map_err(corrupt)?,
+        model: ModelId::parse(&doc.model).map_err(corrupt)?,
+        output_text: doc.output_text,
+        usage: Usage {
+            input_tokens: doc.usage.input_tokens,
+            output_tokens: doc.usage.output_tokens,
+        },
+        created_at: Timestamp::from_millis(doc.created_at),
+        completed_at: Timestamp::from_millis(doc.completed_at),
+    })
+}
+
+/// Encodes scopes (`clients.scopes`, `pairings.scopes`): a list of names.
+pub fn scopes_to_text(scopes: &Scopes) -> Result<String, DbError> {
+    let names: Vec<&str> = scopes.iter().map(Scope::as_str).collect();
+    Ok(serde_json::to_string(&names)?)
+}
+
+/// Decodes scopes.
+pub fn scopes_from_text(text: &str) -> Result<Scopes, DbError> {
+    let names: Vec<String> = serde_json::from_str(text)?;
+    let scopes = names
+        .iter()
+        .map(|name| Scope::parse(name).map_err(corrupt))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Scopes::new(scopes))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct IdentityDoc {
+    id: String,
+    created_at: i64,
+}
+
+/// Encodes the service identity (`service_config` key `identity`).
+pub fn identity_to_text(identity: &ServiceIdentity) -> Result<String, DbError> {
+    Ok(serde_json::to_string(&IdentityDoc {
+        id: identity.id.to_string(),
+        created_at: identity.created_at.as_millis(),
+    })?)
+}
+
+/// Decodes the service identity.
+pub fn identity_from_text(text: &str) -> Result<ServiceIdentity, DbError> {
+    let doc: IdentityDoc = serde_json::from_str(text)?;
+    Ok(ServiceIdentity {
+        id: ServiceId::parse(&doc.id).map_err(corrupt)?,
+        created_at: Timestamp::from_millis(doc.created_at),
+    })
+}
+
+/// The pairing limit (`service_config` key `pairing_limit`).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct PairingLimitDoc {
+    failures: Vec<i64>,
+    locked_until: Option<i64>,
+}
+
+/// Encodes the pairing limit.
+pub fn pairing_limit_to_text(limit: &lmsp_domain::auth::PairingLimit) -> Result<String, DbError> {
+    Ok(serde_json::to_string(&PairingLimitDoc {
+        failures: limit.failures.iter().map(|at| at.as_millis()).collect(),
+        locked_until: limit.locked_until.map(Timestamp::as_millis),
+    })?)
+}
+
+/// Decodes the pairing limit.
+pub fn pairing_limit_from_text(text: &str) -> Result<lmsp_domain::auth::PairingLimit, DbError> {
+    let doc: PairingLimitDoc = serde_json::from_str(text)?;
+    Ok(lmsp_domain::auth::PairingLimit {
+        failures: doc
+            .failures
+            .into_iter()
+            .map(Timestamp::from_millis)
+            .collect(),
+        locked_until: doc.locked_until.map(Timestamp::from_millis),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The documents the first release wrote decode, field by field.
+    #[test]
+    fn documents_of_the_first_release_decode() {
+        let spec = spec_from_text(
+            r#"{"input":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_output_tokens":2,"seed":2}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.max_output_tokens, 2);
+        assert_eq!(spec.instructions, None);
+        assert_eq!(spec.input.messages()[0].role, Role::System);
+        let response = response_from_text(
+            r#"{"id":"resp_01M8XY941K0R7DKYWW76TXY2T5","task_id":"task_01M8XY93QXD0N2WZRTYKNEE4XH","model":"reference","output_text":"to read ","usage":{"input_tokens":3,"output_tokens":2},"created_at":1796301164286,"completed_at":1796301164595}"#,
+        )
+        .unwrap();
+        assert_eq!(response.output_text, "to read ");
+        assert_eq!(response.usage.total_tokens(), 5);
+        let error = error_from_text(
+            r#"{"code":"model_digest_mismatch","message":"the model file does not match its stored digest"}"#,
+        )
+        .unwrap();
+        assert_eq!(error.code, TaskErrorCode::ModelDigestMismatch);
+        let identity = identity_from_text(
+            r#"{"id":"svc_01M8XY928A74TNTZY5YVERHMWE","created_at":1796301162762}"#,
+        )
+        .unwrap();
+        assert_eq!(identity.created_at.as_millis(), 1_796_301_162_762);
+        assert_eq!(
+            scopes_from_text(r#"["responses:write","responses:read"]"#).unwrap(),
+            Scopes::new([Scope::ResponsesRead, Scope::ResponsesWrite])
+        );
+    }
+
+    #[test]
+    fn a_full_spec_round_trips() {
+        let spec = TaskSpec {
+            input: Input::Messages(vec![Message {
+                role: Role::Developer,
+                content: "x".into(),
+            }]),
+            instructions: Some("Be brief.".into()),
+            max_output_tokens: 9,
+            seed: 3,
+            temperature: Fraction::new(0.7),
+            top_p: Fraction::new(0.5),
+            previous_response_id: Some(
+                ResponseId::parse("resp_01ARZ3NDEKTSV4RRFFQ69G5FAV").unwrap(),
+            ),
+        };
+        assert_eq!(
+            *spec_from_text(&spec_to_text(&spec).unwrap()).unwrap(),
+            spec
+        );
+    }
+
+    #[test]
+    fn unknown_names_are_corrupt_not_guessed() {
+        assert!(error_from_text(r#"{"code":"exploded","message":"x"}"#).is_err());
+        assert!(scopes_from_text(r#"["root"]"#).is_err());
+        assert!(spec_from_text(
+            r#"{"input":[{"role":"bot","content":"x"}],"max_output_tokens":1,"seed":1}"#
+        )
+        .is_err());
+    }
+}
