@@ -5,14 +5,12 @@
 #[path = "../tests/tiny/mod.rs"]
 mod tiny;
 
-const CHATML: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}";
-
 fn main() -> Result<(), String> {
     let mut out = None;
     let mut template = None;
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
-            "--chatml" => template = Some(CHATML),
+            "--chatml" => template = Some(tiny::CHATML),
             _ if out.is_none() => out = Some(arg),
             _ => return Err(format!("unexpected argument {arg}")),
         }

@@ -180,19 +180,29 @@ impl LlamaEngine {
     }
 }
 
+/// A model file's name without its directory.
+fn shown_name(path: &str) -> String {
+    Path::new(path).file_name().map_or_else(
+        || String::from("the model file"),
+        |name| name.to_string_lossy().into_owned(),
+    )
+}
+
 fn load_model(
     backend: &LlamaBackend,
     path: &str,
     gpu_layers: u32,
 ) -> Result<LoadedModel, EngineError> {
+    // Clients read the message: it names the file, not where the server keeps it.
+    let name = shown_name(path);
     if !Path::new(path).is_file() {
         return Err(EngineError::ModelUnavailable(format!(
-            "{path}: no such file"
+            "{name}: no such file"
         )));
     }
     let params = LlamaModelParams::default().with_n_gpu_layers(gpu_layers);
     let model = LlamaModel::load_from_file(backend, path, &params).map_err(|error| {
-        EngineError::ModelUnavailable(format!("{path}: llama.cpp cannot load it ({error})"))
+        EngineError::ModelUnavailable(format!("{name}: llama.cpp cannot load it ({error})"))
     })?;
     let template = model.chat_template(None).ok();
     Ok(LoadedModel { model, template })

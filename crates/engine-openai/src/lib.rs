@@ -1,12 +1,18 @@
 //! An [`Engine`] that sends the work to an OpenAI-compatible server (llama.cpp's server, Ollama,
 //! vLLM) with streaming chat completions.
 //!
-//! The upstream model name is the task's model id. A snapshot needs no engine state: resuming
-//! re-sends the prompt with the text produced so far as the start of the assistant's turn, and
-//! continues from there (the README).
+//! The upstream model name is the model's `upstream_model`. A snapshot's engine state is the count
+//! of upstream tokens produced before it, so a resumed task's `max_output_tokens` budget is counted
+//! in the upstream's tokens. Resuming sends the conversation with the text produced so far as the
+//! start of the assistant's turn: through the raw completion endpoint where the upstream has one
+//! (llama.cpp: its own chat template, from `/apply-template`, followed by the text so far), so the
+//! continuation does not depend on whether the upstream continues a trailing assistant message;
+//! elsewhere as a trailing assistant message of a chat completion.
 
 use std::collections::VecDeque;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use async_trait::async_trait;
 use eventsource_stream::{Event as SseEvent, EventStreamError, Eventsource};
@@ -23,9 +29,14 @@ pub struct OpenAiSettings {
     pub base_url: String,
     /// How long to wait for the upstream to accept a connection.
     pub connect_timeout: Duration,
-    /// How long the upstream may send nothing (no header, no chunk) before the task fails with
-    /// `timeout`: a stopped or hung upstream never keeps a task `loading` or `running`.
-    pub read_timeout: Duration,
+    /// How long the upstream may take from the request to the first token (while it loads the
+    /// model, queues the request or evaluates the prompt), and to answer the load check.
+    pub first_token_timeout: Duration,
+    /// How long the upstream may send nothing between two tokens.
+    ///
+    /// With the other two, a stopped or hung upstream never keeps a task `loading` or `running`:
+    /// the task fails with `timeout`.
+    pub token_timeout: Duration,
 }
 
 /// The OpenAI-compatible engine.
@@ -33,6 +44,10 @@ pub struct OpenAiSettings {
 pub struct OpenAiEngine {
     settings: OpenAiSettings,
     http: reqwest::Client,
+    /// Whether the upstream is llama.cpp's server (it answers `/props`), learnt at the first load:
+    /// it then reports its token count with every chunk and has a raw completion endpoint and
+    /// its chat template for resumes.
+    llama_cpp: std::sync::Arc<std::sync::OnceLock<bool>>,
 }
 
 impl OpenAiEngine {
@@ -42,11 +57,109 @@ impl OpenAiEngine {
             .connect_timeout(settings.connect_timeout)
             .build()
             .map_err(|e| EngineError::Failed(format!("cannot build the HTTP client: {e}")))?;
-        Ok(Self { settings, http })
+        Ok(Self {
+            settings,
+            http,
+            llama_cpp: std::sync::Arc::default(),
+        })
     }
 
     fn url(&self, path: &str) -> String {
         format!("{}/{path}", self.settings.base_url.trim_end_matches('/'))
+    }
+
+    /// A URL on the upstream's root, beside its `/v1` API (llama.cpp's own endpoints).
+    fn root_url(&self, path: &str) -> String {
+        let base = self.settings.base_url.trim_end_matches('/');
+        let root = base.strip_suffix("/v1").unwrap_or(base);
+        format!("{root}/{path}")
+    }
+
+    /// Sends a request and waits for its response's headers until `deadline`.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        deadline: Instant,
+    ) -> Result<reqwest::Response, EngineError> {
+        match tokio::time::timeout_at(deadline, request.send()).await {
+            Err(_) => Err(EngineError::Timeout(String::from(
+                "the upstream did not answer in time",
+            ))),
+            Ok(Err(error)) => Err(request_failed(&error)),
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+
+    /// Whether the upstream is llama.cpp's server: asked until it gives a definite answer (a
+    /// server still loading its model may answer 503 at first).
+    async fn is_llama_cpp(&self) -> Result<bool, EngineError> {
+        if let Some(known) = self.llama_cpp.get() {
+            return Ok(*known);
+        }
+        let deadline = Instant::now() + self.settings.first_token_timeout;
+        let response = self
+            .send(self.http.get(self.root_url("props")), deadline)
+            .await?;
+        let status = response.status();
+        if status.is_server_error() {
+            return Ok(false);
+        }
+        let known = if status.is_success() {
+            let props: Value = tokio::time::timeout_at(deadline, response.json())
+                .await
+                .map_err(|_| {
+                    EngineError::Timeout(String::from("the upstream did not answer in time"))
+                })?
+                .unwrap_or(Value::Null);
+            props.get("default_generation_settings").is_some()
+        } else {
+            false
+        };
+        // Another task may have learnt it meanwhile: the answer is the same.
+        let _ = self.llama_cpp.set(known);
+        Ok(known)
+    }
+
+    /// The prompt llama.cpp's chat template makes of a conversation, ending where the
+    /// assistant's turn begins.
+    async fn templated_prompt(&self, conversation: &[Message]) -> Result<String, EngineError> {
+        let deadline = Instant::now() + self.settings.first_token_timeout;
+        let request = self
+            .http
+            .post(self.root_url("apply-template"))
+            .json(&json!({ "messages": messages(conversation, None) }));
+        let response = self.send(request, deadline).await?;
+        let status = response.status();
+        let text = tokio::time::timeout_at(deadline, response.text())
+            .await
+            .map_err(|_| EngineError::Timeout(String::from("the upstream did not answer in time")))?
+            .map_err(|e| request_failed(&e))?;
+        if !status.is_success() {
+            return Err(EngineError::UpstreamUnavailable(format!(
+                "the upstream answered {status} to /apply-template: {}",
+                upstream_message(&text)
+            )));
+        }
+        serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|doc| doc["prompt"].as_str().map(str::to_owned))
+            .ok_or_else(|| {
+                EngineError::UpstreamUnavailable(String::from(
+                    "the upstream's /apply-template answer has no prompt",
+                ))
+            })
+    }
+}
+
+/// An error of a request that got no response: a timeout (connect included) is `Timeout`,
+/// anything else (refused, reset, unresolvable) `UpstreamUnavailable`, with the whole chain of
+/// causes (reqwest's own message alone says only "error sending request").
+fn request_failed(error: &reqwest::Error) -> EngineError {
+    let message = with_causes(error);
+    if error.is_timeout() {
+        EngineError::Timeout(format!("the upstream did not answer in time: {message}"))
+    } else {
+        EngineError::UpstreamUnavailable(format!("the upstream does not answer: {message}"))
     }
 }
 
@@ -75,26 +188,19 @@ fn messages(conversation: &[Message], text_so_far: Option<&str>) -> Vec<Value> {
 impl Engine for OpenAiEngine {
     async fn load(&self, _model: &ModelToLoad) -> Result<(), EngineError> {
         // The upstream loads its models itself; check that it answers.
-        let asked = self.http.get(self.url("models")).send();
-        let response = tokio::time::timeout(self.settings.read_timeout, asked)
-            .await
-            .map_err(|_| {
-                EngineError::Timeout(format!(
-                    "the upstream did not answer within {:?}",
-                    self.settings.read_timeout
-                ))
-            })?
-            .map_err(|e| {
-                EngineError::UpstreamUnavailable(format!("the upstream does not answer: {e}"))
-            })?;
-        if response.status().is_success() {
-            Ok(())
-        } else {
-            Err(EngineError::UpstreamUnavailable(format!(
-                "the upstream answered {}",
-                response.status()
-            )))
+        let deadline = Instant::now() + self.settings.first_token_timeout;
+        let response = self
+            .send(self.http.get(self.url("models")), deadline)
+            .await?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            return Err(EngineError::UpstreamUnavailable(format!(
+                "the upstream answered {status}: {}",
+                upstream_message(&text)
+            )));
         }
+        self.is_llama_cpp().await.map(drop)
     }
 
     async fn generate(&self, job: GenerationJob) -> Result<Box<dyn Generation>, EngineError> {
@@ -103,8 +209,8 @@ impl Engine for OpenAiEngine {
             .as_ref()
             .map(|r| r.text_so_far.clone())
             .unwrap_or_default();
-        // The snapshot's state is the count of tokens produced before it (one streamed chunk is
-        // one token), so a resumed task's budget is counted in tokens, never in words.
+        // The snapshot's state is the count of upstream tokens produced before it, so a resumed
+        // task's budget is counted in tokens, never in words.
         let produced = job.resume.as_ref().map_or(0, |r| tokens_in_state(&r.state));
         let remaining = u64::from(job.spec.max_output_tokens).saturating_sub(produced);
         if remaining == 0 {
@@ -117,39 +223,45 @@ impl Engine for OpenAiEngine {
             ModelSource::Upstream { name } => name.clone(),
             ModelSource::File { .. } => job.model.record.id.as_str().to_owned(),
         };
+        let llama_cpp = self.is_llama_cpp().await?;
+        let conversation = job.spec.conversation();
         let mut body = json!({
             "model": model,
-            "messages": messages(&job.spec.conversation(), Some(&text_so_far)),
             "stream": true,
             "stream_options": {"include_usage": true},
             "max_tokens": remaining,
             "seed": job.spec.seed,
         });
+        let endpoint = if llama_cpp && !text_so_far.is_empty() {
+            // Resume through the raw completion endpoint: the chat template's prompt and the
+            // text so far, continued whether or not the server prefills assistant messages.
+            let prompt = self.templated_prompt(&conversation).await?;
+            body["prompt"] = json!(prompt + &text_so_far);
+            "completions"
+        } else {
+            body["messages"] = json!(messages(&conversation, Some(&text_so_far)));
+            "chat/completions"
+        };
+        if llama_cpp {
+            // llama.cpp then reports the tokens predicted so far with every chunk.
+            body["timings_per_token"] = json!(true);
+        }
         if let Some(temperature) = job.spec.temperature {
             body["temperature"] = json!(temperature.get());
         }
         if let Some(top_p) = job.spec.top_p {
             body["top_p"] = json!(top_p.get());
         }
-        let sent = self
-            .http
-            .post(self.url("chat/completions"))
-            .json(&body)
-            .send();
-        let response = tokio::time::timeout(self.settings.read_timeout, sent)
-            .await
-            .map_err(|_| {
-                EngineError::Timeout(format!(
-                    "the upstream did not answer within {:?}",
-                    self.settings.read_timeout
-                ))
-            })?
-            .map_err(|e| {
-                EngineError::UpstreamUnavailable(format!("the upstream does not answer: {e}"))
-            })?;
+        let first_token_deadline = Instant::now() + self.settings.first_token_timeout;
+        let request = self.http.post(self.url(endpoint)).json(&body);
+        let response = self.send(request, first_token_deadline).await?;
         if !response.status().is_success() {
             let status = response.status();
-            let text = response.text().await.unwrap_or_default();
+            let text = tokio::time::timeout_at(first_token_deadline, response.text())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
             return Err(EngineError::UpstreamUnavailable(format!(
                 "the upstream answered {status}: {}",
                 upstream_message(&text)
@@ -157,7 +269,8 @@ impl Engine for OpenAiEngine {
         }
         Ok(Box::new(UpstreamGeneration {
             events: Box::pin(response.bytes_stream().eventsource()),
-            read_timeout: self.settings.read_timeout,
+            first_token_deadline: Some(first_token_deadline),
+            token_timeout: self.settings.token_timeout,
             pending: VecDeque::new(),
             usage: Usage {
                 input_tokens: 0,
@@ -173,6 +286,18 @@ impl Engine for OpenAiEngine {
 /// The tokens a snapshot's state says were produced before it.
 fn tokens_in_state(state: &[u8]) -> u64 {
     <[u8; 8]>::try_from(state).map_or(0, u64::from_le_bytes)
+}
+
+/// An error's message followed by its causes'.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
 }
 
 /// The message of an upstream's error document (`{"error": {"message": …}}`), or its text.
@@ -196,7 +321,10 @@ struct UpstreamGeneration {
     /// The upstream's server-sent events, parsed by `eventsource-stream` (which decodes whole
     /// lines, so a character split between two network chunks arrives intact).
     events: Events,
-    read_timeout: Duration,
+    /// Until the first token: when the upstream must have sent it (`None` once it came).
+    first_token_deadline: Option<Instant>,
+    /// After the first token: how long the upstream may send nothing.
+    token_timeout: Duration,
     pending: VecDeque<GenerationItem>,
     usage: Usage,
     /// Tokens produced before a resume (this run's usage counts only its own).
@@ -212,7 +340,8 @@ impl UpstreamGeneration {
     fn finished(usage: Usage) -> Self {
         let mut generation = Self {
             events: Box::pin(futures::stream::empty()),
-            read_timeout: Duration::ZERO,
+            first_token_deadline: None,
+            token_timeout: Duration::ZERO,
             pending: VecDeque::new(),
             usage,
             before: usage.output_tokens,
@@ -240,18 +369,28 @@ impl UpstreamGeneration {
         }
         if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
             if let Some(prompt) = usage["prompt_tokens"].as_u64() {
-                self.usage.input_tokens = prompt;
+                // A resumed run's prompt holds the text so far: that is output, counted once.
+                self.usage.input_tokens = prompt.saturating_sub(self.before);
             }
             if let Some(completion) = usage["completion_tokens"].as_u64() {
                 self.usage.output_tokens = self.before + completion;
             }
         }
         let choice = &chunk["choices"][0];
-        if let Some(text) = choice["delta"]["content"]
+        // A chat completion's chunk has `delta.content`, a raw completion's `text`.
+        let text = choice["delta"]["content"]
             .as_str()
-            .filter(|t| !t.is_empty())
-        {
-            self.usage.output_tokens += 1;
+            .or_else(|| choice["text"].as_str())
+            .filter(|t| !t.is_empty());
+        if let Some(text) = text {
+            // llama.cpp counts the tokens predicted so far (`timings_per_token`): a character of
+            // several tokens arrives as one chunk. Elsewhere one chunk is counted as one token
+            // until the usage chunk says otherwise.
+            self.usage.output_tokens = match chunk["timings"]["predicted_n"].as_u64() {
+                Some(predicted) => (self.before + predicted).max(self.usage.output_tokens),
+                None => self.usage.output_tokens + 1,
+            };
+            self.first_token_deadline = None;
             self.pending.push_back(GenerationItem::Delta {
                 text: text.to_owned(),
                 state: self.usage.output_tokens.to_le_bytes().to_vec(),
@@ -272,6 +411,20 @@ impl UpstreamGeneration {
                 .push_back(GenerationItem::Finished { usage: self.usage });
         }
     }
+
+    /// When the next chunk must have arrived, and what a timeout then means.
+    fn deadline(&self) -> (Instant, &'static str) {
+        match self.first_token_deadline {
+            Some(deadline) => (
+                deadline,
+                "the upstream sent no token within the first-token timeout",
+            ),
+            None => (
+                Instant::now() + self.token_timeout,
+                "the upstream sent nothing within the between-token timeout",
+            ),
+        }
+    }
 }
 
 #[async_trait]
@@ -284,19 +437,18 @@ impl Generation for UpstreamGeneration {
             if self.done {
                 return Ok(None);
             }
-            let next = tokio::time::timeout(self.read_timeout, self.events.next()).await;
-            match next {
-                Err(_) => {
-                    return Err(EngineError::Timeout(format!(
-                        "the upstream sent nothing for {:?}",
-                        self.read_timeout
-                    )))
-                }
+            let (deadline, silence) = self.deadline();
+            match tokio::time::timeout_at(deadline, self.events.next()).await {
+                Err(_) => return Err(EngineError::Timeout(String::from(silence))),
                 Ok(Some(Ok(event))) => self.take(&event.data)?,
                 Ok(Some(Err(error))) => {
+                    let message = match &error {
+                        EventStreamError::Transport(error) => with_causes(error),
+                        other => other.to_string(),
+                    };
                     return Err(EngineError::UpstreamUnavailable(format!(
-                        "the upstream stream broke: {error}"
-                    )))
+                        "the upstream stream broke: {message}"
+                    )));
                 }
                 Ok(None) if self.finish_reason_seen => self.finish(),
                 Ok(None) => {

@@ -108,7 +108,8 @@ fn engine(base_url: String) -> OpenAiEngine {
     OpenAiEngine::new(OpenAiSettings {
         base_url,
         connect_timeout: Duration::from_secs(5),
-        read_timeout: Duration::from_millis(500),
+        first_token_timeout: Duration::from_millis(500),
+        token_timeout: Duration::from_millis(500),
     })
     .unwrap()
 }
@@ -335,12 +336,157 @@ async fn an_unreachable_upstream_is_unavailable() {
     let engine = OpenAiEngine::new(OpenAiSettings {
         base_url: "http://127.0.0.1:9/v1".into(),
         connect_timeout: Duration::from_secs(2),
-        read_timeout: Duration::from_secs(2),
+        first_token_timeout: Duration::from_secs(2),
+        token_timeout: Duration::from_secs(2),
     })
     .unwrap();
     let failed = engine.load(&job(10, None).model).await.err().unwrap();
     assert!(
         matches!(failed, EngineError::UpstreamUnavailable(_)),
         "{failed:?}"
+    );
+}
+
+/// A stand-in for llama.cpp's server: `/props`, `/apply-template` (a fixed template) and the
+/// raw `/v1/completions`, whose chunks carry `text` and the tokens predicted so far.
+async fn llama_cpp_upstream(
+    chunks: Vec<Vec<u8>>,
+    seen: Arc<Mutex<Vec<(String, Value)>>>,
+) -> String {
+    let completions_seen = seen.clone();
+    let chat_seen = seen.clone();
+    let app = Router::new()
+        .route("/v1/models", get(|| async { Json(json!({"data": []})) }))
+        .route(
+            "/props",
+            get(|| async { Json(json!({"default_generation_settings": {}})) }),
+        )
+        .route(
+            "/apply-template",
+            post(|Json(body): Json<Value>| async move {
+                let user = body["messages"][0]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                Json(json!({"prompt": format!("<user>{user}</user><assistant>")}))
+            }),
+        )
+        .route(
+            "/v1/completions",
+            post(move |Json(body): Json<Value>| {
+                let seen = completions_seen.clone();
+                let chunks = chunks.clone();
+                async move {
+                    seen.lock().unwrap().push(("completions".into(), body));
+                    answer(Reply::Chunks(chunks))
+                }
+            }),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(move |Json(body): Json<Value>| {
+                let seen = chat_seen.clone();
+                async move {
+                    seen.lock().unwrap().push(("chat".into(), body));
+                    answer(Reply::Chunks(words(&["x"], 1)))
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{address}/v1")
+}
+
+/// On llama.cpp, a resume goes through the raw completion endpoint with the server's own chat
+/// template followed by the text so far, so it continues the text whether or not the server
+/// prefills assistant messages; budgets and usage count llama.cpp's predicted tokens, so a
+/// character of three tokens in one chunk counts three.
+#[tokio::test]
+async fn a_resume_on_llama_cpp_continues_the_templated_prompt_and_counts_its_tokens() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let chunks = vec![
+        sse(
+            &json!({"choices": [{"text": "9", "finish_reason": null}], "timings": {"predicted_n": 1}}),
+        ),
+        sse(
+            &json!({"choices": [{"text": "€", "finish_reason": null}], "timings": {"predicted_n": 4}}),
+        ),
+        sse(
+            &json!({"choices": [{"text": "", "finish_reason": "length"}], "timings": {"predicted_n": 4}}),
+        ),
+        b"data: [DONE]\n\n".to_vec(),
+    ];
+    let base = llama_cpp_upstream(chunks, seen.clone()).await;
+    let engine = engine(base);
+    engine.load(&job(10, None).model).await.unwrap();
+    let resume = ResumePoint {
+        state: 6u64.to_le_bytes().to_vec(),
+        text_so_far: "012345".into(),
+    };
+    let mut resumed = engine.generate(job(10, Some(resume))).await.unwrap();
+    let (items, ended) = run(&mut resumed).await;
+    ended.unwrap();
+    assert_eq!(text(&items), "9€");
+    let states: Vec<u64> = items
+        .iter()
+        .filter_map(|item| match item {
+            GenerationItem::Delta { state, .. } => {
+                Some(u64::from_le_bytes(state.as_slice().try_into().unwrap()))
+            }
+            GenerationItem::Finished { .. } => None,
+        })
+        .collect();
+    assert_eq!(states, [7, 10], "6 before, then llama.cpp's own counts");
+    match items.last() {
+        Some(GenerationItem::Finished { usage }) => assert_eq!(usage.output_tokens, 10),
+        other => panic!("not finished: {other:?}"),
+    }
+    let seen = seen.lock().unwrap();
+    let (endpoint, request) = seen.last().unwrap();
+    assert_eq!(endpoint, "completions");
+    assert_eq!(
+        request["prompt"],
+        "<user>Once upon a time</user><assistant>012345"
+    );
+    assert_eq!(request["max_tokens"], 4, "10 tokens, 6 spent");
+    assert_eq!(request["timings_per_token"], true);
+}
+
+/// A first run on llama.cpp is an ordinary chat completion (asking for per-token counts).
+#[tokio::test]
+async fn a_first_run_on_llama_cpp_is_a_chat_completion() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let base = llama_cpp_upstream(Vec::new(), seen.clone()).await;
+    let engine = engine(base);
+    engine.load(&job(10, None).model).await.unwrap();
+    let mut generation = engine.generate(job(10, None)).await.unwrap();
+    let (items, ended) = run(&mut generation).await;
+    ended.unwrap();
+    assert_eq!(text(&items), "x");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].0, "chat");
+    assert_eq!(seen[0].1["timings_per_token"], true);
+}
+
+/// An upstream that answers the request but sends no token (queued behind other work, or
+/// evaluating a long prompt) fails at the first-token timeout; chunks without text (a role, a
+/// keep-alive) do not count as a token.
+#[tokio::test]
+async fn an_upstream_that_sends_no_token_times_out_at_the_first_token_timeout() {
+    let role_only =
+        sse(&json!({"choices": [{"delta": {"role": "assistant"}, "finish_reason": null}]}));
+    let base = upstream(
+        Reply::Hang(vec![role_only.clone(), role_only]),
+        Arc::new(Mutex::new(Vec::new())),
+    )
+    .await;
+    let mut generation = engine(base).generate(job(10, None)).await.unwrap();
+    let (items, ended) = run(&mut generation).await;
+    assert!(items.is_empty(), "{items:?}");
+    assert!(
+        matches!(&ended, Err(EngineError::Timeout(m)) if m.contains("first-token")),
+        "{ended:?}"
     );
 }

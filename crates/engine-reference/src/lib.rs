@@ -78,9 +78,13 @@ impl ReferenceEngine {
         let slot = self.slot(&file.digest);
         let corpus = slot
             .get_or_try_init(|| async {
-                let text = tokio::fs::read_to_string(path)
-                    .await
-                    .map_err(|error| EngineError::ModelUnavailable(format!("{path}: {error}")))?;
+                let text = tokio::fs::read_to_string(path).await.map_err(|error| {
+                    // Clients read the message: the file's name, not where it is kept.
+                    let name = std::path::Path::new(path)
+                        .file_name()
+                        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+                    EngineError::ModelUnavailable(format!("{name}: {error}"))
+                })?;
                 pause(self.settings.load_delay).await;
                 Ok::<_, EngineError>(Arc::new(Corpus::new(&text)))
             })

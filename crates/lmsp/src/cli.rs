@@ -146,10 +146,21 @@ pub struct ServeArgs {
     /// The OpenAI-compatible server of `--engine openai`, e.g. `http://127.0.0.1:8080/v1`.
     #[arg(long, env = "LMSP_UPSTREAM", required_if_eq("engine", "openai"))]
     pub upstream: Option<String>,
-    /// How long the upstream may send nothing (while it loads, queues or generates) before the
-    /// task fails with `timeout`.
-    #[arg(long, env = "LMSP_UPSTREAM_READ_TIMEOUT", default_value = "120s", value_parser = duration)]
-    pub upstream_read_timeout: Duration,
+    /// How long the upstream may take to accept a connection before the task fails with
+    /// `timeout`.
+    #[arg(long, env = "LMSP_UPSTREAM_CONNECT_TIMEOUT", default_value = "10s",
+          value_parser = positive_duration)]
+    pub upstream_connect_timeout: Duration,
+    /// How long the upstream may take from a request to its first token (while it loads the
+    /// model, queues the request or evaluates the prompt) before the task fails with `timeout`.
+    #[arg(long, env = "LMSP_UPSTREAM_FIRST_TOKEN_TIMEOUT", default_value = "300s",
+          value_parser = positive_duration)]
+    pub upstream_first_token_timeout: Duration,
+    /// How long the upstream may send nothing between two tokens before the task fails with
+    /// `timeout`.
+    #[arg(long, env = "LMSP_UPSTREAM_TOKEN_TIMEOUT", default_value = "30s",
+          value_parser = positive_duration)]
+    pub upstream_token_timeout: Duration,
     /// llama.cpp: CPU threads per generation (default: the cores divided among the workers).
     #[arg(long, env = "LMSP_LLAMA_THREADS")]
     pub llama_threads: Option<NonZeroU32>,

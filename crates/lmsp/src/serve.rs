@@ -89,8 +89,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let EngineFlag::Openai = args.engine {
         let upstream = OpenAiEngine::new(OpenAiSettings {
             base_url: args.upstream.clone().unwrap_or_default(),
-            connect_timeout: Duration::from_secs(10),
-            read_timeout: args.upstream_read_timeout,
+            connect_timeout: args.upstream_connect_timeout,
+            first_token_timeout: args.upstream_first_token_timeout,
+            token_timeout: args.upstream_token_timeout,
         })?;
         engines = engines.with(EngineKind::Upstream, Arc::new(upstream));
     }

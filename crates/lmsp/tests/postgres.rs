@@ -182,7 +182,9 @@ async fn a_resumed_task_of_a_killed_instance_continues_exactly_i6() {
     assert_eq!(text(&id).await, text(&fresh).await, "I-6");
 }
 
-/// A cancel sent to one instance stops the task running on another (the notification port).
+/// A cancel sent to one instance stops the task running on another (the notification port): the
+/// cancel is recorded and acknowledged by the worker that runs the task (P-4), and the task ends
+/// `cancelled`, never also completed (I-3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_sent_to_any_instance_stops_the_task_where_it_runs() {
     let database = fresh_database().await;

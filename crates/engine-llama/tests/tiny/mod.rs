@@ -190,6 +190,9 @@ fn pad(out: &mut Vec<u8>) {
     out.resize(out.len().div_ceil(ALIGNMENT) * ALIGNMENT, 0);
 }
 
+/// A ChatML chat template (for a llama.cpp server's chat completions).
+pub const CHATML: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}";
+
 /// Writes the tiny model to `path`; with `chat_template`, the model carries that template.
 pub fn write(path: &Path, chat_template: Option<&str>) {
     let vocabulary = vocabulary();
