@@ -139,7 +139,24 @@ pub struct JsonBody<T> {
 impl<T> JsonBody<T> {
     /// The SHA-256 of the body's canonical JSON (keys sorted, no insignificant whitespace).
     pub fn digest(&self) -> RequestDigest {
-        let canonical = serde_json::from_slice::<serde_json::Value>(&self.bytes)
+        BodyDigest(self.bytes.clone()).compute()
+    }
+
+    /// The parsed body, and its digest to compute if it is needed.
+    pub fn into_parts(self) -> (T, BodyDigest) {
+        (self.value, BodyDigest(self.bytes))
+    }
+}
+
+/// A body whose digest is computed only when asked: only a request with an idempotency key
+/// needs it (a second parse, the canonical form and a SHA-256 that the others skip).
+#[derive(Debug, Clone)]
+pub struct BodyDigest(Bytes);
+
+impl BodyDigest {
+    /// The SHA-256 of the body's canonical JSON (keys sorted, no insignificant whitespace).
+    pub fn compute(&self) -> RequestDigest {
+        let canonical = serde_json::from_slice::<serde_json::Value>(&self.0)
             .map(|value| canonical_json(&value))
             .unwrap_or_default();
         RequestDigest::of_canonical(canonical.as_bytes())

@@ -4,7 +4,8 @@
 //! Writes go to one writer thread that commits every pending command in one `BEGIN IMMEDIATE`
 //! transaction with a savepoint per command (group commit) and only then answers the callers and
 //! tells the [`StoreListener`]. Reads use a small pool of read-only connections on tokio's
-//! blocking threads. SQLite serves one process: the data directory's lock (taken by the binary
+//! blocking threads; point reads of one small row (a client by its token hash, a model) run on
+//! the caller's thread from a pool of their own, with no hand-off and so no wake-ups. SQLite serves one process: the data directory's lock (taken by the binary
 //! before the store is opened) keeps a second one out, so every instance but the current one is
 //! stopped. All SQL of the service lives in this crate and `lmsp-storage-postgres`.
 
@@ -102,6 +103,7 @@ pub struct SqliteStore {
     writer: Mutex<Option<JoinHandle<()>>>,
     reads: Arc<ReadPool>,
     read_permits: tokio::sync::Semaphore,
+    point_reads: ReadPool,
     recovery_batch: usize,
     purge_max_events: u64,
 }
@@ -127,6 +129,11 @@ fn configure_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), Db
     conn.pragma_update(None, "synchronous", sync)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "wal_autocheckpoint", 1000)?;
+    // Each command runs in a savepoint, whose statement journal (the pages it changed, for a
+    // rollback to the savepoint) SQLite spills to a temporary file past 64 KiB: a recovery or
+    // purge batch wrote every page it touched there. It is never needed after a crash (the WAL
+    // is the durable log), so it stays in memory.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     conn.set_prepared_statement_cache_capacity(128);
     Ok(())
 }
@@ -156,10 +163,15 @@ impl SqliteStore {
             options.busy_timeout,
             options.read_connections,
         ));
+        // Point reads run on the caller's thread, at most one per thread at a time: keep one
+        // connection per core, which is how many runtime threads there are by default.
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+        let point_reads = ReadPool::new(path.to_path_buf(), options.busy_timeout, cores);
         Ok(SqliteStore {
             sender: Mutex::new(Some(sender)),
             writer: Mutex::new(Some(writer)),
             read_permits: tokio::sync::Semaphore::new(reads.size()),
+            point_reads,
             reads,
             recovery_batch: options.recovery_batch.max(1),
             purge_max_events: options.purge_max_events.max(1),
@@ -219,6 +231,17 @@ impl SqliteStore {
             .await
             .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?
             .map_err(StoreError::from)
+    }
+}
+
+impl SqliteStore {
+    /// A point read (one small row by its key) on the calling thread: it takes microseconds, less
+    /// than handing it to a blocking thread and back would cost in wake-ups.
+    fn point_read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, DbError>,
+    ) -> Result<T, StoreError> {
+        self.point_reads.with(f).map_err(StoreError::from)
     }
 }
 
@@ -411,13 +434,11 @@ impl ClientStore for SqliteStore {
     }
 
     async fn client_by_token_hash(&self, hash: SecretHash) -> Result<Option<Client>, StoreError> {
-        self.read(move |conn| ops::clients::client_by_token_hash(conn, &hash))
-            .await
+        self.point_read(|conn| ops::clients::client_by_token_hash(conn, &hash))
     }
 
     async fn client(&self, client_id: ClientId) -> Result<Option<Client>, StoreError> {
-        self.read(move |conn| ops::clients::client(conn, client_id))
-            .await
+        self.point_read(|conn| ops::clients::client(conn, client_id))
     }
 
     async fn list_clients(&self) -> Result<Vec<Client>, StoreError> {
@@ -468,9 +489,7 @@ impl ModelStore for SqliteStore {
     }
 
     async fn model(&self, model_id: &ModelId) -> Result<Option<ModelRecord>, StoreError> {
-        let model_id = model_id.clone();
-        self.read(move |conn| ops::models::model(conn, &model_id))
-            .await
+        self.point_read(|conn| ops::models::model(conn, model_id))
     }
 
     async fn list_models(&self) -> Result<Vec<ModelRecord>, StoreError> {

@@ -201,3 +201,69 @@ async fn a_purge_batch_is_bounded_by_events_and_says_when_more_are_left_i4() {
     );
     assert_eq!(store.count_by_status().await.unwrap(), []);
 }
+
+/// P-7…P-11, I-5: recovery in tiny batches (three tasks a transaction, so batches end inside a
+/// status and run on into the next) still moves every leftover exactly per the table, with its
+/// events, and a second pass changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_in_tiny_batches_moves_every_leftover_per_the_table_p7_p8_p9_p10_p11_i5() {
+    let factory = Sqlite::with(SqliteOptions {
+        sync: SyncMode::Normal,
+        recovery_batch: 3,
+        ..SqliteOptions::default()
+    });
+    contract::recovery::recovery_moves_every_leftover_task_per_the_table_p7_p8_p9_p10_p11_i5(
+        &factory,
+    )
+    .await;
+    contract::recovery::a_second_recovery_changes_nothing_i5(&factory).await;
+    contract::recovery::a_requeued_task_closes_its_open_item_as_incomplete_and_its_next_run_opens_a_new_one(&factory).await;
+    contract::recovery::a_resumed_task_continues_its_open_item(&factory).await;
+}
+
+/// I-7: the token checks run on the caller's thread and read what is committed, never a copy:
+/// a client revoked by another process on the same file (the offline `lmsp clients revoke`
+/// while the server runs) fails its very next check, and a client added there passes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_revoked_or_added_by_another_process_is_seen_at_once_i7() {
+    use lmsp_domain::auth::Scope;
+    use lmsp_domain::ports::ClientStore;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lmsp.db");
+    let server = SqliteStore::open_without_listener(&path, SqliteOptions::default()).unwrap();
+    let (client, token) = contract::client(&[Scope::ResponsesWrite]);
+    server.insert_client(client.clone()).await.unwrap();
+    let hash = token.hash();
+    assert_eq!(
+        server
+            .client_by_token_hash(hash)
+            .await
+            .unwrap()
+            .map(|c| c.id),
+        Some(client.id)
+    );
+    let offline = SqliteStore::open_without_listener(&path, SqliteOptions::default()).unwrap();
+    assert!(offline
+        .revoke_client(client.id, contract::time(5))
+        .await
+        .unwrap());
+    offline.close();
+    assert_eq!(
+        server.client_by_token_hash(hash).await.unwrap(),
+        None,
+        "a revoked token fails at once"
+    );
+    let offline = SqliteStore::open_without_listener(&path, SqliteOptions::default()).unwrap();
+    let (added, added_token) = contract::client(&[Scope::ResponsesRead]);
+    offline.insert_client(added.clone()).await.unwrap();
+    offline.close();
+    assert_eq!(
+        server
+            .client_by_token_hash(added_token.hash())
+            .await
+            .unwrap()
+            .map(|c| c.id),
+        Some(added.id)
+    );
+}

@@ -64,8 +64,8 @@ pub async fn create_chat_completion(
     headers: HeaderMap,
     body: JsonBody<ChatCompletionRequest>,
 ) -> ApiResult<Response> {
-    let digest = body.digest();
-    let chat = body.value.into_draft()?;
+    let (value, digest) = body.into_parts();
+    let chat = value.into_draft()?;
     let rendering = Rendering::Chat {
         include_usage: chat.include_usage,
     };

@@ -88,8 +88,8 @@ pub async fn create_response(
     headers: HeaderMap,
     body: JsonBody<CreateResponseRequest>,
 ) -> ApiResult<Response> {
-    let digest = body.digest();
-    let draft = body.value.into_draft()?;
+    let (value, digest) = body.into_parts();
+    let draft = value.into_draft()?;
     submit::create_task(
         &state,
         &caller,

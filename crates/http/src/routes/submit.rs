@@ -7,12 +7,12 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use lmsp_app::{Caller, Claimed, KeyHold, Submitted};
-use lmsp_domain::idempotency::{Operation, RequestDigest};
+use lmsp_domain::idempotency::Operation;
 use lmsp_domain::validation::{validate_submit, SubmitDraft};
 use lmsp_domain::{Task, TaskId, TaskStatus};
 
 use crate::error::{ApiError, ErrorCode};
-use crate::extract::idempotency_key;
+use crate::extract::{idempotency_key, BodyDigest};
 use crate::replies::{replayed, with_task_header, FromTask, ReplyDoc};
 use crate::routes::ApiResult;
 use crate::sse;
@@ -42,13 +42,13 @@ impl Rendering {
     }
 }
 
-/// Runs the flow; `digest` is the request body's.
+/// Runs the flow; `digest` is the request body's (computed only for an idempotency key).
 pub async fn create_task(
     state: &AppState,
     caller: &Caller,
     headers: &HeaderMap,
     draft: SubmitDraft,
-    digest: RequestDigest,
+    digest: BodyDigest,
     rendering: Rendering,
 ) -> ApiResult<Response> {
     let key = idempotency_key(headers)?;
@@ -58,7 +58,7 @@ pub async fn create_task(
     let hold = match key {
         None => None,
         Some(key) => match service
-            .claim_key(caller, rendering.operation(), key, digest)
+            .claim_key(caller, rendering.operation(), key, digest.compute())
             .await?
         {
             Claimed::Proceed(hold) => Some(hold),

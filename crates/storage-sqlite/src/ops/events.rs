@@ -16,7 +16,7 @@ use lmsp_domain::model::ModelId;
 use lmsp_domain::ports::Page;
 use lmsp_domain::task::{ItemStatus, Response, Task};
 use lmsp_domain::time::Timestamp;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension, Statement};
 
 use crate::codec;
 use crate::ops::{corrupt, from_i64, key, load_task, to_i64, Res};
@@ -96,21 +96,28 @@ fn event_data(payload: &EventPayload) -> Res<Cow<'_, str>> {
     })
 }
 
+/// Inserts one event: bound by [`insert_event_with`].
+pub const INSERT_EVENT: &str = "INSERT INTO task_events (task_id, sequence_number, kind, \
+     created_at, data, item) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+
+/// Inserts one event with [`INSERT_EVENT`], prepared by the caller.
+pub fn insert_event_with(stmt: &mut Statement<'_>, event: &Event) -> Res<()> {
+    stmt.execute(params![
+        key(event.task_id),
+        to_i64(event.sequence_number)?,
+        EventCode::of(event.kind()),
+        event.created_at.as_millis(),
+        event_data(&event.payload)?.as_ref(),
+        event.payload.item().map(|item| item.output_index()),
+    ])?;
+    Ok(())
+}
+
 /// Appends events.
 pub fn insert_events(conn: &Connection, events: &[Event]) -> Res<()> {
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?;
+    let mut stmt = conn.prepare_cached(INSERT_EVENT)?;
     for event in events {
-        stmt.execute(params![
-            key(event.task_id),
-            to_i64(event.sequence_number)?,
-            EventCode::of(event.kind()),
-            event.created_at.as_millis(),
-            event_data(&event.payload)?.as_ref(),
-            event.payload.item().map(|item| item.output_index()),
-        ])?;
+        insert_event_with(&mut stmt, event)?;
     }
     Ok(())
 }

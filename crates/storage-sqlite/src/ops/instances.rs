@@ -8,13 +8,16 @@ use lmsp_domain::ids::{InstanceId, TaskId};
 use lmsp_domain::ports::{InstanceInfo, RecoveryReport, Registration};
 use lmsp_domain::recovery::{needs_open_item_text, recover};
 use lmsp_domain::status::TaskStatus;
+use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
+use lmsp_domain::transition::Advanced;
 use lmsp_domain::EventKind;
-use rusqlite::{params, Connection};
+use rusqlite::{params, CachedStatement, Connection};
 
 use crate::ops::{
-    delete_snapshot, events, from_i64, instance_key, key, raw_task, to_i64, ulid_of,
-    write_advanced, RawTask, Res, LEFTOVER_STATUSES, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
+    corrupt, events, from_i64, instance_key, key, raw_task, to_i64, ulid_of, update_task, RawTask,
+    Res, LEFTOVER_STATUSES, SNAPSHOT_DELETE, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
+    TASK_UPDATE,
 };
 
 /// Registers `instance` and declares every other one stopped.
@@ -106,8 +109,55 @@ impl RecoveryCursor {
 /// What one recovery batch did, and where the next one starts (`None`: the pass is complete).
 pub type RecoveryStep = (RecoveryReport, Option<RecoveryCursor>);
 
-/// One recovery batch (P-7…P-11, I-5): up to `limit` unfinished tasks of `stopped` from `cursor`
-/// on, each moved per [`recover`] with its events, as a compare-and-set on what was read.
+/// Reads the leftovers of one status, in key order: each row with the sequence number its
+/// snapshot covers (if it has one), which says where `resume` continues and whether a finished
+/// move has a snapshot to drop.
+const LEFTOVER_SCAN: &str =
+    "WHERE t.status = ?1 AND t.id > ?2 AND t.owner = ?3 ORDER BY t.id LIMIT ?4";
+
+/// The statements a recovery batch writes with, prepared once for the whole batch.
+struct RecoveryWrites<'c> {
+    update: CachedStatement<'c>,
+    insert_event: CachedStatement<'c>,
+    drop_snapshot: CachedStatement<'c>,
+}
+
+impl<'c> RecoveryWrites<'c> {
+    fn prepare(conn: &'c Connection) -> Res<Self> {
+        Ok(Self {
+            update: conn.prepare_cached(TASK_UPDATE)?,
+            insert_event: conn.prepare_cached(events::INSERT_EVENT)?,
+            drop_snapshot: conn.prepare_cached(SNAPSHOT_DELETE)?,
+        })
+    }
+
+    /// Writes one decided move: the task row as a compare-and-set on what was read, its events,
+    /// and for a move to a finished status the dropped snapshot.
+    fn write(&mut self, old: &Task, advanced: &Advanced, has_snapshot: bool) -> Res<()> {
+        let new = &advanced.task;
+        let changed = update_task(&mut self.update, old, new)?;
+        if changed != 1 {
+            return Err(corrupt(format!(
+                "task {} moved under its transaction",
+                old.id
+            )));
+        }
+        for event in &advanced.events {
+            events::insert_event_with(&mut self.insert_event, event)?;
+        }
+        if new.status.is_finished() && has_snapshot {
+            self.drop_snapshot.execute([key(old.id)])?;
+        }
+        Ok(())
+    }
+}
+
+/// One recovery batch (P-7…P-11, I-5): up to `limit` leftover tasks of `stopped` from `cursor`
+/// on, read in one scan per status (row, spec and snapshot in one statement), each decided in
+/// memory by the domain's [`recover`] (the one place the table is applied), and the decisions
+/// written with statements prepared once for the batch, as a compare-and-set on what was read.
+/// A batch goes on into the next status while it has room, so a pass takes as few transactions
+/// as its size allows.
 pub fn recover_batch(
     conn: &Connection,
     stopped: InstanceId,
@@ -116,76 +166,71 @@ pub fn recover_batch(
     cursor: RecoveryCursor,
     limit: usize,
 ) -> Res<(RecoveryStep, Vec<Event>)> {
-    let Some(status) = LEFTOVER_STATUSES.get(cursor.status_index) else {
-        return Ok(((RecoveryReport::default(), None), Vec::new()));
-    };
-    // Only a running task's snapshot decides anything (where `resume` continues).
-    let snapshot = if *status == TaskStatus::Running {
-        "(SELECT n.sequence_number FROM snapshots n WHERE n.task_id = t.id)"
-    } else {
-        "NULL"
-    };
+    let limit = limit.max(1);
     let sql = format!(
-        "SELECT {TASK_COLUMNS}, {snapshot} FROM {TASK_FROM} \
-         WHERE t.status = ?1 AND t.id > ?2 AND t.owner = ?3 ORDER BY t.id LIMIT ?4"
+        "SELECT {TASK_COLUMNS}, (SELECT n.sequence_number FROM snapshots n WHERE n.task_id = t.id) \
+         FROM {TASK_FROM} {LEFTOVER_SCAN}"
     );
-    let after = cursor.after.map(key).unwrap_or_default();
-    let rows: Vec<(RawTask, Option<i64>)> = conn
-        .prepare_cached(&sql)?
-        .query_map(
-            params![
-                status.as_str(),
-                after.as_slice(),
-                instance_key(stopped),
-                to_i64(limit as u64)?
-            ],
-            |row| Ok((raw_task(row)?, row.get(TASK_COLUMN_COUNT)?)),
-        )?
-        .collect::<Result<_, _>>()?;
-    let full = rows.len() >= limit;
+    let mut scan = conn.prepare_cached(&sql)?;
+    let mut writes = RecoveryWrites::prepare(conn)?;
     let mut report = RecoveryReport::default();
-    let mut last = cursor.after;
     let mut all_events = Vec::new();
-    for (raw, snapshot_seq) in rows {
-        let task = raw.decode()?;
-        last = Some(task.id);
-        let covers = snapshot_seq.map(from_i64).transpose()?;
-        let item_text = if needs_open_item_text(&task) {
-            let index = task.items.opened.saturating_sub(1);
-            Some(events::item_text(conn, task.id, index)?)
-        } else {
-            None
-        };
-        match recover(&task, rescuer, covers, item_text, at) {
-            None => report.untouched += 1,
-            Some(advanced) => {
-                write_advanced(conn, &task, &advanced.task, &advanced.events)?;
-                if advanced.task.status.is_finished() {
-                    delete_snapshot(conn, task.id)?;
+    let mut cursor = cursor;
+    let mut room = limit;
+    while let Some(status) = LEFTOVER_STATUSES.get(cursor.status_index) {
+        let after = cursor.after.map(key).unwrap_or_default();
+        let rows: Vec<(RawTask, Option<i64>)> = scan
+            .query_map(
+                params![
+                    status.as_str(),
+                    after.as_slice(),
+                    instance_key(stopped),
+                    to_i64(room as u64)?
+                ],
+                |row| Ok((raw_task(row)?, row.get(TASK_COLUMN_COUNT)?)),
+            )?
+            .collect::<Result<_, _>>()?;
+        let full = rows.len() >= room;
+        room -= rows.len().min(room);
+        for (raw, snapshot_seq) in rows {
+            let task = raw.decode()?;
+            cursor.after = Some(task.id);
+            // Only a running task's snapshot decides anything (where `resume` continues).
+            let covers = match task.status {
+                TaskStatus::Running => snapshot_seq.map(from_i64).transpose()?,
+                _ => None,
+            };
+            let item_text = if needs_open_item_text(&task) {
+                let index = task.items.opened.saturating_sub(1);
+                Some(events::item_text(conn, task.id, index)?)
+            } else {
+                None
+            };
+            match recover(&task, rescuer, covers, item_text, at) {
+                None => report.untouched += 1,
+                Some(advanced) => {
+                    writes.write(&task, &advanced, snapshot_seq.is_some())?;
+                    if advanced
+                        .events
+                        .iter()
+                        .any(|event| event.kind() == EventKind::Resumed)
+                    {
+                        report.resumed.push(task.id);
+                    }
+                    report.moved += 1;
+                    all_events.extend(advanced.events);
                 }
-                if advanced
-                    .events
-                    .iter()
-                    .any(|event| event.kind() == EventKind::Resumed)
-                {
-                    report.resumed.push(task.id);
-                }
-                report.moved += 1;
-                all_events.extend(advanced.events);
             }
         }
-    }
-    let next = if full {
-        RecoveryCursor {
-            status_index: cursor.status_index,
-            after: last,
+        if full {
+            break;
         }
-    } else {
-        RecoveryCursor {
+        cursor = RecoveryCursor {
             status_index: cursor.status_index + 1,
             after: None,
-        }
-    };
-    let next = (next.status_index < LEFTOVER_STATUSES.len()).then_some(next);
+        };
+    }
+    drop(writes);
+    let next = (cursor.status_index < LEFTOVER_STATUSES.len()).then_some(cursor);
     Ok(((report, next), all_events))
 }

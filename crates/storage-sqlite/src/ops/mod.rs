@@ -21,7 +21,7 @@ use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{OutputItems, Task};
 use lmsp_domain::time::Timestamp;
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension, Row, Statement};
 use ulid::Ulid;
 
 use crate::codec;
@@ -241,6 +241,31 @@ pub fn insert_task_rows(conn: &Connection, task: &Task) -> Res<()> {
     Ok(())
 }
 
+/// Rewrites a task's changing columns, as a compare-and-set on status, last sequence number and
+/// owner: bound by [`update_task`].
+pub const TASK_UPDATE: &str = "UPDATE tasks SET status = ?1, started_at = ?2, finished_at = ?3, \
+     last_sequence_number = ?4, restarts = ?5, error = ?6, owner = ?7, items_opened = ?8, \
+     item_open = ?9 WHERE id = ?10 AND status = ?11 AND last_sequence_number = ?12 AND owner = ?13";
+
+/// Runs [`TASK_UPDATE`] (prepared by the caller) from `old` to `new`; the rows it changed.
+pub fn update_task(stmt: &mut Statement<'_>, old: &Task, new: &Task) -> Res<usize> {
+    Ok(stmt.execute(params![
+        new.status.as_str(),
+        new.started_at.map(Timestamp::as_millis),
+        new.finished_at.map(Timestamp::as_millis),
+        to_i64(new.last_sequence_number)?,
+        new.restarts,
+        error_text(new)?,
+        instance_key(new.owner),
+        new.items.opened,
+        new.items.open,
+        key(old.id),
+        old.status.as_str(),
+        to_i64(old.last_sequence_number)?,
+        instance_key(old.owner),
+    ])?)
+}
+
 /// Writes a task after a decided step: a compare-and-set on status, last sequence number and
 /// owner, so a row that moved under the transaction is never overwritten; then its events.
 pub fn write_advanced(conn: &Connection, old: &Task, new: &Task, events: &[Event]) -> Res<()> {
@@ -266,27 +291,8 @@ pub fn write_advanced(conn: &Connection, old: &Task, new: &Task, events: &[Event
             instance_key(old.owner),
         ])?
     } else {
-        conn.prepare_cached(
-            "UPDATE tasks SET status = ?1, started_at = ?2, finished_at = ?3, \
-             last_sequence_number = ?4, restarts = ?5, error = ?6, owner = ?7, \
-             items_opened = ?8, item_open = ?9 \
-             WHERE id = ?10 AND status = ?11 AND last_sequence_number = ?12 AND owner = ?13",
-        )?
-        .execute(params![
-            new.status.as_str(),
-            new.started_at.map(Timestamp::as_millis),
-            new.finished_at.map(Timestamp::as_millis),
-            to_i64(new.last_sequence_number)?,
-            new.restarts,
-            error_text(new)?,
-            instance_key(new.owner),
-            new.items.opened,
-            new.items.open,
-            key(old.id),
-            old.status.as_str(),
-            to_i64(old.last_sequence_number)?,
-            instance_key(old.owner),
-        ])?
+        let mut stmt = conn.prepare_cached(TASK_UPDATE)?;
+        update_task(&mut stmt, old, new)?
     };
     if changed != 1 {
         return Err(corrupt(format!(
@@ -297,10 +303,12 @@ pub fn write_advanced(conn: &Connection, old: &Task, new: &Task, events: &[Event
     events::insert_events(conn, events)
 }
 
+/// Drops a task's snapshot (bound to its key).
+pub const SNAPSHOT_DELETE: &str = "DELETE FROM snapshots WHERE task_id = ?1";
+
 /// Drops a task's snapshot.
 pub fn delete_snapshot(conn: &Connection, id: TaskId) -> Res<()> {
-    conn.prepare_cached("DELETE FROM snapshots WHERE task_id = ?1")?
-        .execute([key(id)])?;
+    conn.prepare_cached(SNAPSHOT_DELETE)?.execute([key(id)])?;
     Ok(())
 }
 
