@@ -6,6 +6,9 @@
 //! needs, and measures one thing. The storage benchmark (`src/bin/storage_bench.rs`) and the
 //! service-level harness (`crates/bench`) both call them, so this file holds the only definition
 //! of each ceiling.
+//!
+//! The PostgreSQL ceiling is `pgbench`'s (a client of its own, as the SQLite ones are bare SQL):
+//! this file holds its SQL ([`PG_INSERT_TABLE`], [`PG_INSERT_SCRIPT`]); the harness runs it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -228,6 +231,25 @@ pub fn update_insert(path: &Path, rows: usize, batch: usize) -> CeilingResult<Du
         conn.execute_batch("COMMIT")?;
     }
     Ok(start.elapsed())
+}
+
+/// The PostgreSQL insert-commit ceiling (run by `pgbench` with a custom script, one transaction
+/// per line of [`PG_INSERT_SCRIPT`]): its table, created in a fresh database before the run.
+pub const PG_INSERT_TABLE: &str =
+    "CREATE TABLE raw_insert (id bigserial PRIMARY KEY, body text NOT NULL)";
+
+/// The `pgbench -f` script of the PostgreSQL insert-commit ceiling: one single-row insert of a
+/// [`BODY_BYTES`]-byte payload per transaction (autocommit: each is its own fsync'd commit).
+pub const PG_INSERT_SCRIPT: &str = "INSERT INTO raw_insert (body) VALUES (repeat('x', 200));\n";
+
+/// `CREATE DATABASE` of a throwaway database (`name` is the harness's own, never user input).
+pub fn pg_create_database(name: &str) -> String {
+    format!("CREATE DATABASE {name}")
+}
+
+/// `DROP DATABASE` of a throwaway database, closing whatever is still connected to it.
+pub fn pg_drop_database(name: &str) -> String {
+    format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 }
 
 #[cfg(test)]

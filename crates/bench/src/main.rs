@@ -6,7 +6,11 @@
 //! 100 000 leftovers, writers' p99 commit latency while a purge of 1 000 000 events runs, RSS
 //! idle and with 10 000 open SSE streams — each over several repetitions, measures the matching
 //! raw SQLite ceilings in the same run (`lmsp_bench::ceilings`), compares LMSP with a
-//! peer job queue (apalis + SQLite) on the same workload, and prints a table of
+//! peer job queue (apalis + SQLite) on the same workload, reads the service's context switches
+//! and threads from `/proc` during the submit runs, measures background submits on PostgreSQL
+//! (one instance and three on one database) beside `pgbench`'s insert-commit ceiling of the same
+//! cluster (`--only postgres`; in the default set when a PostgreSQL is available), and prints a
+//! table of
 //! figure | measured (min / median / max) | ceiling | ratio | target | met?.
 //!
 //! `--quick` runs a small version in seconds (CI's smoke test: it asserts the harness works,
@@ -16,14 +20,16 @@ mod chart;
 mod client;
 mod events;
 mod peer;
+mod postgres;
+mod procfs;
 mod purge;
 mod raw;
 mod recovery;
 mod report;
 mod rss;
-mod server;
-mod stats;
 mod submit;
+
+use lmsp_bench::{server, stats};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +39,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Parser;
 
+use crate::procfs::ProcWatch;
 use crate::raw::Ceilings;
 use crate::server::{find_lmsp, CpuMeter, Server};
 use crate::stats::Spread;
@@ -48,7 +55,8 @@ struct Cli {
     /// Repetitions of each figure (default 3, 1 with --quick).
     #[arg(long)]
     reps: Option<usize>,
-    /// Only these figures (comma-separated): submit, events, recovery, purge, rss, peer.
+    /// Only these figures (comma-separated): submit, events, recovery, purge, rss, peer,
+    /// postgres (by default all; postgres only when a PostgreSQL is available).
     #[arg(long, value_delimiter = ',')]
     only: Vec<Figure>,
     /// The `lmsp` binary (default: next to this executable; also env LMSP_BIN).
@@ -88,6 +96,14 @@ struct Cli {
     /// Seconds of each submit run.
     #[arg(long)]
     submit_seconds: Option<f64>,
+    /// PostgreSQL 15's binaries (initdb, pg_ctl, postgres, pgbench) for the postgres figures'
+    /// throwaway cluster.
+    #[arg(long, default_value = postgres::DEFAULT_BIN)]
+    postgres_bin: PathBuf,
+    /// Run the postgres figures on this server instead of a throwaway cluster
+    /// (postgres://user@host:port/db; the harness creates and drops its own databases there).
+    #[arg(long, env = "LMSP_BENCH_POSTGRES_URL")]
+    postgres_url: Option<String>,
 }
 
 /// A figure family that `--only` can pick.
@@ -99,6 +115,7 @@ enum Figure {
     Purge,
     Rss,
     Peer,
+    Postgres,
 }
 
 /// The sizes of a run.
@@ -123,6 +140,13 @@ pub struct Plan {
     peer_jobs: usize,
     peer_workers: usize,
     peer_pushers: usize,
+    pg_clients: usize,
+    pg_instances: usize,
+    pgbench_seconds: u64,
+    pgbench_threads: usize,
+    /// Output tokens of each streaming task in the PostgreSQL events figure (fewer than SQLite's:
+    /// the same `stream_tasks`, a run of a few seconds).
+    pg_stream_tokens: u32,
 }
 
 impl Plan {
@@ -149,6 +173,11 @@ impl Plan {
                 peer_jobs: 100,
                 peer_workers: 4,
                 peer_pushers: 16,
+                pg_clients: 64,
+                pg_instances: 3,
+                pgbench_seconds: 1,
+                pgbench_threads: 2,
+                pg_stream_tokens: 16,
             }
         } else {
             Plan {
@@ -171,6 +200,11 @@ impl Plan {
                 peer_jobs: 2_000,
                 peer_workers: 4,
                 peer_pushers: 16,
+                pg_clients: 64,
+                pg_instances: 3,
+                pgbench_seconds: 5,
+                pgbench_threads: 2,
+                pg_stream_tokens: 100,
             }
         };
         if let Some(reps) = cli.reps {
@@ -218,8 +252,52 @@ pub struct Results {
     rss_streams: Spread,
     peer_lmsp: Spread,
     peer_apalis: Spread,
+    /// `/proc` during the submit runs (a service the harness started).
+    proc: ProcFigures,
+    /// The PostgreSQL figures.
+    pg: PgFigures,
     /// Figure family → why it did not run or failed.
     problems: BTreeMap<&'static str, String>,
+}
+
+/// A closed-loop figure: per second, p50 ms, p99 ms (each over the repetitions), errors.
+pub type Level = (Spread, Spread, Spread, u64);
+
+fn push_level(level: &mut Level, run: &submit::LevelRun) {
+    level.0.push(run.per_s);
+    level.1.push(run.p50_ms);
+    level.2.push(run.p99_ms);
+    level.3 += run.errors;
+}
+
+/// What `/proc` said about the submit service.
+#[derive(Debug, Default)]
+pub struct ProcFigures {
+    /// Threads 0.2 s after ready, before any request.
+    threads_idle: Spread,
+    /// Per submit concurrency: the service's context switches per 202.
+    submit_switches: BTreeMap<usize, Spread>,
+    /// Per submit concurrency: the most threads seen during the run.
+    submit_threads: BTreeMap<usize, Spread>,
+    /// Per `GET /v1/health` concurrency: context switches per 200.
+    health_switches: BTreeMap<usize, Spread>,
+}
+
+/// The PostgreSQL figures.
+#[derive(Debug, Default)]
+pub struct PgFigures {
+    /// What the server was.
+    described: String,
+    /// pgbench's single-row insert commits per second at `pg_clients` clients.
+    ceiling_tps: Spread,
+    /// Submits at `pg_clients` clients on one instance.
+    one: Level,
+    /// Submits at `pg_clients` clients spread over `pg_instances` instances (summed).
+    three: Level,
+    /// Persisted events per second with `stream_tasks` tasks streaming on one instance.
+    events_per_s: Spread,
+    events_delay_p50: Spread,
+    events_delay_p99: Spread,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -236,6 +314,11 @@ fn main() -> anyhow::Result<()> {
 
 fn wants(cli: &Cli, figure: Figure) -> bool {
     cli.only.is_empty() || cli.only.contains(&figure)
+}
+
+/// Whether `--only` names the figure (then it must run, or the harness fails).
+fn asked_for(cli: &Cli, figure: Figure) -> bool {
+    cli.only.contains(&figure)
 }
 
 async fn run(cli: Cli) -> anyhow::Result<bool> {
@@ -285,9 +368,19 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         target: target.as_ref(),
         work_dir: &work_dir,
         peer_bin: cli.peer_bin.as_deref(),
+        postgres_bin: &cli.postgres_bin,
+        postgres_url: cli.postgres_url.as_deref(),
     };
     if wants(&cli, Figure::Submit) {
         record(&mut results, "submit", phases.submit_phase().await);
+    }
+    if wants(&cli, Figure::Postgres) {
+        let explicit = asked_for(&cli, Figure::Postgres);
+        record(
+            &mut results,
+            "postgres",
+            phases.postgres_phase(explicit).await,
+        );
     }
     if wants(&cli, Figure::Events) {
         record(&mut results, "events", phases.events_phase().await);
@@ -354,6 +447,8 @@ struct Phases<'a> {
     target: Option<&'a Arc<Server>>,
     work_dir: &'a Path,
     peer_bin: Option<&'a Path>,
+    postgres_bin: &'a Path,
+    postgres_url: Option<&'a str>,
 }
 
 impl Phases<'_> {
@@ -370,16 +465,25 @@ impl Phases<'_> {
     async fn submit_phase(&self) -> anyhow::Result<Outcome> {
         let plan = self.plan;
         eprintln!("== background submits");
-        let mut levels: BTreeMap<usize, (Spread, Spread, Spread, u64)> = BTreeMap::new();
-        let mut health: BTreeMap<usize, (Spread, Spread, Spread, u64)> = BTreeMap::new();
+        let mut levels: BTreeMap<usize, Level> = BTreeMap::new();
+        let mut health: BTreeMap<usize, Level> = BTreeMap::new();
+        let mut proc = ProcFigures::default();
         let (mut half_rate, mut half_p99, mut half_errors) = (Spread::new(), Spread::new(), 0);
-        println!("\n[submit] lmsp serve {} (the one worker sits in a 1 h model load, so only submits use the writer)", submit::SERVE_FLAGS.join(" "));
+        println!("\n[submit] lmsp serve {} (the one worker sits in a 1 h model load, so only submits use the writer); /proc: the service's context switches summed over its threads, and its most threads, sampled every {} ms", submit::SERVE_FLAGS.join(" "), procfs::SAMPLE_EVERY.as_millis());
         for rep in 0..plan.reps {
             let server = self.server("submit", submit::SERVE_FLAGS)?;
             let http = client::http_client()?;
+            if let Some(pid) = server.pid() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Some(threads) = procfs::threads(pid) {
+                    println!("  rep {rep}: {threads} threads idle");
+                    proc.threads_idle.push(threads as f64);
+                }
+            }
             submit::closed_loop(&http, &server, 16, plan.warmup, Request::Submit).await?;
             for clients in [1, 64] {
                 let cpu = CpuMeter::start(&server);
+                let watch = ProcWatch::start(&server);
                 let run = submit::closed_loop(
                     &http,
                     &server,
@@ -388,19 +492,20 @@ impl Phases<'_> {
                     Request::Health,
                 )
                 .await?;
+                let seen = proc_report(watch, &run, "request").await?;
                 println!(
-                    "  rep {rep}: HTTP floor, GET /v1/health, {clients:>3} clients: {:>8.0}/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {}",
-                    run.per_s, run.p50_ms, run.p99_ms, run.errors, cpu.report(&server)
+                    "  rep {rep}: HTTP floor, GET /v1/health, {clients:>3} clients: {:>8.0}/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {}{}",
+                    run.per_s, run.p50_ms, run.p99_ms, run.errors, cpu.report(&server), seen.text
                 );
-                let entry = health.entry(clients).or_default();
-                entry.0.push(run.per_s);
-                entry.1.push(run.p50_ms);
-                entry.2.push(run.p99_ms);
-                entry.3 += run.errors;
+                if let Some(per) = seen.switches_per {
+                    proc.health_switches.entry(clients).or_default().push(per);
+                }
+                push_level(health.entry(clients).or_default(), &run);
             }
             let mut peak: f64 = 0.0;
             for &clients in &plan.submit_levels {
                 let cpu = CpuMeter::start(&server);
+                let watch = ProcWatch::start(&server);
                 let run = submit::closed_loop(
                     &http,
                     &server,
@@ -409,15 +514,21 @@ impl Phases<'_> {
                     Request::Submit,
                 )
                 .await?;
+                let seen = proc_report(watch, &run, "submit").await?;
                 println!(
-                    "  rep {rep}: {clients:>3} clients: {:>8.0} submits/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {}",
-                    run.per_s, run.p50_ms, run.p99_ms, run.errors, cpu.report(&server)
+                    "  rep {rep}: {clients:>3} clients: {:>8.0} submits/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {}{}",
+                    run.per_s, run.p50_ms, run.p99_ms, run.errors, cpu.report(&server), seen.text
                 );
-                let entry = levels.entry(clients).or_default();
-                entry.0.push(run.per_s);
-                entry.1.push(run.p50_ms);
-                entry.2.push(run.p99_ms);
-                entry.3 += run.errors;
+                if let Some(per) = seen.switches_per {
+                    proc.submit_switches.entry(clients).or_default().push(per);
+                }
+                if let Some(threads) = seen.max_threads {
+                    proc.submit_threads
+                        .entry(clients)
+                        .or_default()
+                        .push(threads as f64);
+                }
+                push_level(levels.entry(clients).or_default(), &run);
                 peak = peak.max(run.per_s);
             }
             let cpu = CpuMeter::start(&server);
@@ -433,10 +544,175 @@ impl Phases<'_> {
         Ok(Outcome::Done(Box::new(move |r: &mut Results| {
             r.submit = levels;
             r.health = health;
+            r.proc = proc;
             r.half_peak_rate = half_rate;
             r.half_peak_p99 = half_p99;
             r.half_peak_errors = half_errors;
         })))
+    }
+
+    /// Submits on PostgreSQL: `pgbench`'s insert-commit ceiling, then per repetition one
+    /// instance, three instances on one database, and (one instance) persisted events, each on a
+    /// fresh database.
+    async fn postgres_phase(&self, explicit: bool) -> anyhow::Result<Outcome> {
+        let plan = self.plan;
+        let refuse = |why: String| -> anyhow::Result<Outcome> {
+            if explicit {
+                anyhow::bail!("--only postgres was asked for, but {why}")
+            }
+            Ok(Outcome::Skipped(why))
+        };
+        let Some(lmsp) = self.lmsp else {
+            return refuse(String::from(
+                "the PostgreSQL figures start their own lmsp serve instances (--url given)",
+            ));
+        };
+        if let Some(why) = postgres::unavailable(self.postgres_bin, self.postgres_url) {
+            return refuse(format!("no PostgreSQL is available: {why}"));
+        }
+        eprintln!("== PostgreSQL");
+        let pg = match self.postgres_url {
+            Some(url) => postgres::Postgres::external(url, self.postgres_bin)?,
+            None => postgres::Postgres::start_cluster(self.postgres_bin)?,
+        };
+        let mut serve: Vec<&str> = submit::SERVE_FLAGS.to_vec();
+        serve.extend(PG_FLAGS);
+        println!(
+            "\n[postgres] on {}; ceiling: pgbench -n -c {} -j {} -T {} -f (one single-row INSERT per transaction); figures: lmsp serve --database URL --instance NAME {} on a fresh database per repetition, {} closed-loop clients (round-robin over the instances); events: lmsp serve --database URL --workers {}, {} tasks × max_output_tokens {} posted with stream: true",
+            pg.description,
+            plan.pg_clients,
+            plan.pgbench_threads,
+            plan.pgbench_seconds,
+            serve.join(" "),
+            plan.pg_clients,
+            plan.stream_tasks,
+            plan.stream_tasks,
+            plan.pg_stream_tokens,
+        );
+        let mut figures = PgFigures {
+            described: pg.description.clone(),
+            ..PgFigures::default()
+        };
+        for rep in 0..plan.reps {
+            let tps = pg
+                .pgbench(
+                    self.work_dir,
+                    plan.pg_clients,
+                    plan.pgbench_threads,
+                    plan.pgbench_seconds,
+                )
+                .await?;
+            println!(
+                "  rep {rep}: pgbench {} clients: {tps:.0} insert commits/s",
+                plan.pg_clients
+            );
+            figures.ceiling_tps.push(tps);
+
+            for instances in [1, plan.pg_instances] {
+                let name = postgres::database_name(&format!("submit{instances}"));
+                let url = pg.create_database(&name).await?;
+                let run = self.pg_submits(lmsp, &url, instances, &serve).await;
+                pg.drop_database(&name).await?;
+                let (run, cpu) = run?;
+                println!(
+                    "  rep {rep}: {instances} instance(s), {} clients: {:>8.0} submits/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {cpu}",
+                    plan.pg_clients, run.per_s, run.p50_ms, run.p99_ms, run.errors
+                );
+                let level = if instances == 1 {
+                    &mut figures.one
+                } else {
+                    &mut figures.three
+                };
+                push_level(level, &run);
+            }
+
+            let name = postgres::database_name("events");
+            let url = pg.create_database(&name).await?;
+            let run = self.pg_events(lmsp, &url).await;
+            pg.drop_database(&name).await?;
+            let (run, cpu) = run?;
+            println!(
+                "  rep {rep}: events, {} tasks: {} events in {:.2} s = {:.0} events/s; created_at → arrival p50 {:.1} ms, p99 {:.1} ms; {cpu}",
+                plan.stream_tasks, run.events, run.seconds, run.per_s, run.delay_p50_ms, run.delay_p99_ms
+            );
+            figures.events_per_s.push(run.per_s);
+            figures.events_delay_p50.push(run.delay_p50_ms);
+            figures.events_delay_p99.push(run.delay_p99_ms);
+        }
+        if pg.is_owned() {
+            eprintln!("  stopping and removing the cluster");
+        }
+        drop(pg);
+        Ok(Outcome::Done(Box::new(move |r: &mut Results| {
+            r.pg = figures;
+        })))
+    }
+
+    /// Starts `instances` instances on the database at `url` (the first alone: it creates the
+    /// schema and prints the admin token; then the others) and runs the closed-loop submits
+    /// across them.
+    async fn pg_submits(
+        &self,
+        lmsp: &Path,
+        url: &str,
+        instances: usize,
+        serve: &[&str],
+    ) -> anyhow::Result<(submit::LevelRun, String)> {
+        let plan = self.plan;
+        let mut servers: Vec<Arc<Server>> = Vec::with_capacity(instances);
+        let mut token = String::new();
+        for i in 1..=instances {
+            let name = format!("bench-{i}");
+            let mut flags = serve.to_vec();
+            flags.extend(["--database", url, "--instance", &name]);
+            let dir = self.work_dir.join(format!("pg-{}", ulid_like()));
+            let mut server = Server::start(lmsp, &dir, &flags)?;
+            if server.token.is_empty() {
+                server.token.clone_from(&token);
+            } else {
+                token.clone_from(&server.token);
+            }
+            servers.push(Arc::new(server));
+        }
+        if token.is_empty() {
+            anyhow::bail!("no instance printed the admin token of the fresh database");
+        }
+        let http = client::http_client()?;
+        submit::closed_loop_across(&http, &servers, 16, plan.warmup, Request::Submit).await?;
+        let cpus: Vec<CpuMeter> = servers.iter().map(|s| CpuMeter::start(s)).collect();
+        let run = submit::closed_loop_across(
+            &http,
+            &servers,
+            plan.pg_clients,
+            plan.submit_duration,
+            Request::Submit,
+        )
+        .await?;
+        let cpu: Vec<String> = cpus
+            .iter()
+            .zip(&servers)
+            .map(|(meter, server)| meter.report(server))
+            .collect();
+        Ok((run, cpu.join("; ")))
+    }
+
+    /// Persisted events with `stream_tasks` tasks streaming on one instance on `url`.
+    async fn pg_events(
+        &self,
+        lmsp: &Path,
+        url: &str,
+    ) -> anyhow::Result<(events::EventsRun, String)> {
+        let plan = self.plan;
+        let mut flags = events::serve_flags(plan.stream_tasks);
+        flags.extend(["--database", url, "--instance", "bench-events"].map(String::from));
+        flags.extend(PG_FLAGS.iter().map(|flag| String::from(*flag)));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let dir = self.work_dir.join(format!("pg-events-{}", ulid_like()));
+        let server = Arc::new(Server::start(lmsp, &dir, &flags)?);
+        let http = client::http_client()?;
+        let cpu = CpuMeter::start(&server);
+        let run = events::run(&http, &server, plan.stream_tasks, plan.pg_stream_tokens).await?;
+        Ok((run, cpu.report(&server)))
     }
 
     async fn events_phase(&self) -> anyhow::Result<Outcome> {
@@ -627,6 +903,40 @@ impl Phases<'_> {
             }
         })))
     }
+}
+
+/// The flags every PostgreSQL instance gets beyond its figure's (and `--database`, `--instance`).
+const PG_FLAGS: &[&str] = &["--lease", "10s"];
+
+/// What a [`ProcWatch`] saw, for the output and the figures.
+struct ProcSeen {
+    text: String,
+    switches_per: Option<f64>,
+    max_threads: Option<u64>,
+}
+
+async fn proc_report(
+    watch: Option<ProcWatch>,
+    run: &submit::LevelRun,
+    what: &str,
+) -> anyhow::Result<ProcSeen> {
+    let Some(watch) = watch else {
+        return Ok(ProcSeen {
+            text: String::new(),
+            switches_per: None,
+            max_threads: None,
+        });
+    };
+    let seen = watch.finish().await?;
+    let per = seen.switches as f64 / (run.count.max(1)) as f64;
+    Ok(ProcSeen {
+        text: format!(
+            "; /proc: {} context switches = {per:.2} per {what}, threads max {} (after {})",
+            seen.switches, seen.max_threads, seen.threads_after
+        ),
+        switches_per: Some(per),
+        max_threads: Some(seen.max_threads),
+    })
 }
 
 /// A short unique suffix for directory names.

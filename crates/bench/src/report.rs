@@ -114,6 +114,17 @@ fn percent_row(
             problem,
         );
     }
+    if !(ceiling.is_finite() && ceiling > 0.0) {
+        // The ceiling did not run (another figure family, skipped or failed).
+        return Row {
+            figure,
+            measured: format!("{} {unit}", measured.format(0)),
+            ceiling: ceiling_text,
+            ratio: String::from("—"),
+            target: at_least.map_or(String::from("—"), |t| format!("≥ {t:.0} %")),
+            met: String::from("—"),
+        };
+    }
     let ratio = 100.0 * measured.median() / ceiling;
     Row {
         figure,
@@ -192,14 +203,75 @@ fn mib_row(figure: String, measured: &Spread, at_most: f64, problem: Option<&Str
     }
 }
 
+/// A figure with an absolute upper bound as its target, and no ceiling.
+fn at_most_row(
+    figure: String,
+    measured: &Spread,
+    unit: &str,
+    digits: usize,
+    at_most: f64,
+    problem: Option<&String>,
+) -> Row {
+    let target = format!("≤ {}", fmt_num(at_most, digits.min(1)));
+    if measured.is_empty() {
+        return missing(figure, String::from("—"), Some(target), problem);
+    }
+    Row {
+        figure,
+        measured: format!("{} {unit}", measured.format(digits)),
+        ceiling: String::from("—"),
+        ratio: String::from("—"),
+        target,
+        met: yes_no(measured.median() <= at_most),
+    }
+}
+
+/// The thread-count target: the most threads seen under load must not grow with the clients
+/// (the largest concurrency's median equals, or is below, the smallest's).
+fn threads_row(r: &Results, problem: Option<&String>) -> Row {
+    let levels = &r.proc.submit_threads;
+    let target = String::from("no growth with load (most clients ≤ 1 client)");
+    let figure =
+        String::from("service threads, most seen during the submit runs, by clients (medians)");
+    let (Some((&low, low_spread)), Some((&high, high_spread))) =
+        (levels.iter().next(), levels.iter().next_back())
+    else {
+        return missing(figure, String::from("—"), Some(target), problem);
+    };
+    let measured: Vec<String> = levels
+        .iter()
+        .map(|(clients, spread)| format!("{clients}: {}", fmt_num(spread.median(), 0)))
+        .collect();
+    let growth = high_spread.median() - low_spread.median();
+    Row {
+        figure,
+        measured: measured.join(", "),
+        ceiling: format!("idle: {}", fmt_num(r.proc.threads_idle.median(), 0)),
+        ratio: format!("{high} vs {low} clients: {growth:+.0}"),
+        target,
+        met: yes_no(growth <= 0.0),
+    }
+}
+
 /// A figure with no ceiling and no target (several spreads joined by " ; ").
 fn plain_row(figure: String, spreads: &[&Spread], unit: &str, problem: Option<&String>) -> Row {
+    plain_row_digits(figure, spreads, unit, 1, problem)
+}
+
+/// [`plain_row`] with `digits` decimals.
+fn plain_row_digits(
+    figure: String,
+    spreads: &[&Spread],
+    unit: &str,
+    digits: usize,
+    problem: Option<&String>,
+) -> Row {
     if spreads.iter().any(|s| s.is_empty()) {
         return missing(figure, String::from("—"), None, problem);
     }
     let measured: Vec<String> = spreads
         .iter()
-        .map(|s| format!("{} {unit}", s.format(1)))
+        .map(|s| format!("{} {unit}", s.format(digits)))
         .collect();
     Row {
         figure,
@@ -311,6 +383,55 @@ pub fn tables(plan: &Plan, r: &Results) {
         300.0,
         problem("rss"),
     ));
+    let health64 = r.health.get(&64).map_or(&empty, |level| &level.0);
+    main.push(percent_row(
+        String::from("durable submits/s vs the same server's GET /v1/health rate, 64 connections"),
+        at64,
+        "/s",
+        health64.median(),
+        format!("GET /v1/health at 64 clients: {}/s", n(health64.median())),
+        Some(50.0),
+        problem("submit"),
+    ));
+    main.push(at_most_row(
+        String::from("service context switches per submit, 64 clients (/proc, all threads)"),
+        r.proc.submit_switches.get(&64).unwrap_or(&empty),
+        "",
+        2,
+        1.0,
+        problem("submit"),
+    ));
+    main.push(threads_row(r, problem("submit")));
+    let pg = &r.pg;
+    let pg_ceiling = pg.ceiling_tps.median();
+    main.push(percent_row(
+        format!(
+            "durable background submits (202) per second on PostgreSQL, one instance, {} clients",
+            plan.pg_clients
+        ),
+        &pg.one.0,
+        "/s",
+        pg_ceiling,
+        format!(
+            "pgbench single-row insert commits/s, {} clients: {}",
+            plan.pg_clients,
+            n(pg_ceiling)
+        ),
+        Some(50.0),
+        problem("postgres"),
+    ));
+    main.push(percent_row(
+        format!(
+            "durable background submits (202) per second on PostgreSQL, {} instances on one database (summed), {} clients",
+            plan.pg_instances, plan.pg_clients
+        ),
+        &pg.three.0,
+        "/s",
+        pg.one.0.median(),
+        format!("one instance: {}/s", n(pg.one.0.median())),
+        Some(90.0),
+        problem("postgres"),
+    ));
     print_table("## targets", &main);
 
     let mut other = Vec::new();
@@ -392,6 +513,43 @@ pub fn tables(plan: &Plan, r: &Results) {
             None,
         ));
     }
+    for (&clients, per) in &r.proc.submit_switches {
+        let label = if clients == 1 { "client" } else { "clients" };
+        other.push(plain_row_digits(
+            format!("service context switches per submit, {clients} {label}"),
+            &[per],
+            "",
+            2,
+            problem("submit"),
+        ));
+    }
+    for (&clients, per) in &r.proc.health_switches {
+        let label = if clients == 1 { "client" } else { "clients" };
+        other.push(plain_row_digits(
+            format!("service context switches per GET /v1/health, {clients} {label}"),
+            &[per],
+            "",
+            2,
+            problem("submit"),
+        ));
+    }
+    other.push(plain_row_digits(
+        String::from("service threads idle (0.2 s after ready)"),
+        &[&r.proc.threads_idle],
+        "",
+        0,
+        problem("submit"),
+    ));
+    for (&clients, threads) in &r.proc.submit_threads {
+        let label = if clients == 1 { "client" } else { "clients" };
+        other.push(plain_row_digits(
+            format!("service threads, most seen while submitting, {clients} {label}"),
+            &[threads],
+            "",
+            0,
+            problem("submit"),
+        ));
+    }
     other.push(plain_row(
         String::from("event created_at → SSE arrival, p50 / p99 (1 ms resolution)"),
         &[&r.events_delay_p50, &r.events_delay_p99],
@@ -427,6 +585,7 @@ pub fn tables(plan: &Plan, r: &Results) {
         &format!("## Other figures (submit service: {service})"),
         &other,
     );
+    postgres_table(plan, r);
     println!(
         "\nraw ceilings (min / median / max): fsync'd single-row commits/s {}; one commit {} ms; rows/s at {PER_COMMIT} per commit {}; event appends/s at {PER_COMMIT} per commit {}; update + insert {} rows {} s",
         c.single_commits_per_s.format(0),
@@ -436,6 +595,14 @@ pub fn tables(plan: &Plan, r: &Results) {
         n(c.leftovers as f64),
         c.update_insert_s.format(2)
     );
+    if !pg.ceiling_tps.is_empty() {
+        println!(
+            "PostgreSQL ceiling (min / median / max): pgbench single-row insert commits/s at {} clients {}; on {}",
+            plan.pg_clients,
+            pg.ceiling_tps.format(0),
+            pg.described
+        );
+    }
     if !r.purge_seconds.is_empty() {
         println!(
             "purge of {} events took {} s",
@@ -446,6 +613,99 @@ pub fn tables(plan: &Plan, r: &Results) {
     for (name, problem) in &r.problems {
         println!("{name}: {problem}");
     }
+}
+
+/// The PostgreSQL figures beside pgbench's ceiling and the SQLite figures of the same run.
+fn postgres_table(plan: &Plan, r: &Results) {
+    let pg = &r.pg;
+    let problem = r.problems.get("postgres");
+    let empty = Spread::new();
+    let ceiling = pg.ceiling_tps.median();
+    let ceiling_text = || String::from("pgbench single-row insert commits/s");
+    let sqlite64 = r
+        .submit
+        .get(&plan.pg_clients)
+        .map_or(&empty, |level| &level.0);
+    let clients = plan.pg_clients;
+    let mut rows = Vec::new();
+    for (label, level) in [
+        (String::from("one instance"), &pg.one),
+        (
+            format!("{} instances (summed)", plan.pg_instances),
+            &pg.three,
+        ),
+    ] {
+        let errors = if level.3 > 0 {
+            format!(" ({} errors)", level.3)
+        } else {
+            String::new()
+        };
+        rows.push(percent_row(
+            format!("PostgreSQL: submits per second, {label}, {clients} clients{errors}"),
+            &level.0,
+            "/s",
+            ceiling,
+            ceiling_text(),
+            None,
+            problem,
+        ));
+        rows.push(plain_row_digits(
+            format!("PostgreSQL: submit latency p50 / p99, {label}, {clients} clients"),
+            &[&level.1, &level.2],
+            "ms",
+            2,
+            problem,
+        ));
+    }
+    rows.push(percent_row(
+        format!("PostgreSQL: submits per second, one instance, {clients} clients, vs SQLite"),
+        &pg.one.0,
+        "/s",
+        sqlite64.median(),
+        format!(
+            "SQLite submits/s, {clients} clients, same run: {}",
+            n(sqlite64.median())
+        ),
+        None,
+        problem,
+    ));
+    rows.push(percent_row(
+        format!(
+            "PostgreSQL: persisted events per second, {} tasks × {} tokens streaming, one instance",
+            plan.stream_tasks, plan.pg_stream_tokens
+        ),
+        &pg.events_per_s,
+        "/s",
+        ceiling,
+        ceiling_text(),
+        None,
+        problem,
+    ));
+    rows.push(percent_row(
+        format!(
+            "PostgreSQL: persisted events per second, {} tasks × {} tokens streaming, vs SQLite ({} tokens)",
+            plan.stream_tasks, plan.pg_stream_tokens, plan.stream_tokens
+        ),
+        &pg.events_per_s,
+        "/s",
+        r.events_per_s.median(),
+        format!("SQLite events/s, same run: {}", n(r.events_per_s.median())),
+        None,
+        problem,
+    ));
+    rows.push(plain_row(
+        String::from("PostgreSQL: event created_at → SSE arrival, p50 / p99 (1 ms resolution)"),
+        &[&pg.events_delay_p50, &pg.events_delay_p99],
+        "ms",
+        problem,
+    ));
+    print_table(
+        &format!(
+            "## PostgreSQL figures (lmsp serve --database URL --instance NAME {} --lease 10s; a fresh database per repetition)",
+            submit::SERVE_FLAGS.join(" ")
+        ),
+        &rows,
+    );
 }
 
 /// The chart's points, one per concurrency level.

@@ -27,6 +27,8 @@ pub struct LevelRun {
     pub p99_ms: f64,
     /// Replies other than 202, and transport errors.
     pub errors: u64,
+    /// Requests answered as expected (202, or 200 for `GET /v1/health`).
+    pub count: u64,
 }
 
 /// What a closed-loop client sends.
@@ -61,11 +63,35 @@ pub async fn closed_loop(
     duration: Duration,
     request: Request,
 ) -> anyhow::Result<LevelRun> {
+    closed_loop_across(
+        http,
+        std::slice::from_ref(server),
+        clients,
+        duration,
+        request,
+    )
+    .await
+}
+
+/// `clients` clients each sending `request` back to back for `duration`, client `i` to
+/// `servers[i % servers.len()]` (round-robin: several instances on one database); the rate is the
+/// sum over all of them.
+pub async fn closed_loop_across(
+    http: &reqwest::Client,
+    servers: &[Arc<Server>],
+    clients: usize,
+    duration: Duration,
+    request: Request,
+) -> anyhow::Result<LevelRun> {
+    if servers.is_empty() {
+        anyhow::bail!("no server to send to");
+    }
     let body = Arc::new(submit_body("Once upon a time", 16));
     let start = Instant::now();
     let mut handles = Vec::with_capacity(clients);
-    for _ in 0..clients {
-        let (http, server, body) = (http.clone(), Arc::clone(server), Arc::clone(&body));
+    for i in 0..clients {
+        let server = Arc::clone(&servers[i % servers.len()]);
+        let (http, body) = (http.clone(), Arc::clone(&body));
         handles.push(tokio::spawn(async move {
             let mut latencies = Latencies::new();
             let mut errors = 0u64;
@@ -93,6 +119,7 @@ pub async fn closed_loop(
         p50_ms: latencies.quantile_ms(0.5),
         p99_ms: latencies.quantile_ms(0.99),
         errors,
+        count: latencies.len() as u64,
     })
 }
 

@@ -1,6 +1,8 @@
 //! CI's smoke test of the benchmark harness: runs `lmsp-bench --quick` end to end against the
 //! real `lmsp` binary and the apalis peer example, and checks that it completes and prints every
-//! figure of the README's performance targets with its ceiling. It asserts that the harness works, never a speed.
+//! figure of the README's performance targets with its ceiling — the PostgreSQL ones included,
+//! on a throwaway cluster of PostgreSQL 15's binaries (`/usr/lib/postgresql/15/bin`, which CI
+//! has; the test fails without them). It asserts that the harness works, never a speed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -78,6 +80,22 @@ fn quick_mode_runs_end_to_end_and_prints_every_figure() {
         "| HTTP floor: GET /v1/health",
         "| peer: LMSP jobs/s",
         "raw ceilings (min / median / max)",
+        "| durable submits/s vs the same server's GET /v1/health rate, 64 connections |",
+        "| service context switches per submit, 64 clients (/proc, all threads) |",
+        "| service threads, most seen during the submit runs, by clients",
+        "| service context switches per submit, 1 client |",
+        "| service context switches per GET /v1/health, 64 clients |",
+        "| service threads idle",
+        "| service threads, most seen while submitting, 256 clients |",
+        // PostgreSQL: CI has PostgreSQL 15's binaries in /usr/lib/postgresql/15/bin; without
+        // them these rows say why, and the test fails (it never skips them silently).
+        "| durable background submits (202) per second on PostgreSQL, one instance, 64 clients |",
+        "| durable background submits (202) per second on PostgreSQL, 3 instances on one database",
+        "| PostgreSQL: submit latency p50 / p99, one instance",
+        "| PostgreSQL: submits per second, one instance, 64 clients, vs SQLite |",
+        "| PostgreSQL: persisted events per second, 32 tasks × 16 tokens streaming, one instance |",
+        "| PostgreSQL: event created_at → SSE arrival",
+        "PostgreSQL ceiling (min / median / max): pgbench single-row insert commits/s",
     ] {
         let line = stdout
             .lines()
