@@ -253,7 +253,7 @@ mod tests {
         }
     }
 
-    /// I-8: each kind of record decides a new request as the table of the contract says.
+    /// I-8: each kind of record decides a new request as docs/idempotency.md says.
     #[test]
     fn a_record_decides_a_new_request_i8() {
         let first = RequestDigest::of_canonical(b"first");

@@ -1,6 +1,6 @@
 //! The PostgreSQL storage adapter of the LMSP service: [`PostgresStore`] implements every
 //! storage port of `lmsp_domain::ports` (so it is a [`lmsp_domain::ports::Store`]) for any number
-//! of instances sharing one database (API.md §12, DESIGN.md §2b).
+//! of instances sharing one database (README's "Many instances on PostgreSQL"; docs/recovery.md).
 //!
 //! - Every write port method is **one transaction** (`READ COMMITTED` with row locks): it locks
 //!   the rows it reads (`SELECT … FOR UPDATE`), asks the domain, and writes what the domain
