@@ -60,10 +60,13 @@ pub mod idempotency;
 pub mod listener;
 pub mod models;
 pub mod multi_process;
+pub mod output;
 pub mod reads;
 pub mod recovery;
+pub mod recovery_oracle;
 pub mod retention;
 pub mod single_process;
+pub mod steps;
 pub mod tasks;
 
 mod macros;
@@ -130,10 +133,13 @@ mod tests {
             ("listener", include_str!("listener.rs")),
             ("models", include_str!("models.rs")),
             ("multi_process", include_str!("multi_process.rs")),
+            ("output", include_str!("output.rs")),
             ("reads", include_str!("reads.rs")),
             ("recovery", include_str!("recovery.rs")),
+            ("recovery_oracle", include_str!("recovery_oracle.rs")),
             ("retention", include_str!("retention.rs")),
             ("single_process", include_str!("single_process.rs")),
+            ("steps", include_str!("steps.rs")),
             ("tasks", include_str!("tasks.rs")),
         ];
         let mut checks = 0;
