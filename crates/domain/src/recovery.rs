@@ -124,6 +124,25 @@ pub const fn plan(status: TaskStatus, policy: RestartPolicy) -> Move {
     }
 }
 
+/// The event that records a move of the table, of the kind [`plan`] names (`response.failed`
+/// with `server_restarted`, `response.queued` for a restart, `response.resumed`, or
+/// `response.cancelled`). `from_sequence_number` is where a resumed run continues: the last
+/// event its snapshot covers, or the task's last event when it has no snapshot.
+pub fn move_event(kind: EventKind, from_sequence_number: u64) -> EventPayload {
+    match kind {
+        EventKind::Failed => EventPayload::Failed {
+            error: TaskError::server_restarted(),
+        },
+        EventKind::Queued => EventPayload::Queued {
+            reason: QueueReason::ServerRestarted,
+        },
+        EventKind::Resumed => EventPayload::Resumed {
+            from_sequence_number,
+        },
+        _ => EventPayload::Cancelled,
+    }
+}
+
 /// Whether `task` is a leftover for `rescuer` (P-7): unfinished, and in the care of another
 /// instance (one that is gone: callers pass only tasks of stopped instances).
 pub fn is_leftover(task: &Task, rescuer: InstanceId) -> bool {
@@ -179,18 +198,10 @@ pub fn recover(
             status: ItemStatus::Incomplete,
         }));
     }
-    events.push(match event {
-        EventKind::Failed => EventPayload::Failed {
-            error: TaskError::server_restarted(),
-        },
-        EventKind::Queued => EventPayload::Queued {
-            reason: QueueReason::ServerRestarted,
-        },
-        EventKind::Resumed => EventPayload::Resumed {
-            from_sequence_number: snapshot_covers.unwrap_or(task.last_sequence_number),
-        },
-        _ => EventPayload::Cancelled,
-    });
+    events.push(move_event(
+        event,
+        snapshot_covers.unwrap_or(task.last_sequence_number),
+    ));
     let mut advanced = apply(task, Transition { status, events }, at);
     if increments_restarts {
         advanced.task.restarts += 1;

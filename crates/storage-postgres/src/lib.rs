@@ -9,7 +9,7 @@
 //! - `claim_next` takes the oldest queued task with `FOR UPDATE SKIP LOCKED`: each task is
 //!   claimed once across processes, and claimers never wait on each other.
 //! - The maintenance leader holds a session-level advisory lock on a connection of its own.
-//! - Committed events and cancels reach the other stores by `NOTIFY` (delivered on commit) and a
+//! - Committed events and cancels reach the other stores by `NOTIFY` (sent right after commit) and a
 //!   `LISTEN` connection per store ([`StoreListener::advanced_elsewhere`],
 //!   [`StoreListener::cancel_requested`]); a store's own commits reach its listener through
 //!   [`StoreListener::committed`] before the write returns.
@@ -227,8 +227,8 @@ impl PostgresStore {
         Ok(self.pool.get().await?)
     }
 
-    /// Runs `op` in one transaction, committing what it wrote with its notifications, telling
-    /// the listener, and running it again when it lost a race (see [`DbError::is_retryable`]).
+    /// Runs `op` in one transaction, committing what it wrote, then notifying the other
+    /// instances and telling the listener, and running it again when it lost a race (see [`DbError::is_retryable`]).
     async fn write<T, F>(&self, cancel: bool, op: F) -> Result<T, StoreError>
     where
         T: Send,
@@ -277,8 +277,13 @@ impl PostgresStore {
             .await?;
         match op(&tx).await {
             Ok((value, events)) => {
-                notify::send(&tx, &self.origin, &events, cancel).await?;
                 tx.commit().await?;
+                // After the commit, never inside it: PostgreSQL serializes the commits of
+                // notifying transactions (one lock held through the WAL flush), which would
+                // cap every write at one fsync at a time. The news is sent once the write is
+                // durable; if it is lost (a crash in between), the other instances' polling
+                // covers it.
+                notify::send(pg(&conn), &self.origin, &events, cancel).await;
                 Ok((value, events))
             }
             Err(error) => {

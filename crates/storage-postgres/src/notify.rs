@@ -1,7 +1,7 @@
-//! Notifications across processes: every write transaction that commits events sends, inside
-//! the transaction, one `NOTIFY` per task on [`CHANNEL`] (PostgreSQL delivers it only when, and
-//! only if, the transaction commits); each store keeps one connection that `LISTEN`s and tells
-//! its [`StoreListener`] what *other* stores committed. When that connection drops, a
+//! Notifications across processes: every write transaction that commits events sends, right
+//! after its commit, one `NOTIFY` per task on [`CHANNEL`] (so nothing is announced before it is
+//! durable); each store keeps one connection that `LISTEN`s and tells its [`StoreListener`] what
+//! *other* stores committed. When that connection drops, a
 //! supervisor reconnects it; news sent meanwhile is lost, which the app's polling covers.
 
 use std::collections::BTreeMap;
@@ -16,7 +16,6 @@ use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
 
 use crate::error::DbError;
-use crate::ops::Db;
 
 /// The channel the notifications go on.
 pub const CHANNEL: &str = "lmsp_events";
@@ -26,26 +25,34 @@ const CANCEL_FLAG: &str = "c";
 /// The flag of a notification that carries events only.
 const EVENTS_FLAG: &str = "-";
 
-/// Sends, inside the transaction, one notification per task of `events`: `origin task_id
-/// last_sequence_number flag`, the flag saying whether the transaction was a cancel.
-pub async fn send<C: Db>(
-    db: &C,
-    origin: &str,
-    events: &[Event],
-    cancel: bool,
-) -> Result<(), DbError> {
+/// Sends, once a transaction has committed, one notification per task of its `events`:
+/// `origin task_id last_sequence_number flag`, the flag saying whether the transaction was a
+/// cancel. All of them go in one statement, outside any transaction. A notification that cannot
+/// be sent is only logged: the write it reports is committed (reporting an error would have it
+/// written twice), and the other instances' polling finds it.
+pub async fn send(db: &Client, origin: &str, events: &[Event], cancel: bool) {
     let mut last: BTreeMap<TaskId, u64> = BTreeMap::new();
     for event in events {
         let seen = last.entry(event.task_id).or_insert(0);
         *seen = (*seen).max(event.sequence_number);
     }
-    let flag = if cancel { CANCEL_FLAG } else { EVENTS_FLAG };
-    for (task_id, sequence) in last {
-        let payload = format!("{origin} {task_id} {sequence} {flag}");
-        db.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &payload])
-            .await?;
+    if last.is_empty() {
+        return;
     }
-    Ok(())
+    let flag = if cancel { CANCEL_FLAG } else { EVENTS_FLAG };
+    let payloads: Vec<String> = last
+        .into_iter()
+        .map(|(task_id, sequence)| format!("{origin} {task_id} {sequence} {flag}"))
+        .collect();
+    if let Err(error) = db
+        .execute(
+            "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload",
+            &[&CHANNEL, &payloads],
+        )
+        .await
+    {
+        tracing::warn!(%error, "a notification to the other instances was lost");
+    }
 }
 
 /// Tells `listener` what one notification says, unless this store sent it.

@@ -203,7 +203,7 @@ async fn a_purge_batch_is_bounded_by_events_and_says_when_more_are_left_i4() {
 }
 
 /// P-7…P-11, I-5: recovery in tiny batches (three tasks a transaction, so batches end inside a
-/// status and run on into the next) still moves every leftover exactly per the table, with its
+/// cell of the table and run on into the next) still moves every leftover exactly per the table, with its
 /// events, and a second pass changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_in_tiny_batches_moves_every_leftover_per_the_table_p7_p8_p9_p10_p11_i5() {
@@ -219,6 +219,7 @@ async fn recovery_in_tiny_batches_moves_every_leftover_per_the_table_p7_p8_p9_p1
     contract::recovery::a_second_recovery_changes_nothing_i5(&factory).await;
     contract::recovery::a_requeued_task_closes_its_open_item_as_incomplete_and_its_next_run_opens_a_new_one(&factory).await;
     contract::recovery::a_resumed_task_continues_its_open_item(&factory).await;
+    contract::recovery_oracle::recovery_writes_exactly_what_the_domain_decides_for_each_task_p11_i5(&factory).await;
 }
 
 /// I-7: the token checks run on the caller's thread and read what is committed, never a copy:

@@ -69,7 +69,7 @@ struct IncompleteItem {
 }
 
 /// An event's data in its stored form.
-fn event_data(payload: &EventPayload) -> Res<Cow<'_, str>> {
+pub fn event_data(payload: &EventPayload) -> Res<Cow<'_, str>> {
     Ok(match payload {
         EventPayload::Created { .. }
         | EventPayload::InProgress
@@ -273,20 +273,28 @@ pub fn events_in(conn: &Connection, task_id: TaskId, after: u64, limit: usize) -
     Ok(Page { items, has_more })
 }
 
-/// The text of the deltas of output item `index` of a task (an open item's text so far).
-pub fn item_text(conn: &Connection, task_id: TaskId, index: u32) -> Res<String> {
-    let sql = "SELECT data FROM task_events WHERE task_id = ?1 AND kind = ?2 AND \
-               coalesce(item, 0) = ?3 ORDER BY sequence_number";
-    let mut text = String::new();
-    let mut stmt = conn.prepare_cached(sql)?;
-    let mut rows = stmt.query(params![
-        key(task_id),
-        EventCode::of(EventKind::OutputTextDelta),
-        index
-    ])?;
-    while let Some(row) = rows.next()? {
-        let delta: String = row.get(0)?;
-        text.push_str(&delta);
-    }
-    Ok(text)
+/// One stored event row as the domain's event (the rows it is rebuilt from are read only when
+/// its kind needs them).
+pub fn decode_event(
+    conn: &Connection,
+    task_id: TaskId,
+    sequence_number: i64,
+    code: i64,
+    created_at: i64,
+    data: String,
+    item: Option<i64>,
+) -> Res<Event> {
+    let item = item.map(u32::try_from).transpose().map_err(corrupt)?;
+    let mut sources = Sources {
+        conn,
+        task_id,
+        task: None,
+        response: None,
+    };
+    Ok(Event {
+        task_id,
+        sequence_number: from_i64(sequence_number)?,
+        created_at: Timestamp::from_millis(created_at),
+        payload: sources.payload(EventCode::kind(code)?, data, item)?,
+    })
 }

@@ -3,22 +3,18 @@
 //! SQLite serves one process at a time (the data directory is locked), so registering declares
 //! every other instance stopped, and the lease is never contested.
 
-use lmsp_domain::event::Event;
+use lmsp_domain::event::{Event, EventPayload};
 use lmsp_domain::ids::{InstanceId, TaskId};
 use lmsp_domain::ports::{InstanceInfo, RecoveryReport, Registration};
-use lmsp_domain::recovery::{needs_open_item_text, recover};
+use lmsp_domain::recovery::{move_event, plan, Move, RestartPolicy};
 use lmsp_domain::status::TaskStatus;
-use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::transition::Advanced;
 use lmsp_domain::EventKind;
-use rusqlite::{params, CachedStatement, Connection};
+use rusqlite::{params, Connection, OptionalExtension, ToSql};
 
-use crate::ops::{
-    corrupt, events, from_i64, instance_key, key, raw_task, to_i64, ulid_of, update_task, RawTask,
-    Res, LEFTOVER_STATUSES, SNAPSHOT_DELETE, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
-    TASK_UPDATE,
-};
+use crate::codec;
+use crate::ops::events::{self, EventCode};
+use crate::ops::{corrupt, from_i64, instance_key, key, to_i64, ulid_of, Res, LEFTOVER_STATUSES};
 
 /// Registers `instance` and declares every other one stopped.
 pub fn register(conn: &Connection, instance: &InstanceInfo) -> Res<Registration> {
@@ -90,18 +86,18 @@ pub fn mark_recovered(conn: &Connection, instance: InstanceId, at: Timestamp) ->
     Ok(())
 }
 
-/// Where a recovery pass has got to: the status it is looking at, and the last task of that
-/// status it looked at.
+/// Where a recovery pass has got to: the cell of the recovery table it is applying (an index
+/// into [`cell`]), and the last task of that cell it moved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecoveryCursor {
-    status_index: usize,
+    cell: usize,
     after: Option<TaskId>,
 }
 
 impl RecoveryCursor {
     /// The start of a pass.
     pub const START: RecoveryCursor = RecoveryCursor {
-        status_index: 0,
+        cell: 0,
         after: None,
     };
 }
@@ -109,55 +105,55 @@ impl RecoveryCursor {
 /// What one recovery batch did, and where the next one starts (`None`: the pass is complete).
 pub type RecoveryStep = (RecoveryReport, Option<RecoveryCursor>);
 
-/// Reads the leftovers of one status, in key order: each row with the sequence number its
-/// snapshot covers (if it has one), which says where `resume` continues and whether a finished
-/// move has a snapshot to drop.
-const LEFTOVER_SCAN: &str =
-    "WHERE t.status = ?1 AND t.id > ?2 AND t.owner = ?3 ORDER BY t.id LIMIT ?4";
-
-/// The statements a recovery batch writes with, prepared once for the whole batch.
-struct RecoveryWrites<'c> {
-    update: CachedStatement<'c>,
-    insert_event: CachedStatement<'c>,
-    drop_snapshot: CachedStatement<'c>,
+/// The cells of the recovery table in the order a pass applies them: each leftover status (P-7)
+/// under each policy.
+fn cell(index: usize) -> Option<(TaskStatus, RestartPolicy)> {
+    let policies = RestartPolicy::ALL;
+    let status = LEFTOVER_STATUSES.get(index / policies.len())?;
+    Some((*status, policies[index % policies.len()]))
 }
 
-impl<'c> RecoveryWrites<'c> {
-    fn prepare(conn: &'c Connection) -> Res<Self> {
-        Ok(Self {
-            update: conn.prepare_cached(TASK_UPDATE)?,
-            insert_event: conn.prepare_cached(events::INSERT_EVENT)?,
-            drop_snapshot: conn.prepare_cached(SNAPSHOT_DELETE)?,
-        })
-    }
+/// The tasks of one cell that a statement applies to, bound as `?1`…`?5` (`t` is `tasks`): of
+/// the stopped instance, in the cell's status under its policy, after the cursor and up to the
+/// batch's last task.
+const CELL_TASKS: &str = "t.status = ?1 AND t.owner = ?2 AND t.on_restart = ?3 \
+     AND t.id > ?4 AND t.id <= ?5";
 
-    /// Writes one decided move: the task row as a compare-and-set on what was read, its events,
-    /// and for a move to a finished status the dropped snapshot.
-    fn write(&mut self, old: &Task, advanced: &Advanced, has_snapshot: bool) -> Res<()> {
-        let new = &advanced.task;
-        let changed = update_task(&mut self.update, old, new)?;
-        if changed != 1 {
-            return Err(corrupt(format!(
-                "task {} moved under its transaction",
-                old.id
-            )));
-        }
-        for event in &advanced.events {
-            events::insert_event_with(&mut self.insert_event, event)?;
-        }
-        if new.status.is_finished() && has_snapshot {
-            self.drop_snapshot.execute([key(old.id)])?;
-        }
-        Ok(())
+/// The highest stored task key: the upper end of a range that leaves nothing out.
+const LAST_KEY: [u8; 16] = [0xff; 16];
+
+/// The columns a recovery insert returns, read by [`returned_event`].
+const RETURNED: &str = "RETURNING task_id, sequence_number, kind, created_at, data, item";
+
+/// One cell's slice of a batch: the parameters `?1`…`?5` of [`CELL_TASKS`].
+struct CellSlice {
+    status: &'static str,
+    stopped: [u8; 16],
+    policy: &'static str,
+    after: Vec<u8>,
+    upto: [u8; 16],
+}
+
+impl CellSlice {
+    fn params(&self) -> [&dyn ToSql; 5] {
+        [
+            &self.status,
+            &self.stopped,
+            &self.policy,
+            &self.after,
+            &self.upto,
+        ]
     }
 }
 
-/// One recovery batch (P-7…P-11, I-5): up to `limit` leftover tasks of `stopped` from `cursor`
-/// on, read in one scan per status (row, spec and snapshot in one statement), each decided in
-/// memory by the domain's [`recover`] (the one place the table is applied), and the decisions
-/// written with statements prepared once for the batch, as a compare-and-set on what was read.
-/// A batch goes on into the next status while it has room, so a pass takes as few transactions
-/// as its size allows.
+/// One recovery batch (P-7…P-11, I-5): the leftovers of `stopped` from `cursor` on, up to
+/// `limit` moved tasks, cell by cell of the recovery table. Each cell's move comes from the
+/// domain's [`plan`] (the one place the table lives) and is applied to all the batch's tasks of
+/// that cell at once, as set-based statements in one transaction: the item a restarted run
+/// leaves open closed as incomplete, the event of the move (the domain's [`move_event`]), the
+/// snapshot of a finished task dropped, and the rows moved into the rescuer's care, each with its
+/// events and `restarts + 1` (P-11). A moved task leaves the stopped instance, so a second pass
+/// finds nothing to move (I-5). `queued` tasks that the table leaves untouched are only counted.
 pub fn recover_batch(
     conn: &Connection,
     stopped: InstanceId,
@@ -166,71 +162,214 @@ pub fn recover_batch(
     cursor: RecoveryCursor,
     limit: usize,
 ) -> Res<(RecoveryStep, Vec<Event>)> {
-    let limit = limit.max(1);
-    let sql = format!(
-        "SELECT {TASK_COLUMNS}, (SELECT n.sequence_number FROM snapshots n WHERE n.task_id = t.id) \
-         FROM {TASK_FROM} {LEFTOVER_SCAN}"
-    );
-    let mut scan = conn.prepare_cached(&sql)?;
-    let mut writes = RecoveryWrites::prepare(conn)?;
     let mut report = RecoveryReport::default();
     let mut all_events = Vec::new();
     let mut cursor = cursor;
-    let mut room = limit;
-    while let Some(status) = LEFTOVER_STATUSES.get(cursor.status_index) {
-        let after = cursor.after.map(key).unwrap_or_default();
-        let rows: Vec<(RawTask, Option<i64>)> = scan
-            .query_map(
-                params![
-                    status.as_str(),
-                    after.as_slice(),
-                    instance_key(stopped),
-                    to_i64(room as u64)?
-                ],
-                |row| Ok((raw_task(row)?, row.get(TASK_COLUMN_COUNT)?)),
-            )?
-            .collect::<Result<_, _>>()?;
-        let full = rows.len() >= room;
-        room -= rows.len().min(room);
-        for (raw, snapshot_seq) in rows {
-            let task = raw.decode()?;
-            cursor.after = Some(task.id);
-            // Only a running task's snapshot decides anything (where `resume` continues).
-            let covers = match task.status {
-                TaskStatus::Running => snapshot_seq.map(from_i64).transpose()?,
-                _ => None,
-            };
-            let item_text = if needs_open_item_text(&task) {
-                let index = task.items.opened.saturating_sub(1);
-                Some(events::item_text(conn, task.id, index)?)
-            } else {
-                None
-            };
-            match recover(&task, rescuer, covers, item_text, at) {
-                None => report.untouched += 1,
-                Some(advanced) => {
-                    writes.write(&task, &advanced, snapshot_seq.is_some())?;
-                    if advanced
-                        .events
-                        .iter()
-                        .any(|event| event.kind() == EventKind::Resumed)
-                    {
-                        report.resumed.push(task.id);
-                    }
-                    report.moved += 1;
-                    all_events.extend(advanced.events);
+    let mut room = limit.max(1);
+    while let Some((status, policy)) = cell(cursor.cell) {
+        let mut slice = CellSlice {
+            status: status.as_str(),
+            stopped: instance_key(stopped),
+            policy: policy.as_str(),
+            after: cursor.after.map(|id| key(id).to_vec()).unwrap_or_default(),
+            upto: LAST_KEY,
+        };
+        match plan(status, policy) {
+            Move::Untouched => {
+                let sql = format!("SELECT count(*) FROM tasks t WHERE {CELL_TASKS}");
+                let count: i64 = conn
+                    .prepare_cached(&sql)?
+                    .query_row(&slice.params()[..], |row| row.get(0))?;
+                report.untouched += from_i64(count)?;
+            }
+            moved @ Move::Moved { .. } => {
+                // The batch ends inside this cell when the cell has `room` tasks or more left.
+                let last_of_batch = nth_task_of_cell(conn, &slice, room)?;
+                if let Some(last) = last_of_batch {
+                    slice.upto = last;
+                }
+                let applied = apply_cell(conn, &slice, moved, rescuer, at, &mut all_events)?;
+                report.moved += applied.moved;
+                report.resumed.extend(applied.resumed);
+                room = room.saturating_sub(usize::try_from(applied.moved).unwrap_or(usize::MAX));
+                if let Some(last) = last_of_batch {
+                    cursor.after = Some(TaskId::from_ulid(ulid_of(&last)?));
+                    break;
                 }
             }
         }
-        if full {
-            break;
-        }
         cursor = RecoveryCursor {
-            status_index: cursor.status_index + 1,
+            cell: cursor.cell + 1,
             after: None,
         };
+        if room == 0 {
+            break;
+        }
     }
-    drop(writes);
-    let next = (cursor.status_index < LEFTOVER_STATUSES.len()).then_some(cursor);
+    let next = cell(cursor.cell).is_some().then_some(cursor);
     Ok(((report, next), all_events))
+}
+
+/// The key of the `n`-th task of a cell's slice (from its cursor on), if it has that many.
+fn nth_task_of_cell(conn: &Connection, slice: &CellSlice, n: usize) -> Res<Option<[u8; 16]>> {
+    let sql =
+        format!("SELECT t.id FROM tasks t WHERE {CELL_TASKS} ORDER BY t.id LIMIT 1 OFFSET ?6");
+    let offset = to_i64(n.saturating_sub(1) as u64)?;
+    let mut params = slice.params().to_vec();
+    params.push(&offset);
+    let found: Option<Vec<u8>> = conn
+        .prepare_cached(&sql)?
+        .query_row(&params[..], |row| row.get(0))
+        .optional()?;
+    found
+        .map(|bytes| {
+            <[u8; 16]>::try_from(bytes.as_slice())
+                .map_err(|_| corrupt(format!("a task key of {} bytes", bytes.len())))
+        })
+        .transpose()
+}
+
+/// What applying one cell's slice did.
+struct CellApplied {
+    moved: u64,
+    resumed: Vec<TaskId>,
+}
+
+/// Applies a cell's move to every task of its slice, in the order [`recover`] writes a single
+/// task: the open item closed as incomplete (with the text of its deltas), the event of the
+/// move, the snapshot of a finished task dropped, the row moved to the rescuer.
+fn apply_cell(
+    conn: &Connection,
+    slice: &CellSlice,
+    moved: Move,
+    rescuer: InstanceId,
+    at: Timestamp,
+    events: &mut Vec<Event>,
+) -> Res<CellApplied> {
+    let Move::Moved {
+        status,
+        event,
+        increments_restarts,
+        closes_open_item,
+        ..
+    } = moved
+    else {
+        return Ok(CellApplied {
+            moved: 0,
+            resumed: Vec::new(),
+        });
+    };
+    let at_millis = at.as_millis();
+    let first_new = events.len();
+    if closes_open_item {
+        let sql = format!(
+            "INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
+             SELECT t.id, t.last_sequence_number + 1, ?6, ?7, json_object('text', coalesce(( \
+                 SELECT group_concat(e.data, '' ORDER BY e.sequence_number) FROM task_events e \
+                 WHERE e.task_id = t.id AND e.kind = ?8 \
+                 AND coalesce(e.item, 0) = t.items_opened - 1), '')), t.items_opened - 1 \
+             FROM tasks t WHERE {CELL_TASKS} AND t.item_open = 1 {RETURNED}"
+        );
+        let kind = EventCode::of(EventKind::OutputItemDone);
+        let delta = EventCode::of(EventKind::OutputTextDelta);
+        let mut params = slice.params().to_vec();
+        params.extend([&kind as &dyn ToSql, &at_millis, &delta]);
+        collect_returned(conn, &sql, &params, events)?;
+    }
+    // The event's stored data comes from the domain's payload, except where it differs per
+    // task: a resume's `from_sequence_number` (its snapshot's, else the task's last event).
+    let payload = move_event(event, 0);
+    if payload.item().is_some() {
+        return Err(corrupt("a recovery event about an output item"));
+    }
+    let data = match event {
+        EventKind::Resumed => None,
+        _ => Some(events::event_data(&payload)?.into_owned()),
+    };
+    let sql = format!(
+        "INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
+         SELECT t.id, t.last_sequence_number + 1 + (?6 AND t.item_open), ?7, ?8, coalesce(?9, \
+             CAST(coalesce((SELECT n.sequence_number FROM snapshots n WHERE n.task_id = t.id), \
+                 t.last_sequence_number) AS TEXT)), NULL \
+         FROM tasks t WHERE {CELL_TASKS} {RETURNED}"
+    );
+    let kind = EventCode::of(event);
+    let mut params = slice.params().to_vec();
+    params.extend([&closes_open_item as &dyn ToSql, &kind, &at_millis, &data]);
+    let written = collect_returned(conn, &sql, &params, events)?;
+    if status.is_finished() {
+        let sql = format!(
+            "DELETE FROM snapshots WHERE task_id IN (SELECT t.id FROM tasks t WHERE {CELL_TASKS})"
+        );
+        conn.prepare_cached(&sql)?.execute(&slice.params()[..])?;
+    }
+    let error = match &payload {
+        EventPayload::Failed { error } => Some(codec::error_to_text(error)?),
+        _ => None,
+    };
+    let finished_at = status.is_finished().then_some(at_millis);
+    let sql = format!(
+        "UPDATE tasks AS t SET status = ?6, \
+             last_sequence_number = t.last_sequence_number + 1 + (?7 AND t.item_open), \
+             restarts = t.restarts + ?8, error = coalesce(?9, t.error), \
+             finished_at = coalesce(?10, t.finished_at), owner = ?11, \
+             item_open = CASE WHEN ?7 THEN 0 ELSE t.item_open END \
+         WHERE {CELL_TASKS}"
+    );
+    let new_status = status.as_str();
+    let restarts = i64::from(increments_restarts);
+    let rescuer = instance_key(rescuer);
+    let mut params = slice.params().to_vec();
+    params.extend([
+        &new_status as &dyn ToSql,
+        &closes_open_item,
+        &restarts,
+        &error,
+        &finished_at,
+        &rescuer,
+    ]);
+    let moved = conn.prepare_cached(&sql)?.execute(&params[..])?;
+    if moved != written {
+        return Err(corrupt(format!(
+            "recovery moved {moved} tasks but wrote {written} events"
+        )));
+    }
+    let mut resumed: Vec<TaskId> = events[first_new..]
+        .iter()
+        .filter(|event| event.kind() == EventKind::Resumed)
+        .map(|event| event.task_id)
+        .collect();
+    resumed.sort_unstable();
+    Ok(CellApplied {
+        moved: moved as u64,
+        resumed,
+    })
+}
+
+/// Runs an insert that returns the rows it wrote ([`RETURNED`]) and adds them to `events` as the
+/// domain's events; how many it wrote.
+fn collect_returned(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn ToSql],
+    events: &mut Vec<Event>,
+) -> Res<usize> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let mut rows = stmt.query(params)?;
+    let mut written = 0;
+    while let Some(row) = rows.next()? {
+        let task_key: Vec<u8> = row.get(0)?;
+        let task_id = TaskId::from_ulid(ulid_of(&task_key)?);
+        events.push(events::decode_event(
+            conn,
+            task_id,
+            row.get(1)?,
+            row.get(2)?,
+            row.get(3)?,
+            row.get(4)?,
+            row.get(5)?,
+        )?);
+        written += 1;
+    }
+    Ok(written)
 }

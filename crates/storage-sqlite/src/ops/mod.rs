@@ -88,9 +88,6 @@ pub const TASK_COLUMNS: &str = "t.id, t.client_id, t.status, t.model, t.on_resta
      t.response_id, t.owner, t.background, t.items_opened, t.item_open, s.spec, s.metadata, \
      s.accepted_by";
 
-/// How many columns [`TASK_COLUMNS`] names.
-pub const TASK_COLUMN_COUNT: usize = 19;
-
 /// `tasks` joined with its spec, for `SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE …`.
 pub const TASK_FROM: &str = "tasks t JOIN task_specs s ON s.task_id = t.id";
 
