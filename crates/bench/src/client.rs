@@ -1,12 +1,14 @@
-//! The HTTP side of the harness: a reqwest client, background submits, task reads, and a small
-//! Server-Sent Events reader that timestamps each chunk as it arrives.
+//! The HTTP side of the harness: a reqwest client, background submits, task reads, and a
+//! Server-Sent Events reader (`eventsource-stream`) that timestamps each message as its chunk
+//! arrives.
 
 use std::pin::Pin;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use eventsource_stream::{Event, EventStream, Eventsource};
+use futures::{FutureExt, Stream, StreamExt};
 use serde_json::{json, Value};
 
 use crate::server::Server;
@@ -84,7 +86,7 @@ pub fn wall_millis() -> f64 {
 pub struct SseMessage {
     /// `id:` as a number (the task log's sequence number, in every rendering of LMSP).
     pub id: Option<u64>,
-    /// `event:`.
+    /// `event:` (`message` when the frame names none).
     pub event: String,
     /// `data:`.
     pub data: String,
@@ -92,86 +94,76 @@ pub struct SseMessage {
     pub arrived_ms: f64,
 }
 
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+type ByteStream = Pin<Box<dyn Stream<Item = anyhow::Result<Bytes>> + Send>>;
 
-/// Reads Server-Sent Events off a response body.
+/// Reads Server-Sent Events off a response body with `eventsource-stream` (a character split
+/// across two chunks arrives whole), and timestamps each message as its chunk arrives. No task
+/// of its own: the reader is polled by whoever reads it (the RSS figure holds 10 000 of them).
 pub struct SseReader {
-    body: ByteStream,
-    buffer: Vec<u8>,
+    events: EventStream<ByteStream>,
 }
 
 impl std::fmt::Debug for SseReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SseReader")
-            .field("buffered", &self.buffer.len())
-            .finish_non_exhaustive()
+        f.debug_struct("SseReader").finish_non_exhaustive()
     }
 }
 
 impl SseReader {
-    /// Reads `response`'s body as SSE (it must be a 200 `text/event-stream`).
-    pub fn new(response: reqwest::Response) -> anyhow::Result<Self> {
+    /// Reads `response`'s body as SSE (it must be a 200 `text/event-stream`); fails a read after
+    /// `idle` without a byte (a keep-alive comment counts).
+    pub fn new(response: reqwest::Response, idle: Duration) -> anyhow::Result<Self> {
         if response.status().as_u16() != 200 {
             bail!("expected 200 text/event-stream, got {}", response.status());
         }
-        Ok(Self {
-            body: Box::pin(response.bytes_stream()),
-            buffer: Vec::new(),
-        })
+        let body = response
+            .bytes_stream()
+            .map(|chunk| chunk.map_err(|error| anyhow!("SSE body: {error}")));
+        Ok(Self::of_bytes(body, idle))
     }
 
-    /// Every complete message of the next chunk (comments skipped); `None` at the end of the
-    /// stream, or after `idle` without a byte.
-    pub async fn next_batch(&mut self, idle: Duration) -> anyhow::Result<Option<Vec<SseMessage>>> {
-        loop {
-            let chunk = match tokio::time::timeout(idle, self.body.next()).await {
-                Err(_) => bail!("no SSE bytes for {idle:?}"),
-                Ok(None) => return Ok(None),
-                Ok(Some(chunk)) => chunk.map_err(|e| anyhow!("SSE body: {e}"))?,
-            };
-            let arrived_ms = wall_millis();
-            self.buffer.extend_from_slice(&chunk);
-            let mut messages = Vec::new();
-            while let Some(end) = find_blank_line(&self.buffer) {
-                let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
-                if let Some(message) = parse_block(&block, arrived_ms) {
-                    messages.push(message);
-                }
+    /// Reads SSE off `body`, failing after `idle` without a chunk.
+    fn of_bytes<S>(body: S, idle: Duration) -> Self
+    where
+        S: Stream<Item = anyhow::Result<Bytes>> + Send + 'static,
+    {
+        let watched = futures::stream::unfold(Box::pin(body), move |mut body| async move {
+            match tokio::time::timeout(idle, body.next()).await {
+                Ok(Some(chunk)) => Some((chunk, body)),
+                Ok(None) => None,
+                Err(_) => Some((Err(anyhow!("no SSE bytes for {idle:?}")), body)),
             }
-            if !messages.is_empty() {
-                return Ok(Some(messages));
-            }
+        });
+        let bytes: ByteStream = Box::pin(watched);
+        Self {
+            events: bytes.eventsource(),
         }
+    }
+
+    /// The next message and every other one already received with it (comments skipped), all
+    /// stamped with the arrival of the first; `None` at the end of the stream.
+    pub async fn next_batch(&mut self) -> anyhow::Result<Option<Vec<SseMessage>>> {
+        let Some(first) = self.events.next().await else {
+            return Ok(None);
+        };
+        let arrived_ms = wall_millis();
+        let mut messages = vec![message(first?, arrived_ms)];
+        // What the parser holds already, or the body has ready, arrived with the first.
+        while let Some(Some(next)) = self.events.next().now_or_never() {
+            messages.push(message(next?, arrived_ms));
+        }
+        Ok(Some(messages))
     }
 }
 
-fn find_blank_line(buffer: &[u8]) -> Option<usize> {
-    buffer.windows(2).position(|pair| pair == b"\n\n")
-}
-
-fn parse_block(block: &[u8], arrived_ms: f64) -> Option<SseMessage> {
-    let text = String::from_utf8_lossy(block);
-    let mut id = None;
-    let mut event = String::new();
-    let mut data = String::new();
-    for line in text.lines() {
-        if let Some(value) = line.strip_prefix("id:") {
-            id = value.trim().parse().ok();
-        } else if let Some(value) = line.strip_prefix("event:") {
-            event = value.trim().to_owned();
-        } else if let Some(value) = line.strip_prefix("data:") {
-            if !data.is_empty() {
-                data.push('\n');
-            }
-            data.push_str(value.strip_prefix(' ').unwrap_or(value));
-        }
-    }
-    (!data.is_empty()).then_some(SseMessage {
-        id,
-        event,
-        data,
+/// A parsed event as the harness reads it.
+fn message(event: Event, arrived_ms: f64) -> SseMessage {
+    SseMessage {
+        id: event.id.parse().ok(),
+        event: event.event,
+        data: event.data,
         arrived_ms,
-    })
+    }
 }
 
 /// Whether an event type ends a task's stream: the terminal events of the LMSP-native rendering,
@@ -221,15 +213,55 @@ pub async fn wait_until_all_finished(
 mod tests {
     use super::*;
 
+    /// A body that sends `chunks`, one poll each.
+    fn body(chunks: &[&[u8]]) -> impl Stream<Item = anyhow::Result<Bytes>> + Send + 'static {
+        let chunks: Vec<anyhow::Result<Bytes>> = chunks
+            .iter()
+            .map(|chunk| Ok(Bytes::copy_from_slice(chunk)))
+            .collect();
+        futures::stream::iter(chunks)
+    }
+
+    #[tokio::test]
+    async fn messages_of_one_chunk_come_in_one_batch_and_comments_are_skipped() {
+        let chunk = b": keep-alive\n\nid: 3\nevent: response.output_text.delta\ndata: {\"a\":1}\n\nid: 4\nevent: response.completed\ndata: {}\n\n";
+        let mut reader = SseReader::of_bytes(body(&[chunk]), Duration::from_secs(5));
+
+        let batch = reader.next_batch().await.unwrap().unwrap();
+
+        assert_eq!(batch.len(), 2, "{batch:?}");
+        assert_eq!(batch[0].id, Some(3));
+        assert_eq!(batch[0].event, "response.output_text.delta");
+        assert_eq!(batch[0].data, "{\"a\":1}");
+        assert_eq!(batch[1].id, Some(4));
+        assert!(is_terminal(&batch[1].event));
+        assert!(reader.next_batch().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_character_split_across_two_chunks_arrives_whole() {
+        let frame = "id: 1\nevent: response.output_text.delta\ndata: {\"delta\":\"é\"}\n\n";
+        let split = frame.find('é').unwrap() + 1;
+        let (head, tail) = frame.as_bytes().split_at(split);
+        let mut reader = SseReader::of_bytes(body(&[head, tail]), Duration::from_secs(5));
+
+        let batch = reader.next_batch().await.unwrap().unwrap();
+
+        assert_eq!(batch[0].data, "{\"delta\":\"é\"}");
+    }
+
+    #[tokio::test]
+    async fn a_body_silent_for_the_idle_time_fails_the_read() {
+        let silent = futures::stream::pending::<anyhow::Result<Bytes>>();
+        let mut reader = SseReader::of_bytes(silent, Duration::from_millis(10));
+
+        let error = reader.next_batch().await.unwrap_err();
+
+        assert!(error.to_string().contains("no SSE bytes"), "{error}");
+    }
+
     #[test]
-    fn blocks_parse_and_comments_are_skipped() {
-        let block = b"id: 3\nevent: response.output_text.delta\ndata: {\"a\":1}\n\n";
-        let message = parse_block(block, 1.0).unwrap();
-        assert_eq!(message.id, Some(3));
-        assert_eq!(message.event, "response.output_text.delta");
-        assert_eq!(message.data, "{\"a\":1}");
-        assert!(parse_block(b":\n\n", 1.0).is_none());
-        assert_eq!(find_blank_line(b"a\n\nb"), Some(1));
+    fn created_at_reads_as_epoch_millis_and_terminal_events_are_known() {
         let event = json!({"created_at": "2024-01-01T00:00:00.123Z"});
         let ms = event_created_at_millis(&event).unwrap();
         assert_eq!(ms, 1_704_067_200_123.0);

@@ -78,11 +78,11 @@ async fn stream_one(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
         .ok_or_else(|| anyhow!("no Lmsp-Task-Id header (status {})", response.status()))?;
-    let mut reader = SseReader::new(response)?;
+    let mut reader = SseReader::new(response, Duration::from_secs(120))?;
     let mut arrivals = BTreeMap::new();
     let mut received = 0u64;
     let mut finished = false;
-    while let Some(batch) = reader.next_batch(Duration::from_secs(120)).await? {
+    while let Some(batch) = reader.next_batch().await? {
         for message in batch {
             received += 1;
             let seq = message

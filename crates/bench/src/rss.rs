@@ -70,8 +70,8 @@ pub async fn with_streams(
                 .header("accept", "text/event-stream")
                 .send()
                 .await?;
-            let mut reader = SseReader::new(response)?;
-            if reader.next_batch(Duration::from_secs(120)).await?.is_none() {
+            let mut reader = SseReader::new(response, Duration::from_secs(120))?;
+            if reader.next_batch().await?.is_none() {
                 bail!("the stream of {id} ended at once");
             }
             drop(permit);

@@ -1,36 +1,19 @@
-//! CI's smoke test of `engine-bench`: runs it with `--quick` against the real `lmsp` binary and
-//! a real llama.cpp server (the venv of `scripts/llamacpp-server-deps`, which `scripts/test`
-//! installs; the test fails without it), and checks that every path streamed the model's exact
-//! text (the harness checks each reply) and that both comparison rows are printed. It asserts
-//! that the harness works, never a speed.
+//! CI's smoke test of `engine-bench`: runs it with `--quick` against the real `lmsp` binary
+//! (built from the sources under test, see `common`) and a real llama.cpp server (the venv of
+//! `scripts/llamacpp-server-deps`, which `scripts/test` installs; the test fails without it), and
+//! checks that every path streamed the model's exact text (the harness checks each reply) and
+//! that both comparison rows are printed. It asserts that the harness works, never a speed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 
 #[test]
 fn engine_bench_quick_streams_every_path_and_prints_both_comparisons() {
-    let profile = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .to_path_buf();
-    let lmsp = match std::env::var_os("LMSP_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => {
-            let lmsp = profile.join("lmsp");
-            if !lmsp.exists() {
-                let built = Command::new(env!("CARGO"))
-                    .args(["build", "-p", "lmsp", "--bin", "lmsp"])
-                    .status()
-                    .unwrap();
-                assert!(built.success(), "cargo build -p lmsp failed");
-            }
-            lmsp
-        }
-    };
+    let lmsp = common::lmsp();
     let python =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/llamacpp-venv/bin/python");
     assert!(

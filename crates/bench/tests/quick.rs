@@ -1,49 +1,20 @@
 //! CI's smoke test of the benchmark harness: runs `lmsp-bench --quick` end to end against the
-//! real `lmsp` binary and the apalis peer example, and checks that it completes and prints every
-//! figure of the README's performance targets with its ceiling — the PostgreSQL ones included,
-//! on a throwaway cluster of PostgreSQL 15's binaries (`/usr/lib/postgresql/15/bin`, which CI
-//! has; the test fails without them). It asserts that the harness works, never a speed.
+//! real `lmsp` binary and the apalis peer example (both built from the sources under test, see
+//! `common`), and checks that it completes and prints every figure of the README's performance
+//! targets with its ceiling — the PostgreSQL ones included, on a throwaway cluster of PostgreSQL
+//! 15's binaries (`/usr/lib/postgresql/15/bin`, which CI has; the test fails without them). It
+//! asserts that the harness works, never a speed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Command;
-
-/// The target profile directory this test runs from (`target/debug`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("target profile dir")
-        .to_path_buf()
-}
-
-/// A binary of this build, built with cargo when it is missing (as `tests/src/lib.rs` does for
-/// the e2e tests: `CARGO_BIN_EXE_*` only covers this crate's own binaries).
-fn built(path: PathBuf, cargo_args: &[&str]) -> PathBuf {
-    if !path.exists() {
-        let status = Command::new(env!("CARGO"))
-            .args(cargo_args)
-            .status()
-            .expect("cargo build");
-        assert!(status.success(), "cargo {cargo_args:?} failed");
-    }
-    path
-}
 
 #[test]
 fn quick_mode_runs_end_to_end_and_prints_every_figure() {
-    let lmsp = match std::env::var_os("LMSP_BIN") {
-        Some(path) => PathBuf::from(path),
-        None => built(
-            profile_dir().join("lmsp"),
-            &["build", "-p", "lmsp", "--bin", "lmsp"],
-        ),
-    };
-    let peer = built(
-        profile_dir().join("examples").join("apalis_peer"),
-        &["build", "-p", "lmsp-bench", "--example", "apalis_peer"],
-    );
+    let lmsp = common::lmsp();
+    let peer = common::apalis_peer();
     let work = tempfile::tempdir().expect("tempdir");
     let chart = work.path().join("chart.png");
     let output = Command::new(env!("CARGO_BIN_EXE_lmsp-bench"))

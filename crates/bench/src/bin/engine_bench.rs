@@ -484,33 +484,22 @@ async fn main() -> anyhow::Result<()> {
         "LMSP in process (--engine llama)",
     ];
     let mut figures: Vec<PathFigures> = names.iter().map(|_| PathFigures::default()).collect();
+    let paths = Paths {
+        http: &http,
+        api: &upstream.api,
+        upstream_service: &upstream_service,
+        local_service: &local_service,
+        binding: &binding,
+    };
     // A warm-up request on every path (model pages, connections, the first context).
     for index in 0..names.len() {
-        run_one(
-            index,
-            &http,
-            &upstream.api,
-            &upstream_service,
-            &local_service,
-            &binding,
-            8,
-        )
-        .await?;
+        paths.stream(index, 8).await?;
     }
     for _ in 0..reps {
         for (index, figure) in figures.iter_mut().enumerate() {
             let mut samples = Samples::default();
             for _ in 0..requests {
-                let streamed = run_one(
-                    index,
-                    &http,
-                    &upstream.api,
-                    &upstream_service,
-                    &local_service,
-                    &binding,
-                    tokens,
-                )
-                .await?;
+                let streamed = paths.stream(index, tokens).await?;
                 if streamed.text != expected || streamed.tokens != tokens {
                     bail!(
                         "{}: {} tokens of unexpected text {:?}",
@@ -560,20 +549,27 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Streams one request on path `index`.
-async fn run_one(
-    index: usize,
-    http: &reqwest::Client,
-    api: &str,
-    upstream_service: &Server,
-    local_service: &Server,
-    binding: &binding::Binding,
-    tokens: u64,
-) -> anyhow::Result<Streamed> {
-    match index {
-        0 => stream_direct(http, api, tokens).await,
-        1 => stream_lmsp(http, upstream_service, "tiny", tokens).await,
-        2 => tokio::task::block_in_place(|| binding.stream(tokens)),
-        _ => stream_lmsp(http, local_service, "tiny", tokens).await,
+/// What a request needs on each of the four paths, in the order of the tables: the llama.cpp
+/// server directly, LMSP in front of it, the binding alone, LMSP in process.
+struct Paths<'a> {
+    http: &'a reqwest::Client,
+    /// The llama.cpp server's API root.
+    api: &'a str,
+    /// `lmsp serve --engine openai` in front of that server.
+    upstream_service: &'a Server,
+    /// `lmsp serve --engine llama` on the same model file.
+    local_service: &'a Server,
+    binding: &'a binding::Binding,
+}
+
+impl Paths<'_> {
+    /// Streams one request of `tokens` tokens on path `index`.
+    async fn stream(&self, index: usize, tokens: u64) -> anyhow::Result<Streamed> {
+        match index {
+            0 => stream_direct(self.http, self.api, tokens).await,
+            1 => stream_lmsp(self.http, self.upstream_service, "tiny", tokens).await,
+            2 => tokio::task::block_in_place(|| self.binding.stream(tokens)),
+            _ => stream_lmsp(self.http, self.local_service, "tiny", tokens).await,
+        }
     }
 }

@@ -1,0 +1,181 @@
+//! The PostgreSQL phase: `pgbench`'s insert-commit ceiling of the cluster, then per repetition
+//! background submits on one instance and on several sharing one database, and persisted events
+//! on one instance, each on a fresh database.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{ulid_like, Outcome, Phases};
+use crate::results::{push_level, PgFigures, Results};
+use crate::server::{CpuMeter, Server};
+use crate::submit::{self, Request};
+use crate::{client, events, postgres};
+
+impl Phases<'_> {
+    /// Submits on PostgreSQL: `pgbench`'s insert-commit ceiling, then per repetition one
+    /// instance, three instances on one database, and (one instance) persisted events, each on a
+    /// fresh database.
+    pub(crate) async fn postgres_phase(&self, explicit: bool) -> anyhow::Result<Outcome> {
+        let plan = self.plan;
+        let refuse = |why: String| -> anyhow::Result<Outcome> {
+            if explicit {
+                anyhow::bail!("--only postgres was asked for, but {why}")
+            }
+            Ok(Outcome::Skipped(why))
+        };
+        let Some(lmsp) = self.lmsp else {
+            return refuse(String::from(
+                "the PostgreSQL figures start their own lmsp serve instances (--url given)",
+            ));
+        };
+        if let Some(why) = postgres::unavailable(self.postgres_bin, self.postgres_url) {
+            return refuse(format!("no PostgreSQL is available: {why}"));
+        }
+        eprintln!("== PostgreSQL");
+        let pg = match self.postgres_url {
+            Some(url) => postgres::Postgres::external(url, self.postgres_bin)?,
+            None => postgres::Postgres::start_cluster(self.postgres_bin)?,
+        };
+        let mut serve: Vec<&str> = submit::SERVE_FLAGS.to_vec();
+        serve.extend(PG_FLAGS);
+        println!(
+            "\n[postgres] on {}; ceiling: pgbench -n -c {} -j {} -T {} -f (one single-row INSERT per transaction); figures: lmsp serve --database URL --instance NAME {} on a fresh database per repetition, {} closed-loop clients (round-robin over the instances); events: lmsp serve --database URL --workers {}, {} tasks × max_output_tokens {} posted with stream: true",
+            pg.description,
+            plan.pg_clients,
+            plan.pgbench_threads,
+            plan.pgbench_seconds,
+            serve.join(" "),
+            plan.pg_clients,
+            plan.stream_tasks,
+            plan.stream_tasks,
+            plan.pg_stream_tokens,
+        );
+        let mut figures = PgFigures {
+            described: pg.description.clone(),
+            ..PgFigures::default()
+        };
+        for rep in 0..plan.reps {
+            let tps = pg
+                .pgbench(
+                    self.work_dir,
+                    plan.pg_clients,
+                    plan.pgbench_threads,
+                    plan.pgbench_seconds,
+                )
+                .await?;
+            println!(
+                "  rep {rep}: pgbench {} clients: {tps:.0} insert commits/s",
+                plan.pg_clients
+            );
+            figures.ceiling_tps.push(tps);
+
+            for instances in [1, plan.pg_instances] {
+                let name = postgres::database_name(&format!("submit{instances}"));
+                let url = pg.create_database(&name).await?;
+                let run = self.pg_submits(lmsp, &url, instances, &serve).await;
+                pg.drop_database(&name).await?;
+                let (run, cpu) = run?;
+                println!(
+                    "  rep {rep}: {instances} instance(s), {} clients: {:>8.0} submits/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {cpu}",
+                    plan.pg_clients, run.per_s, run.p50_ms, run.p99_ms, run.errors
+                );
+                let level = if instances == 1 {
+                    &mut figures.one
+                } else {
+                    &mut figures.three
+                };
+                push_level(level, &run);
+            }
+
+            let name = postgres::database_name("events");
+            let url = pg.create_database(&name).await?;
+            let run = self.pg_events(lmsp, &url).await;
+            pg.drop_database(&name).await?;
+            let (run, cpu) = run?;
+            println!(
+                "  rep {rep}: events, {} tasks: {} events in {:.2} s = {:.0} events/s; created_at → arrival p50 {:.1} ms, p99 {:.1} ms; {cpu}",
+                plan.stream_tasks, run.events, run.seconds, run.per_s, run.delay_p50_ms, run.delay_p99_ms
+            );
+            figures.events_per_s.push(run.per_s);
+            figures.events_delay_p50.push(run.delay_p50_ms);
+            figures.events_delay_p99.push(run.delay_p99_ms);
+        }
+        if pg.is_owned() {
+            eprintln!("  stopping and removing the cluster");
+        }
+        drop(pg);
+        Ok(Outcome::Done(Box::new(move |r: &mut Results| {
+            r.pg = figures;
+        })))
+    }
+
+    /// Starts `instances` instances on the database at `url` (the first alone: it creates the
+    /// schema and prints the admin token; then the others) and runs the closed-loop submits
+    /// across them.
+    async fn pg_submits(
+        &self,
+        lmsp: &Path,
+        url: &str,
+        instances: usize,
+        serve: &[&str],
+    ) -> anyhow::Result<(submit::LevelRun, String)> {
+        let plan = self.plan;
+        let mut servers: Vec<Arc<Server>> = Vec::with_capacity(instances);
+        let mut token = String::new();
+        for i in 1..=instances {
+            let name = format!("bench-{i}");
+            let mut flags = serve.to_vec();
+            flags.extend(["--database", url, "--instance", &name]);
+            let dir = self.work_dir.join(format!("pg-{}", ulid_like()));
+            let mut server = Server::start(lmsp, &dir, &flags)?;
+            if server.token.is_empty() {
+                server.token.clone_from(&token);
+            } else {
+                token.clone_from(&server.token);
+            }
+            servers.push(Arc::new(server));
+        }
+        if token.is_empty() {
+            anyhow::bail!("no instance printed the admin token of the fresh database");
+        }
+        let http = client::http_client()?;
+        submit::closed_loop_across(&http, &servers, 16, plan.warmup, Request::Submit).await?;
+        let cpus: Vec<CpuMeter> = servers.iter().map(|s| CpuMeter::start(s)).collect();
+        let run = submit::closed_loop_across(
+            &http,
+            &servers,
+            plan.pg_clients,
+            plan.submit_duration,
+            Request::Submit,
+        )
+        .await?;
+        let cpu: Vec<String> = cpus
+            .iter()
+            .zip(&servers)
+            .map(|(meter, server)| meter.report(server))
+            .collect();
+        Ok((run, cpu.join("; ")))
+    }
+
+    /// Persisted events with `stream_tasks` tasks streaming on one instance on `url`.
+    async fn pg_events(
+        &self,
+        lmsp: &Path,
+        url: &str,
+    ) -> anyhow::Result<(events::EventsRun, String)> {
+        let plan = self.plan;
+        let mut flags = events::serve_flags(plan.stream_tasks);
+        flags.extend(["--database", url, "--instance", "bench-events"].map(String::from));
+        flags.extend(PG_FLAGS.iter().map(|flag| String::from(*flag)));
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let dir = self.work_dir.join(format!("pg-events-{}", ulid_like()));
+        let server = Arc::new(Server::start(lmsp, &dir, &flags)?);
+        let http = client::http_client()?;
+        let cpu = CpuMeter::start(&server);
+        let run = events::run(&http, &server, plan.stream_tasks, plan.pg_stream_tokens).await?;
+        Ok((run, cpu.report(&server)))
+    }
+}
+
+/// The flags every PostgreSQL instance gets beyond its figure's (and `--database`, `--instance`).
+const PG_FLAGS: &[&str] = &["--lease", "10s"];

@@ -1,0 +1,116 @@
+//! The sizes of a run: the full run's (the README's figures) or `--quick`'s, and what the flags
+//! change.
+
+use std::time::Duration;
+
+use crate::Cli;
+
+/// The sizes of a run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub(crate) quick: bool,
+    pub(crate) external: bool,
+    pub(crate) reps: usize,
+    pub(crate) ceiling_duration: Duration,
+    pub(crate) submit_levels: Vec<usize>,
+    pub(crate) submit_duration: Duration,
+    pub(crate) warmup: Duration,
+    pub(crate) stream_tasks: usize,
+    pub(crate) stream_tokens: u32,
+    pub(crate) leftovers: usize,
+    pub(crate) purge_events: u64,
+    pub(crate) events_per_task: u64,
+    pub(crate) writers: usize,
+    pub(crate) writers_alone: Duration,
+    pub(crate) sse_streams: usize,
+    pub(crate) streams_per_task: usize,
+    pub(crate) peer_jobs: usize,
+    pub(crate) peer_workers: usize,
+    pub(crate) peer_pushers: usize,
+    pub(crate) pg_clients: usize,
+    pub(crate) pg_instances: usize,
+    pub(crate) pgbench_seconds: u64,
+    pub(crate) pgbench_threads: usize,
+    /// Output tokens of each streaming task in the PostgreSQL events figure (fewer than SQLite's:
+    /// the same `stream_tasks`, a run of a few seconds).
+    pub(crate) pg_stream_tokens: u32,
+}
+
+impl Plan {
+    /// The sizes `cli` asks for.
+    pub(crate) fn new(cli: &Cli) -> Self {
+        let quick = cli.quick;
+        let mut plan = if quick {
+            Plan {
+                quick,
+                external: cli.url.is_some(),
+                reps: 1,
+                ceiling_duration: Duration::from_millis(300),
+                submit_levels: vec![1, 16, 64, 256],
+                submit_duration: Duration::from_millis(400),
+                warmup: Duration::from_millis(100),
+                stream_tasks: 32,
+                stream_tokens: 16,
+                leftovers: 2_000,
+                purge_events: 20_000,
+                events_per_task: 260,
+                writers: 16,
+                writers_alone: Duration::from_millis(300),
+                sse_streams: 100,
+                streams_per_task: 1,
+                peer_jobs: 100,
+                peer_workers: 4,
+                peer_pushers: 16,
+                pg_clients: 64,
+                pg_instances: 3,
+                pgbench_seconds: 1,
+                pgbench_threads: 2,
+                pg_stream_tokens: 16,
+            }
+        } else {
+            Plan {
+                quick,
+                external: cli.url.is_some(),
+                reps: 3,
+                ceiling_duration: Duration::from_secs(2),
+                submit_levels: vec![1, 16, 64, 256],
+                submit_duration: Duration::from_secs(4),
+                warmup: Duration::from_secs(1),
+                stream_tasks: 256,
+                stream_tokens: 1000,
+                leftovers: 100_000,
+                purge_events: 1_000_000,
+                events_per_task: 260,
+                writers: 16,
+                writers_alone: Duration::from_secs(4),
+                sse_streams: 10_000,
+                streams_per_task: 1,
+                peer_jobs: 2_000,
+                peer_workers: 4,
+                peer_pushers: 16,
+                pg_clients: 64,
+                pg_instances: 3,
+                pgbench_seconds: 5,
+                pgbench_threads: 2,
+                pg_stream_tokens: 100,
+            }
+        };
+        if let Some(reps) = cli.reps {
+            plan.reps = reps.max(1);
+        }
+        if let Some(n) = cli.leftovers {
+            plan.leftovers = n;
+        }
+        if let Some(n) = cli.purge_events {
+            plan.purge_events = n;
+        }
+        if let Some(n) = cli.streams {
+            plan.sse_streams = n;
+        }
+        plan.streams_per_task = cli.streams_per_task.max(1);
+        if let Some(s) = cli.submit_seconds {
+            plan.submit_duration = Duration::from_secs_f64(s.max(0.05));
+        }
+        plan
+    }
+}

@@ -1,0 +1,81 @@
+//! Everything a run measured, per figure family, for the tables and the chart.
+
+use std::collections::BTreeMap;
+
+use crate::raw::Ceilings;
+use crate::stats::Spread;
+use crate::submit;
+
+/// Everything measured.
+#[derive(Debug, Default)]
+pub struct Results {
+    pub(crate) ceilings: Ceilings,
+    /// Per concurrency: submits/s, p50 ms, p99 ms, errors.
+    pub(crate) submit: BTreeMap<usize, (Spread, Spread, Spread, u64)>,
+    /// Per concurrency: the HTTP floor (`GET /v1/health`) per second, p50 ms, p99 ms, errors.
+    pub(crate) health: BTreeMap<usize, (Spread, Spread, Spread, u64)>,
+    pub(crate) half_peak_rate: Spread,
+    pub(crate) half_peak_p99: Spread,
+    pub(crate) half_peak_errors: u64,
+    pub(crate) events_per_s: Spread,
+    pub(crate) events_delay_p50: Spread,
+    pub(crate) events_delay_p99: Spread,
+    pub(crate) recovery_s: Spread,
+    pub(crate) writer_alone_p99: Spread,
+    pub(crate) writer_purging_p99: Spread,
+    pub(crate) purged_events: u64,
+    pub(crate) purge_seconds: Spread,
+    pub(crate) rss_idle: Spread,
+    /// Spawn → listening on an empty data directory (the RSS phase's starts), ms.
+    pub(crate) fresh_start_s: Spread,
+    pub(crate) rss_streams: Spread,
+    pub(crate) peer_lmsp: Spread,
+    pub(crate) peer_apalis: Spread,
+    /// `/proc` during the submit runs (a service the harness started).
+    pub(crate) proc: ProcFigures,
+    /// The PostgreSQL figures.
+    pub(crate) pg: PgFigures,
+    /// Figure family → why it did not run or failed.
+    pub(crate) problems: BTreeMap<&'static str, String>,
+}
+
+/// A closed-loop figure: per second, p50 ms, p99 ms (each over the repetitions), errors.
+pub type Level = (Spread, Spread, Spread, u64);
+
+/// Adds one run to a closed-loop figure.
+pub(crate) fn push_level(level: &mut Level, run: &submit::LevelRun) {
+    level.0.push(run.per_s);
+    level.1.push(run.p50_ms);
+    level.2.push(run.p99_ms);
+    level.3 += run.errors;
+}
+
+/// What `/proc` said about the submit service.
+#[derive(Debug, Default)]
+pub struct ProcFigures {
+    /// Threads 0.2 s after ready, before any request.
+    pub(crate) threads_idle: Spread,
+    /// Per submit concurrency: the service's context switches per 202.
+    pub(crate) submit_switches: BTreeMap<usize, Spread>,
+    /// Per submit concurrency: the most threads seen during the run.
+    pub(crate) submit_threads: BTreeMap<usize, Spread>,
+    /// Per `GET /v1/health` concurrency: context switches per 200.
+    pub(crate) health_switches: BTreeMap<usize, Spread>,
+}
+
+/// The PostgreSQL figures.
+#[derive(Debug, Default)]
+pub struct PgFigures {
+    /// What the server was.
+    pub(crate) described: String,
+    /// pgbench's single-row insert commits per second at `pg_clients` clients.
+    pub(crate) ceiling_tps: Spread,
+    /// Submits at `pg_clients` clients on one instance.
+    pub(crate) one: Level,
+    /// Submits at `pg_clients` clients spread over `pg_instances` instances (summed).
+    pub(crate) three: Level,
+    /// Persisted events per second with `stream_tasks` tasks streaming on one instance.
+    pub(crate) events_per_s: Spread,
+    pub(crate) events_delay_p50: Spread,
+    pub(crate) events_delay_p99: Spread,
+}
