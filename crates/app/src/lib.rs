@@ -25,14 +25,16 @@ mod worker;
 pub use clients::{offline as clients_offline, Caller, NewClient};
 pub use credentials::{generate_pairing_code, generate_token, new_client};
 pub use error::{AppError, STORAGE_RETRY_AFTER_SECONDS};
-pub use idempotency::{Claimed, KeyHold};
+pub use idempotency::{
+    Delivery, FromTask, IdempotentRequest, KeptReply, Keyed, TaskAnswer, TaskReplies, TaskReply,
+};
 pub use listener::{Listener, RunningTasks, StoreHealth};
 pub use live::{Live, LiveEvents};
 pub use metrics::{DroppedLines, Metrics};
 pub use models::{offline as models_offline, ModelOrigin};
 pub use pairing::{NewPairing, Paired};
 pub use service::{Adapters, Engines, Service, Settings, Started};
-pub use tasks::{Submitted, TaskQuery};
+pub use tasks::TaskQuery;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

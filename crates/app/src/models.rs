@@ -1,13 +1,16 @@
 //! Models: registration (a file inside the models directory, hashed as a stream; or an upstream
-//! model name), the list, deletion (a deletion sticks: the file is not registered again at
-//! startup), and the models a start registers by itself.
+//! model name; under an idempotency key, committed with the key's reply), the list, deletion (a
+//! deletion sticks: the file is not registered again at startup), and the models a start
+//! registers by itself.
 
 use lmsp_domain::auth::Scope;
-use lmsp_domain::ports::{ModelFiles, Progress, Store};
+use lmsp_domain::idempotency::{decide, KeyDecision, Operation, StoredReply};
+use lmsp_domain::ports::{KeyedInsert, ModelFiles, Progress, Store};
 use lmsp_domain::{FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource};
 
 use crate::clients::Caller;
 use crate::error::AppError;
+use crate::idempotency::{Claim, IdempotentRequest, KeyHold, Keyed};
 use crate::service::Service;
 use crate::SystemClock;
 use lmsp_domain::ports::Clock;
@@ -52,21 +55,82 @@ impl Service {
             .ok_or(AppError::NotFound)
     }
 
-    /// P-1: registers a model: a file inside the models directory (links followed), hashed as a
-    /// stream, of which only the metadata and digest are kept; or an upstream model's name.
+    /// P-1, I-8: registers a model: a file inside the models directory (links followed), hashed
+    /// as a stream, of which only the metadata and digest are kept; or an upstream model's name.
+    /// Under the request's idempotency key, if it has one, the model and the reply a retry is to
+    /// get (`reply` encodes it from the model) commit in one transaction, and a retry gets that
+    /// reply again.
     pub async fn register_model(
         &self,
         caller: &Caller,
         model_id: ModelId,
         origin: ModelOrigin,
-    ) -> Result<ModelRecord, AppError> {
+        key: Option<IdempotentRequest>,
+        reply: &(dyn Fn(&ModelRecord) -> StoredReply + Sync),
+    ) -> Result<Keyed<ModelRecord>, AppError> {
         caller.require(Scope::ModelsWrite)?;
+        let hold = match self.claim(caller, Operation::RegisterModel, key).await? {
+            Claim::Unkeyed => None,
+            Claim::Held(hold) => Some(hold),
+            Claim::Replay(_, kept) => return Ok(Keyed::Replay(kept)),
+        };
+        let registered = self
+            .register_held(model_id, origin, hold.as_ref(), reply)
+            .await;
+        if let Some(hold) = hold {
+            hold.release().await;
+        }
+        registered
+    }
+
+    /// Registers the model while the request holds its key (if it has one).
+    async fn register_held(
+        &self,
+        model_id: ModelId,
+        origin: ModelOrigin,
+        hold: Option<&KeyHold>,
+        reply: &(dyn Fn(&ModelRecord) -> StoredReply + Sync),
+    ) -> Result<Keyed<ModelRecord>, AppError> {
+        let store = &self.inner.store;
+        let record = self.model_record(model_id, origin).await?;
+        let Some(hold) = hold else {
+            return if store.insert_model(record.clone()).await? {
+                Ok(Keyed::Fresh(record))
+            } else {
+                Err(AppError::AlreadyExists(record.id.to_string()))
+            };
+        };
+        let answered = hold.answered_record(reply(&record), self.now());
+        match store
+            .insert_model_with_key(record.clone(), answered)
+            .await?
+        {
+            KeyedInsert::Inserted => Ok(Keyed::Fresh(record)),
+            KeyedInsert::Taken => Err(AppError::AlreadyExists(record.id.to_string())),
+            // This request's hold ran out and another one answered under the key meanwhile.
+            KeyedInsert::KeyAnswered(other) => {
+                match decide(Some(&other), &hold.digest(), self.now()) {
+                    KeyDecision::Replay(kept) => Ok(Keyed::Replay(kept)),
+                    KeyDecision::InUse => Err(AppError::KeyInUse),
+                    _ => Err(AppError::KeyReused),
+                }
+            }
+        }
+    }
+
+    /// The record of a model to register: a file's fingerprint (hashed as a stream) or an
+    /// upstream model's name. A taken id is refused first, so it costs no hashing; the insert
+    /// checks again atomically.
+    async fn model_record(
+        &self,
+        model_id: ModelId,
+        origin: ModelOrigin,
+    ) -> Result<ModelRecord, AppError> {
         let inner = &self.inner;
-        // Checked first so a taken id costs no hashing; the insert checks again atomically.
         if inner.store.model(&model_id).await?.is_some() {
             return Err(AppError::AlreadyExists(model_id.to_string()));
         }
-        let record = match origin {
+        match origin {
             ModelOrigin::File(path) => {
                 let file = inner.model_files.fingerprint(&path).await?;
                 if ModelFormat::of_path(&file.path).is_none() {
@@ -77,18 +141,13 @@ impl Service {
                         ),
                     ));
                 }
-                file_record(model_id, file, self.now())
+                Ok(file_record(model_id, file, self.now()))
             }
-            ModelOrigin::Upstream(name) => ModelRecord {
+            ModelOrigin::Upstream(name) => Ok(ModelRecord {
                 id: model_id,
                 source: ModelSource::Upstream { name },
                 created_at: self.now(),
-            },
-        };
-        if inner.store.insert_model(record.clone()).await? {
-            Ok(record)
-        } else {
-            Err(AppError::AlreadyExists(record.id.to_string()))
+            }),
         }
     }
 

@@ -18,14 +18,24 @@ use crate::error::AppError;
 use crate::idempotency::KeyHold;
 use crate::service::Service;
 
-/// What a submit produced.
+/// What creating a task under a key produced.
+// `Task` is not boxed: the value is matched at once and returned once per request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
-pub enum Submitted {
-    /// A new task, committed with its first event.
-    Created(Task),
+pub(crate) enum Created {
+    /// A new task, committed with its first event and, under a key, the reply the key keeps.
+    Task {
+        /// The task as created.
+        task: Task,
+        /// The reply committed with it under the key.
+        kept: Option<StoredReply>,
+    },
     /// Another request already answered under the idempotency key: its reply.
-    Replay(StoredReply),
+    KeyAnswered(StoredReply),
 }
+
+/// How the reply a key keeps is encoded from the task a request created.
+pub(crate) type KeptFor<'a> = &'a (dyn Fn(&Task) -> StoredReply + Sync);
 
 /// Which tasks a caller lists.
 #[derive(Debug, Clone, Default)]
@@ -43,16 +53,25 @@ pub struct TaskQuery {
 }
 
 impl Service {
-    /// P-2: creates the task a request asks for, with its first event and, when the request holds
-    /// an idempotency key, the key's record (I-8), in one transaction; returns only after the
-    /// commit. `reply` gives the reply a retry with the same key is to get, built from the task.
-    pub async fn submit(
+    /// P-2: creates the task a request asks for, with its first event, in one transaction;
+    /// returns only after the commit. (A request with an idempotency key goes through
+    /// [`Service::request_task`].)
+    pub async fn submit(&self, caller: &Caller, request: &SubmitRequest) -> Result<Task, AppError> {
+        match self.create_task(caller, request, None).await? {
+            Created::Task { task, .. } => Ok(task),
+            Created::KeyAnswered(_) => Err(AppError::KeyInUse),
+        }
+    }
+
+    /// P-2, I-8: creates the task a request asks for with its first event and, when the request
+    /// holds an idempotency key, the key's record answered with `kept_for(task)` (the reply a
+    /// retry is to get), in one transaction; returns only after the commit.
+    pub(crate) async fn create_task(
         &self,
         caller: &Caller,
         request: &SubmitRequest,
-        key: Option<&KeyHold>,
-        reply: &(dyn Fn(&Task) -> StoredReply + Sync),
-    ) -> Result<Submitted, AppError> {
+        key: Option<(&KeyHold, KeptFor<'_>)>,
+    ) -> Result<Created, AppError> {
         caller.require(Scope::ResponsesWrite)?;
         if self.is_shutting_down() {
             return Err(AppError::ShuttingDown);
@@ -90,17 +109,20 @@ impl Service {
             metadata: request.metadata.clone(),
             created_at: self.now(),
         });
-        let record = key.map(|held| held.answered_record(reply(&task), self.now()));
+        let kept = key.map(|(_, kept_for)| kept_for(&task));
+        let record = key
+            .zip(kept.clone())
+            .map(|((held, _), kept)| held.answered_record(kept, self.now()));
         match inner.store.create_task(task, record).await? {
             CreateOutcome::Created(task) => {
                 inner.work_available.notify_one();
-                Ok(Submitted::Created(task))
+                Ok(Created::Task { task, kept })
             }
             // Only when this request's hold ran out and another request answered under the key.
             CreateOutcome::KeyAnswered(record) => {
-                let digest = key.map_or(record.digest, |held| held.digest());
+                let digest = key.map_or(record.digest, |(held, _)| held.digest());
                 match decide(Some(&record), &digest, self.now()) {
-                    KeyDecision::Replay(reply) => Ok(Submitted::Replay(reply)),
+                    KeyDecision::Replay(reply) => Ok(Created::KeyAnswered(reply)),
                     KeyDecision::InUse => Err(AppError::KeyInUse),
                     _ => Err(AppError::KeyReused),
                 }

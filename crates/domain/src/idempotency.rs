@@ -214,6 +214,30 @@ pub fn decide(
     }
 }
 
+/// What settling a key does to its stored record, once the final reply of a request is known (a
+/// synchronous request's task finished): the record takes `reply` only while its reply is still
+/// `expected`, the one the settler read (a pointer to the task, kept with the task when it was
+/// created). A record that is gone, pending, or answered otherwise since (settled already, or
+/// expired and claimed afresh) is left as it is: `None`. The settled record keeps the task it names
+/// as stored (none once the task was purged or deleted), its hold, its digest and its expiry.
+pub fn settle(
+    stored: Option<&IdempotencyRecord>,
+    expected: &StoredReply,
+    reply: StoredReply,
+) -> Option<IdempotencyRecord> {
+    let stored = stored?;
+    match &stored.state {
+        KeyState::Answered(kept) if kept.body == expected.body => Some(IdempotencyRecord {
+            state: KeyState::Answered(StoredReply {
+                task_id: kept.task_id,
+                body: reply.body,
+            }),
+            ..stored.clone()
+        }),
+        KeyState::Answered(_) | KeyState::Pending => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

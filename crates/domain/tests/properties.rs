@@ -998,6 +998,65 @@ fn a_key_claim_stores_a_pending_hold_and_then_its_answer() {
     );
 }
 
+/// I-8: a key settles (takes a synchronous request's final reply) only while it still keeps the
+/// reply the settler read, byte for byte; the settled record keeps the task it names as stored
+/// (none once the task is gone), its hold, its digest and its expiry, and takes the new body.
+#[test]
+fn a_key_settles_only_while_it_keeps_the_reply_that_was_read() {
+    let pointer = reply();
+    let final_reply = StoredReply {
+        task_id: Some(TaskId::from_ulid(ulid(22))),
+        body: b"200 completed".to_vec(),
+    };
+    let held = record(KeyState::Answered(pointer.clone()), Some(500), 1_000);
+    let task_gone = record(
+        KeyState::Answered(StoredReply {
+            task_id: None,
+            ..pointer.clone()
+        }),
+        None,
+        1_000,
+    );
+    let settled_already = record(KeyState::Answered(final_reply.clone()), None, 1_000);
+    let pending = record(KeyState::Pending, Some(500), 1_000);
+
+    let settled = idempotency::settle(Some(&held), &pointer, final_reply.clone());
+    let settled_gone = idempotency::settle(Some(&task_gone), &pointer, final_reply.clone());
+
+    assert_eq!(
+        settled,
+        Some(IdempotencyRecord {
+            state: KeyState::Answered(StoredReply {
+                task_id: pointer.task_id,
+                body: final_reply.body.clone(),
+            }),
+            ..held
+        })
+    );
+    assert_eq!(
+        settled_gone,
+        Some(IdempotencyRecord {
+            state: KeyState::Answered(StoredReply {
+                task_id: None,
+                body: final_reply.body.clone(),
+            }),
+            ..task_gone
+        }),
+        "a key whose task is gone settles and still names no task"
+    );
+    for (other, why) in [
+        (Some(&settled_already), "settled already"),
+        (Some(&pending), "pending"),
+        (None, "no record"),
+    ] {
+        assert_eq!(
+            idempotency::settle(other, &pointer, final_reply.clone()),
+            None,
+            "{why}"
+        );
+    }
+}
+
 fn any_key_state() -> impl Strategy<Value = KeyState> {
     prop_oneof![Just(KeyState::Pending), Just(KeyState::Answered(reply()))]
 }

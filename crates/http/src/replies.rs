@@ -1,7 +1,8 @@
 //! The replies idempotency keys keep: the HTTP edge's own encoding of a first reply, opaque to
 //! the service. A reply is kept whole (status, body, `Location`, task), or as a pointer to the
 //! task whose outcome or events a retry is given (a synchronous or streaming request, whose key
-//! commits with its task before the reply is known). The shape is the one the first release
+//! commits with its task before the reply is known; a synchronous request's pointer gives way to
+//! its whole final reply once the task finished). The shape is the one the first release
 //! stored, so its keys still replay.
 
 use axum::http::{header, HeaderValue, StatusCode};

@@ -266,3 +266,141 @@ async fn an_idempotent_retry_after_a_crash_replays_the_first_reply_i8() {
     assert_eq!(reused.status().as_u16(), 422);
     assert_eq!(server.task_count().await, 1);
 }
+
+/// Polls until `GET /v1/tasks/{id}` answers 404: the purge job removed the task.
+async fn wait_purged(server: &TestServer, task_id: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    while server.get(&format!("/v1/tasks/{task_id}")).await.0 != 404 {
+        assert!(Instant::now() < deadline, "{task_id} was never purged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// I-8, docs/api.md: a synchronous request's key keeps its final reply, so a retry after the
+/// task was purged gets the very reply the first request got (`POST /v1/responses` and
+/// `POST /v1/chat/completions`), with `Idempotent-Replayed: true`, and starts no task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_keys_final_reply_outlives_its_purged_task_i8() {
+    let server = TestServer::start(&["--retention", "1s", "--purge-interval", "100ms"]);
+    let admin = server.admin_token.clone();
+    let cases = [
+        (
+            "/v1/responses",
+            r#"{"model": "reference", "input": "hi", "max_output_tokens": 5, "seed": 4}"#,
+            "response",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model": "reference", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5, "seed": 4}"#,
+            "chat.completion",
+        ),
+    ];
+    for (path, body, object) in cases {
+        let (status, headers, first) =
+            post_with_key(&server, &admin, path, "sync-purged", body).await;
+        assert_eq!(
+            (status, first["object"].as_str()),
+            (200, Some(object)),
+            "{first}"
+        );
+        let task_id = headers["lmsp-task-id"].to_str().unwrap().to_owned();
+        wait_purged(&server, &task_id).await;
+
+        let (status, replay_headers, replayed) =
+            post_with_key(&server, &admin, path, "sync-purged", body).await;
+
+        assert_eq!(status, 200, "{path}: {replayed}");
+        assert_eq!(replayed, first, "{path}: the first reply again");
+        assert_eq!(replay_headers["idempotent-replayed"], "true");
+        assert_eq!(replay_headers["lmsp-task-id"], headers["lmsp-task-id"]);
+        assert_eq!(server.task_count().await, 0, "{path}: no task was started");
+    }
+}
+
+/// I-8 (a retry of a synchronous request whose task was purged answered 404): a client that
+/// gives up while its task runs, and retries only after the task was purged, still gets the
+/// task's outcome, not a 404, and no second task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_request_whose_client_gave_up_gets_its_outcome_after_the_purge_i8() {
+    let server = TestServer::start(&[
+        "--reference-token-delay",
+        "30ms",
+        "--retention",
+        "1s",
+        "--purge-interval",
+        "100ms",
+    ]);
+    let admin = server.admin_token.clone();
+    let body = r#"{"model": "reference", "input": "hi", "max_output_tokens": 20, "seed": 8}"#;
+    let gave_up = server
+        .request(reqwest::Method::POST, "/v1/responses", &admin)
+        .header("idempotency-key", "gave-up")
+        .header("content-type", "application/json")
+        .body(body)
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the first client timed out");
+    let (status, page) = server.get("/v1/tasks?limit=1").await;
+    assert_eq!(status, 200, "{page}");
+    let task_id = page["data"][0]["id"].as_str().unwrap().to_owned();
+    server.wait_status(&task_id, "completed").await;
+    wait_purged(&server, &task_id).await;
+
+    let (status, headers, outcome) =
+        post_with_key(&server, &admin, "/v1/responses", "gave-up", body).await;
+
+    assert_eq!(status, 200, "{outcome}");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(headers["lmsp-task-id"].to_str().unwrap(), task_id);
+    assert_eq!(outcome["object"], "response");
+    assert_eq!(outcome["status"], "completed");
+    assert_eq!(outcome["task_id"], task_id.as_str());
+    assert!(
+        !outcome["output_text"].as_str().unwrap().is_empty(),
+        "{outcome}"
+    );
+    assert_eq!(server.task_count().await, 0, "no second task");
+}
+
+/// I-8, docs/api.md: a stream's key points at its task; once the task was purged its events are
+/// gone, and a retry gets 404 `not_found` saying so (`Idempotent-Replayed: true`,
+/// `x-should-retry: false`, the task's id), and starts no task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_key_answers_404_once_its_task_was_purged_i8() {
+    let server = TestServer::start(&["--retention", "1s", "--purge-interval", "100ms"]);
+    let admin = server.admin_token.clone();
+    let body = r#"{"model": "reference", "input": "hi", "max_output_tokens": 3, "stream": true}"#;
+    let first = server
+        .request(reqwest::Method::POST, "/v1/responses", &admin)
+        .header("idempotency-key", "stream-purged")
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let task_id = first.headers()["lmsp-task-id"].to_str().unwrap().to_owned();
+    let events = SseStream::of(first).collect_all().await;
+    assert_eq!(
+        events.last().and_then(|last| last.event.as_deref()),
+        Some("response.completed")
+    );
+    wait_purged(&server, &task_id).await;
+
+    let (status, headers, gone) =
+        post_with_key(&server, &admin, "/v1/responses", "stream-purged", body).await;
+
+    assert_eq!(status, 404, "{gone}");
+    assert_envelope(status, &gone, "not_found", "a purged stream");
+    assert!(
+        gone["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&task_id),
+        "{gone}"
+    );
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(headers["x-should-retry"], "false");
+    assert_eq!(headers["lmsp-task-id"].to_str().unwrap(), task_id);
+    assert_eq!(server.task_count().await, 0, "no task was started");
+}

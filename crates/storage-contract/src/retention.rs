@@ -267,10 +267,14 @@ pub async fn purging_idempotency_records_removes_only_expired_ones_in_batches_i8
             task_id: None,
             body: vec![index as u8],
         };
-        store
-            .answer_key(&claim.scope, &claim.key, reply)
+        let registered = store
+            .insert_model_with_key(
+                upstream_model(&format!("m{index}"), "upstream"),
+                claim.answered_record(reply, time(at)),
+            )
             .await
             .unwrap();
+        assert_eq!(registered, lmsp_domain::ports::KeyedInsert::Inserted);
         store.release_key(&claim.scope, &claim.key).await.unwrap();
         claims.push(claim);
     }

@@ -38,9 +38,9 @@ use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
     CancelOutcome, ClientStore, CommitStats, CreateOutcome, DeleteOutcome, IdempotencyStore,
-    Initialized, InstanceInfo, InstanceStore, ModelStore, Page, PurgeReport, RecoveryReport,
-    Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError,
-    StoreListener, TaskFilter, TaskStore,
+    Initialized, InstanceInfo, InstanceStore, KeyedInsert, ModelStore, Page, PurgeReport,
+    RecoveryReport, Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome,
+    StoreError, StoreListener, TaskFilter, TaskStore,
 };
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
@@ -620,17 +620,35 @@ impl IdempotencyStore for PostgresStore {
         .await
     }
 
-    async fn answer_key(
+    async fn insert_model_with_key(
+        &self,
+        model: ModelRecord,
+        record: IdempotencyRecord,
+    ) -> Result<KeyedInsert, StoreError> {
+        self.write(false, move |tx| {
+            let (model, record) = (model.clone(), record.clone());
+            Box::pin(async move {
+                ops::idempotency::insert_model_with_key(tx, &model, &record)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn settle_key(
         &self,
         scope: &IdempotencyScope,
         key: &IdempotencyKey,
+        expected: &StoredReply,
         reply: StoredReply,
-    ) -> Result<(), StoreError> {
-        let (scope, key) = (scope.clone(), key.clone());
+    ) -> Result<bool, StoreError> {
+        let (scope, key, expected) = (scope.clone(), key.clone(), expected.clone());
         self.write(false, move |tx| {
-            let (scope, key, reply) = (scope.clone(), key.clone(), reply.clone());
+            let (scope, key) = (scope.clone(), key.clone());
+            let (expected, reply) = (expected.clone(), reply.clone());
             Box::pin(async move {
-                ops::idempotency::answer_key(tx, &scope, &key, &reply)
+                ops::idempotency::settle_key(tx, &scope, &key, &expected, reply)
                     .await
                     .map(no_events)
             })

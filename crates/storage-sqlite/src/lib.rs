@@ -32,9 +32,9 @@ use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
     CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome, IdempotencyStore, Initialized,
-    InstanceInfo, InstanceStore, ModelStore, Page, PurgeReport, RecoveryReport, Redemption,
-    Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError, StoreListener,
-    TaskFilter, TaskStore,
+    InstanceInfo, InstanceStore, KeyedInsert, ModelStore, Page, PurgeReport, RecoveryReport,
+    Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError,
+    StoreListener, TaskFilter, TaskStore,
 };
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
@@ -527,15 +527,27 @@ impl IdempotencyStore for SqliteStore {
         .await
     }
 
-    async fn answer_key(
+    async fn insert_model_with_key(
+        &self,
+        model: ModelRecord,
+        record: IdempotencyRecord,
+    ) -> Result<KeyedInsert, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::idempotency::insert_model_with_key(conn, &model, &record).map(no_events)
+        }))
+        .await
+    }
+
+    async fn settle_key(
         &self,
         scope: &IdempotencyScope,
         key: &IdempotencyKey,
+        expected: &StoredReply,
         reply: StoredReply,
-    ) -> Result<(), StoreError> {
-        let (scope, key) = (scope.clone(), key.clone());
+    ) -> Result<bool, StoreError> {
+        let (scope, key, expected) = (scope.clone(), key.clone(), expected.clone());
         self.write(Box::new(move |conn| {
-            ops::idempotency::answer_key(conn, &scope, &key, &reply).map(no_events)
+            ops::idempotency::settle_key(conn, &scope, &key, &expected, reply).map(no_events)
         }))
         .await
     }

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use mockall::mock;
 
 use lmsp_app::retry::RetryPolicy;
-use lmsp_app::{Adapters, Caller, Engines, Listener, Service, Settings, Submitted, SystemClock};
+use lmsp_app::{Adapters, Caller, Engines, Listener, Service, Settings, SystemClock};
 use lmsp_domain::auth::{Client, Pairing, Scope, Scopes, SecretHash};
 use lmsp_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
@@ -308,13 +308,21 @@ impl IdempotencyStore for FaultyStore {
     async fn claim_key(&self, claim: &KeyClaim, now: Timestamp) -> Result<KeyDecision, StoreError> {
         self.inner.claim_key(claim, now).await
     }
-    async fn answer_key(
+    async fn insert_model_with_key(
+        &self,
+        model: ModelRecord,
+        record: IdempotencyRecord,
+    ) -> Result<KeyedInsert, StoreError> {
+        self.inner.insert_model_with_key(model, record).await
+    }
+    async fn settle_key(
         &self,
         scope: &IdempotencyScope,
         key: &IdempotencyKey,
+        expected: &StoredReply,
         reply: StoredReply,
-    ) -> Result<(), StoreError> {
-        self.inner.answer_key(scope, key, reply).await
+    ) -> Result<bool, StoreError> {
+        self.inner.settle_key(scope, key, expected, reply).await
     }
     async fn release_key(
         &self,
@@ -472,19 +480,7 @@ pub fn request(tokens: u64) -> SubmitRequest {
 
 /// Submits a background request for `tokens` words.
 pub async fn submit(h: &Harness, tokens: u64) -> Task {
-    let reply = |_: &Task| StoredReply {
-        task_id: None,
-        body: Vec::new(),
-    };
-    match h
-        .service
-        .submit(&h.admin, &request(tokens), None, &reply)
-        .await
-        .unwrap()
-    {
-        Submitted::Created(task) => task,
-        Submitted::Replay(_) => panic!("no idempotency key was given"),
-    }
+    h.service.submit(&h.admin, &request(tokens)).await.unwrap()
 }
 
 /// Waits (at most 10 s) for the task to finish.

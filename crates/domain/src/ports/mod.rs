@@ -22,7 +22,7 @@ mod tasks;
 pub use clients::{ClientStore, Redemption};
 pub use engine::{Engine, EngineError, Generation, GenerationItem, GenerationJob, ResumePoint};
 pub use files::{ModelFileError, ModelFiles, Progress, VerifiedFile};
-pub use idempotency::IdempotencyStore;
+pub use idempotency::{IdempotencyStore, KeyedInsert};
 pub use instances::{InstanceInfo, InstanceStore, Registration};
 pub use models::ModelStore;
 pub use tasks::{

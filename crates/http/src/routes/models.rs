@@ -5,10 +5,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 
-use lmsp_app::{Claimed, ModelOrigin};
+use lmsp_app::{IdempotentRequest, Keyed, ModelOrigin};
 use lmsp_domain::auth::Scope;
-use lmsp_domain::idempotency::Operation;
-use lmsp_domain::ModelId;
+use lmsp_domain::idempotency::StoredReply;
+use lmsp_domain::{ModelId, ModelRecord};
 
 use crate::error::{ApiError, ErrorEnvelope};
 use crate::extract::{idempotency_key, Authed, JsonBody};
@@ -127,8 +127,10 @@ pub async fn create_model(
     body: JsonBody<CreateModelRequest>,
 ) -> ApiResult<Response> {
     caller.require(Scope::ModelsWrite)?;
-    let key = idempotency_key(&headers)?;
-    let digest = body.digest();
+    let key = idempotency_key(&headers)?.map(|key| IdempotentRequest {
+        key,
+        digest: body.digest(),
+    });
     let request = body.value;
     let id = ModelId::parse(&request.id).map_err(|e| ApiError::invalid("id", e.to_string()))?;
     let origin = match (request.path, request.upstream_model) {
@@ -147,37 +149,35 @@ pub async fn create_model(
             ))
         }
     };
-    let hold = match key {
-        None => None,
-        Some(key) => match state
-            .service
-            .claim_key(&caller, Operation::RegisterModel, key, digest)
-            .await?
-        {
-            Claimed::Proceed(hold) => Some(hold),
-            Claimed::Replay(reply) => {
-                return Ok(replayed(ReplyDoc::of_stored(&reply)?.to_response()))
+    // The reply a retry with the same key gets, committed with the model.
+    let kept = |record: &ModelRecord| -> StoredReply {
+        match ReplyDoc::whole(
+            StatusCode::CREATED,
+            &objects::model(record, true),
+            None,
+            None,
+        ) {
+            Ok(doc) => doc.stored(),
+            Err(error) => {
+                tracing::error!(message = %error.message, "a model reply could not be encoded");
+                StoredReply {
+                    task_id: None,
+                    body: Vec::new(),
+                }
             }
-        },
-    };
-    let registered = state.service.register_model(&caller, id, origin).await;
-    let record = match registered {
-        Ok(record) => record,
-        Err(error) => {
-            if let Some(hold) = hold {
-                hold.release().await;
-            }
-            return Err(error.into());
         }
     };
-    let body = objects::model(&record, true);
-    if let Some(hold) = hold {
-        let doc = ReplyDoc::whole(StatusCode::CREATED, &body, None, None)?;
-        let answered = hold.answer(doc.stored()).await;
-        hold.release().await;
-        answered?;
+    match state
+        .service
+        .register_model(&caller, id, origin, key, &kept)
+        .await?
+    {
+        Keyed::Fresh(record) => Ok(json_reply(
+            StatusCode::CREATED,
+            objects::model(&record, true),
+        )),
+        Keyed::Replay(reply) => Ok(replayed(ReplyDoc::of_stored(&reply)?.to_response())),
     }
-    Ok(json_reply(StatusCode::CREATED, body))
 }
 
 /// Unregister a model.

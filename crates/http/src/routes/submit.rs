@@ -1,15 +1,17 @@
 //! The one flow of a request that creates a task (`POST /v1/responses`,
-//! `POST /v1/chat/completions`): validate, claim the idempotency key, create the task with the
-//! reply a retry is to get, then answer per `background` and `stream` in the route's rendering;
-//! and the replay of a reply kept under a key.
+//! `POST /v1/chat/completions`): read the idempotency key, validate, hand both to the app's
+//! [`lmsp_app::Service::request_task`], and render what it answers per `background` and `stream`
+//! in the route's rendering; and the encoding of the replies a key keeps ([`TaskReplies`]).
+
+use std::sync::Arc;
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use lmsp_app::{Caller, Claimed, KeyHold, Submitted};
-use lmsp_domain::idempotency::Operation;
+use lmsp_app::{Caller, IdempotentRequest, KeptReply, TaskAnswer, TaskReplies};
+use lmsp_domain::idempotency::{Operation, StoredReply};
 use lmsp_domain::validation::{validate_submit, SubmitDraft};
-use lmsp_domain::{Task, TaskId, TaskStatus};
+use lmsp_domain::{Response as TaskResponse, Task, TaskId, TaskStatus};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::extract::{idempotency_key, BodyDigest};
@@ -54,105 +56,157 @@ pub async fn create_task(
     let key = idempotency_key(headers)?;
     let request =
         validate_submit(draft).map_err(|e| ApiError::from(lmsp_app::AppError::from(e)))?;
-    let service = &state.service;
-    let hold = match key {
-        None => None,
-        Some(key) => match service
-            .claim_key(caller, rendering.operation(), key, digest.compute())
-            .await?
-        {
-            Claimed::Proceed(hold) => Some(hold),
-            Claimed::Replay(reply) => {
-                return replay(state, caller, &ReplyDoc::of_stored(&reply)?, rendering).await
+    let key = key.map(|key| IdempotentRequest {
+        key,
+        digest: digest.compute(),
+    });
+    let reply = state
+        .service
+        .request_task(
+            caller,
+            rendering.operation(),
+            &request,
+            key,
+            Arc::new(Replies(rendering)),
+        )
+        .await?;
+    let response = match reply.answer {
+        TaskAnswer::Accepted(task) => accepted(&task).to_response(),
+        TaskAnswer::Finished { task, response } => {
+            finished(&task, response.as_ref(), rendering).to_response()
+        }
+        TaskAnswer::Stream(task) => stream_task(state, caller, task, rendering).await?,
+        TaskAnswer::Kept(kept) => {
+            let doc = ReplyDoc::of_stored(&kept)?;
+            if doc.from_task.is_some() {
+                // A pointer whose task it could not name: nothing to give again.
+                return Err(ApiError::not_found());
             }
-        },
-    };
-    // The reply a retry with the same key gets, committed with the task (I-8): a background
-    // request's whole 202; for a synchronous or streaming one a pointer to the task, whose
-    // outcome or events a retry is given, so a retry after a dropped connection or a crash never
-    // starts a second task. The first 202 is sent from the same kept reply, so a replay is the
-    // same bytes by construction.
-    let stream = request.stream;
-    let background = request.background && !stream;
-    let reply_of = |task: &Task| -> ReplyDoc {
-        if stream {
-            ReplyDoc::from_task(task.id, FromTask::Events)
-        } else if background {
-            let body = openai::response(task, None);
-            ReplyDoc::whole(
-                StatusCode::ACCEPTED,
-                &body,
-                Some(format!("/v1/tasks/{}", task.id)),
-                Some(task.id),
-            )
-            .unwrap_or_else(|_| ReplyDoc::from_task(task.id, FromTask::Outcome))
-        } else {
-            ReplyDoc::from_task(task.id, FromTask::Outcome)
+            doc.to_response()
         }
-    };
-    let stored_reply_of = |task: &Task| reply_of(task).stored();
-    let task = match service
-        .submit(caller, &request, hold.as_ref(), &stored_reply_of)
-        .await?
-    {
-        Submitted::Created(task) => task,
-        Submitted::Replay(reply) => {
-            release(hold).await;
-            return replay(state, caller, &ReplyDoc::of_stored(&reply)?, rendering).await;
+        TaskAnswer::Stopping(task_id) => {
+            with_task_header(stopping_with_task(task_id).into_response(), task_id)
         }
+        TaskAnswer::Gone(task_id) => with_task_header(gone(task_id).into_response(), task_id),
     };
-    if stream {
-        // The kept reply (the task's events) is complete: a retry may stream them at once.
-        release(hold).await;
-        return stream_task(state, caller, task, rendering).await;
-    }
-    if background {
-        release(hold).await;
-        return Ok(reply_of(&task).to_response());
-    }
-    // Synchronous: the key is held while the task runs; its outcome is kept with the key, so a
-    // retry gets it even after the task is purged.
-    let outcome = outcome(state, caller, task.id, rendering).await;
-    if let (Some(hold), Ok(doc)) = (&hold, &outcome) {
-        if let Err(error) = hold.answer(doc.stored()).await {
-            tracing::warn!(%error, "a synchronous outcome was not kept with its key");
-        }
-    }
-    release(hold).await;
-    Ok(match outcome {
-        Ok(doc) => doc.to_response(),
-        Err(error) => with_task_header(error.into_response(), task.id),
+    Ok(if reply.replayed {
+        replayed(response)
+    } else {
+        response
     })
 }
 
-async fn release(hold: Option<KeyHold>) {
-    if let Some(hold) = hold {
-        hold.release().await;
+/// The replies a task request's key keeps, in this edge's encoding ([`ReplyDoc`]).
+struct Replies(Rendering);
+
+impl TaskReplies for Replies {
+    fn accepted(&self, task: &Task) -> StoredReply {
+        accepted(task).stored()
+    }
+
+    fn follow(&self, task: &Task, how: lmsp_app::FromTask) -> StoredReply {
+        let how = match how {
+            lmsp_app::FromTask::Outcome => FromTask::Outcome,
+            lmsp_app::FromTask::Events => FromTask::Events,
+        };
+        ReplyDoc::from_task(task.id, how).stored()
+    }
+
+    fn finished(&self, task: &Task, response: Option<&TaskResponse>) -> StoredReply {
+        finished(task, response, self.0).stored()
+    }
+
+    fn read(&self, kept: &StoredReply) -> KeptReply {
+        let Ok(doc) = ReplyDoc::of_stored(kept) else {
+            return KeptReply::Whole;
+        };
+        match (doc.from_task, doc.task()) {
+            (Some(FromTask::Outcome), Ok(Some(task_id))) => {
+                KeptReply::FromTask(task_id, lmsp_app::FromTask::Outcome)
+            }
+            (Some(FromTask::Events), Ok(Some(task_id))) => {
+                KeptReply::FromTask(task_id, lmsp_app::FromTask::Events)
+            }
+            _ => KeptReply::Whole,
+        }
     }
 }
 
-/// Gives a kept reply again (`Idempotent-Replayed: true`): as kept, or rebuilt from its task.
-async fn replay(
-    state: &AppState,
-    caller: &Caller,
-    doc: &ReplyDoc,
-    rendering: Rendering,
-) -> ApiResult<Response> {
-    let response = match (doc.from_task, doc.task()?) {
-        (Some(FromTask::Outcome), Some(task_id)) => {
-            match outcome(state, caller, task_id, rendering).await {
-                Ok(doc) => doc.to_response(),
-                Err(error) => with_task_header(error.into_response(), task_id),
-            }
+/// The 202 of a background request: the response object, `Location` and the task's id.
+fn accepted(task: &Task) -> ReplyDoc {
+    let body = openai::response(task, None);
+    ReplyDoc::whole(
+        StatusCode::ACCEPTED,
+        &body,
+        Some(format!("/v1/tasks/{}", task.id)),
+        Some(task.id),
+    )
+    .unwrap_or_else(|error| unrenderable(error, task.id))
+}
+
+/// The reply of a synchronous request whose task finished: 200 with the response (or chat
+/// completion), 409 `task_cancelled`, or 500 with the task's error code; each naming the task.
+fn finished(task: &Task, response: Option<&TaskResponse>, rendering: Rendering) -> ReplyDoc {
+    let doc = match (task.status, response) {
+        (TaskStatus::Completed, Some(response)) => match rendering {
+            Rendering::Responses => ReplyDoc::whole(
+                StatusCode::OK,
+                &openai::response(task, Some(response)),
+                None,
+                Some(task.id),
+            ),
+            Rendering::Chat { .. } => ReplyDoc::whole(
+                StatusCode::OK,
+                &chat::completion(task, response),
+                None,
+                Some(task.id),
+            ),
+        },
+        (TaskStatus::Cancelled, _) => {
+            let error = ApiError::task_cancelled();
+            ReplyDoc::whole(error.status, &error.envelope(), None, Some(task.id))
         }
-        (Some(FromTask::Events), Some(task_id)) => {
-            let task = state.service.task(caller, task_id).await?;
-            stream_task(state, caller, task, rendering).await?
+        _ => {
+            let task_error = task.error.clone().unwrap_or_else(|| {
+                lmsp_domain::TaskError::new(
+                    lmsp_domain::TaskErrorCode::EngineError,
+                    "the task failed",
+                )
+            });
+            let error = ApiError::task_failed(&task_error);
+            ReplyDoc::whole(error.status, &error.envelope(), None, Some(task.id))
         }
-        (Some(_), None) => return Err(ApiError::not_found()),
-        (None, _) => doc.to_response(),
     };
-    Ok(replayed(response))
+    doc.unwrap_or_else(|error| unrenderable(error, task.id))
+}
+
+/// The reply kept when a reply cannot be encoded (never expected: the wire shapes are plain).
+fn unrenderable(error: ApiError, task_id: TaskId) -> ReplyDoc {
+    tracing::error!(message = %error.message, task = %task_id, "a reply could not be encoded");
+    let internal = ApiError::new(
+        ErrorCode::InternalError,
+        "the service failed to answer; it has been logged",
+    );
+    ReplyDoc {
+        status: internal.status.as_u16(),
+        body: serde_json::to_string(&internal.envelope()).unwrap_or_default(),
+        location: None,
+        task_id: Some(task_id.to_string()),
+        from_task: None,
+    }
+}
+
+/// The 404 a retry gets when its key points at a task that is gone and kept no reply of it.
+fn gone(task_id: TaskId) -> ApiError {
+    let mut error = ApiError::new(
+        ErrorCode::NotFound,
+        format!(
+            "task {task_id}, created under this idempotency key, was purged or deleted, and its \
+             reply went with it; the key starts no new task until it expires"
+        ),
+    );
+    error.final_answer = true;
+    error
 }
 
 /// A task's events from the first, in the rendering.
@@ -172,58 +226,6 @@ async fn stream_task(
         }
     };
     Ok(with_task_header(response, task_id))
-}
-
-/// Waits for a task to end and gives the reply a synchronous request gets: 200 with the
-/// response (or chat completion), 409 `task_cancelled`, or 500 with the task's error code. When
-/// the service stops first: 503 with the task's id and `Retry-After`.
-async fn outcome(
-    state: &AppState,
-    caller: &Caller,
-    task_id: TaskId,
-    rendering: Rendering,
-) -> ApiResult<ReplyDoc> {
-    let service = &state.service;
-    let finished = tokio::select! {
-        finished = service.wait_finished(task_id, None) => finished?,
-        () = service.stopping() => None,
-    };
-    let Some(task) = finished else {
-        return Err(stopping_with_task(task_id));
-    };
-    match task.status {
-        TaskStatus::Completed => {
-            let response = service.completed_response(caller, task.id).await?;
-            match rendering {
-                Rendering::Responses => ReplyDoc::whole(
-                    StatusCode::OK,
-                    &openai::response(&task, Some(&response)),
-                    None,
-                    Some(task.id),
-                ),
-                Rendering::Chat { .. } => ReplyDoc::whole(
-                    StatusCode::OK,
-                    &chat::completion(&task, &response),
-                    None,
-                    Some(task.id),
-                ),
-            }
-        }
-        TaskStatus::Cancelled => {
-            let error = ApiError::task_cancelled();
-            ReplyDoc::whole(error.status, &error.envelope(), None, Some(task.id))
-        }
-        _ => {
-            let task_error = task.error.clone().unwrap_or_else(|| {
-                lmsp_domain::TaskError::new(
-                    lmsp_domain::TaskErrorCode::EngineError,
-                    "the task failed",
-                )
-            });
-            let error = ApiError::task_failed(&task_error);
-            ReplyDoc::whole(error.status, &error.envelope(), None, Some(task.id))
-        }
-    }
 }
 
 /// The 503 a waiting request gets when the service stops under it.

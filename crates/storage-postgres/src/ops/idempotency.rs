@@ -1,15 +1,19 @@
-//! Idempotency records (I-8): the hold, the first reply, expiry. The record's row is locked
-//! while a request is decided, and a record inserted by a concurrent request under the
-//! transaction makes it run again, so one request proceeds across every process.
+//! Idempotency records (I-8): the hold, the first reply (committed with what the request
+//! created), the settled final reply, expiry. The record's row is locked while a request is
+//! decided, and a record inserted by a concurrent request under the transaction makes it run
+//! again, so one request proceeds across every process.
 
 use lmsp_domain::idempotency::{
-    decide, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, KeyState,
-    RequestDigest, StoredReply,
+    decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
+    KeyState, RequestDigest, StoredReply,
 };
 use lmsp_domain::ids::{InstanceId, TaskId};
+use lmsp_domain::model::ModelRecord;
+use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
 
 use crate::error::DbError;
+use crate::ops::models::insert_model;
 use crate::ops::{client_key, corrupt, instance_key, instance_of, key, to_i64, ulid_of, Db, Res};
 
 /// The record stored under a key, expired or not, its row locked until the transaction ends.
@@ -118,26 +122,44 @@ pub async fn claim_key<C: Db>(db: &C, claim: &KeyClaim, now: Timestamp) -> Res<K
     Ok(decision)
 }
 
-/// Records the reply of a held key.
-pub async fn answer_key<C: Db>(
+/// P-1, I-8: a model and its key's answered record, in one transaction; nothing when another
+/// request answered under the key meanwhile or the id is taken.
+pub async fn insert_model_with_key<C: Db>(
+    db: &C,
+    model: &ModelRecord,
+    record: &IdempotencyRecord,
+) -> Res<KeyedInsert> {
+    let existing = locked_record(db, &record.scope, &record.key).await?;
+    if let Some(existing) = &existing {
+        if existing.expires_at > record.created_at
+            && matches!(existing.state, KeyState::Answered(_))
+        {
+            return Ok(KeyedInsert::KeyAnswered(existing.clone()));
+        }
+    }
+    if !insert_model(db, model).await? {
+        return Ok(KeyedInsert::Taken);
+    }
+    put_record(db, record, existing.is_some()).await?;
+    Ok(KeyedInsert::Inserted)
+}
+
+/// I-8: keeps a final reply with its key while the key still keeps `expected` ([`settle`]).
+pub async fn settle_key<C: Db>(
     db: &C,
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
-    reply: &StoredReply,
-) -> Res<()> {
-    db.execute(
-        "UPDATE idempotency_keys SET reply = $1, reply_task = $2 \
-         WHERE client_id = $3 AND operation = $4 AND key = $5",
-        &[
-            &reply.body,
-            &reply.task_id.map(key),
-            &client_key(scope.client_id),
-            &scope.operation.as_str(),
-            &key_text.as_str(),
-        ],
-    )
-    .await?;
-    Ok(())
+    expected: &StoredReply,
+    reply: StoredReply,
+) -> Res<bool> {
+    let stored = locked_record(db, scope, key_text).await?;
+    match settle(stored.as_ref(), expected, reply) {
+        Some(record) => {
+            put_record(db, &record, true).await?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
 }
 
 /// Ends a key's hold: a pending record goes, an answered one stays.

@@ -1,13 +1,17 @@
-//! Idempotency records (I-8): the hold, the first reply, expiry.
+//! Idempotency records (I-8): the hold, the first reply (committed with what the request
+//! created), the settled final reply, expiry.
 
 use lmsp_domain::idempotency::{
-    decide, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, KeyState,
-    RequestDigest, StoredReply,
+    decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
+    KeyState, RequestDigest, StoredReply,
 };
 use lmsp_domain::ids::{InstanceId, TaskId};
+use lmsp_domain::model::ModelRecord;
+use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::ops::models::insert_model;
 use crate::ops::{client_key, corrupt, instance_key, key, to_i64, ulid_of, Res};
 
 type Row = (
@@ -129,29 +133,41 @@ pub fn claim_key(conn: &Connection, claim: &KeyClaim, now: Timestamp) -> Res<Key
     Ok(decision)
 }
 
-/// Records the reply of a held key.
-pub fn answer_key(
+/// P-1, I-8: a model and its key's answered record, in one transaction; nothing when another
+/// request answered under the key meanwhile or the id is taken.
+pub fn insert_model_with_key(
+    conn: &Connection,
+    model: &ModelRecord,
+    record: &IdempotencyRecord,
+) -> Res<KeyedInsert> {
+    if let Some(existing) = live_record(conn, &record.scope, &record.key, record.created_at)? {
+        if matches!(existing.state, KeyState::Answered(_)) {
+            return Ok(KeyedInsert::KeyAnswered(existing));
+        }
+    }
+    if !insert_model(conn, model)? {
+        return Ok(KeyedInsert::Taken);
+    }
+    put_record(conn, record)?;
+    Ok(KeyedInsert::Inserted)
+}
+
+/// I-8: keeps a final reply with its key while the key still keeps `expected` ([`settle`]).
+pub fn settle_key(
     conn: &Connection,
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
-    reply: &StoredReply,
-) -> Res<()> {
-    conn.prepare_cached(
-        "UPDATE idempotency_keys SET reply = ?1, reply_task = ?2 \
-         WHERE client_id = ?3 AND operation = ?4 AND key = ?5",
-    )?
-    .execute(params![
-        reply.body.as_slice(),
-        reply
-            .task_id
-            .map(key)
-            .as_ref()
-            .map(|bytes| bytes.as_slice()),
-        client_key(scope.client_id),
-        scope.operation.as_str(),
-        key_text.as_str()
-    ])?;
-    Ok(())
+    expected: &StoredReply,
+    reply: StoredReply,
+) -> Res<bool> {
+    let stored = stored_record(conn, scope, key_text)?;
+    match settle(stored.as_ref(), expected, reply) {
+        Some(record) => {
+            put_record(conn, &record)?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
 }
 
 /// Ends a key's hold: a pending record goes, an answered one stays.
