@@ -12,7 +12,8 @@ use tokio_util::task::TaskTracker;
 
 use lmsp_domain::auth::{Scope, Scopes, Secret};
 use lmsp_domain::ports::{
-    Clock, Engine, InstanceInfo, ModelFiles, RecoveryReport, Registration, ServiceIdentity, Store,
+    Clock, Engine, EngineHealth, InstanceInfo, ModelFiles, RecoveryReport, Registration,
+    ServiceIdentity, Store,
 };
 use lmsp_domain::{EngineKind, InstanceId, RestartPolicy, ServiceId, TaskId, Timestamp};
 
@@ -104,6 +105,18 @@ impl Engines {
     /// Whether the service runs models of `kind`.
     pub fn runs(&self, kind: EngineKind) -> bool {
         self.by_kind.contains_key(&kind)
+    }
+
+    /// The engine the service was started for: the upstream or llama.cpp engine when it has
+    /// one (at most one of them runs beside the reference engine), else the reference engine.
+    pub fn primary(&self) -> Option<(EngineKind, &Arc<dyn Engine>)> {
+        [
+            EngineKind::Upstream,
+            EngineKind::Llama,
+            EngineKind::Reference,
+        ]
+        .into_iter()
+        .find_map(|kind| self.get(kind).map(|engine| (kind, engine)))
     }
 }
 
@@ -388,6 +401,14 @@ impl Service {
     /// Whether this service runs models of `kind`.
     pub fn runs(&self, kind: EngineKind) -> bool {
         self.inner.engines.runs(kind)
+    }
+
+    /// The primary engine (see [`Engines::primary`]) and whether it can take work now, or
+    /// `None` for a service without engines. Bounded in time: an engine that asks another
+    /// server caches its answer.
+    pub async fn engine_health(&self) -> Option<(EngineKind, EngineHealth)> {
+        let (kind, engine) = self.inner.engines.primary()?;
+        Some((kind, engine.health().await))
     }
 
     /// Now, by the service's clock.

@@ -2,10 +2,13 @@
 // against a running `lmsp serve` (started by crates/lmsp/tests/console_browser.rs).
 //
 // Env: LMSP_BASE_URL (http://127.0.0.1:PORT), LMSP_ADMIN_TOKEN, optional LMSP_SCREENSHOTS (a
-// directory: one PNG per view). Exits 0 when every step passed; prints each step.
+// directory: one PNG per view). Exits 0 when every step passed; prints each step. Any console
+// error, page error, unexpected dialog or CSP violation anywhere in the run fails it (failed
+// loads only while the test cuts the network on purpose).
 import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync, statfsSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import net from "node:net";
 
@@ -46,19 +49,36 @@ async function call(method, path, body, token = admin) {
   return { status: response.status, json };
 }
 
-const browser = await chromium.launch({
+// Chromium's flags: the four the console's CI contract names, then only what a test browser
+// needs besides (no QUIC, no first-run, component-update or sync traffic), and
+// --disable-dev-shm-usage only where /dev/shm is too small for Chromium's shared memory.
+// The profile is a fresh --user-data-dir of this run (Playwright passes it, from the
+// persistent context's directory), removed at the end.
+const FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+  "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync"];
+const shmBytes = (() => {
+  try { const fs = statfsSync("/dev/shm"); return fs.blocks * fs.bsize; } catch { return 0; }
+})();
+if (shmBytes < 512 * 1024 * 1024) FLAGS.push("--disable-dev-shm-usage");
+const profile = mkdtempSync(join(tmpdir(), "lmsp-console-chromium-"));
+console.log(`# chromium ${FLAGS.join(" ")} --user-data-dir=${profile}`);
+const context = await chromium.launchPersistentContext(profile, {
   executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
-  args: ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-dev-shm-usage"],
+  headless: true,
+  args: FLAGS,
+  viewport: { width: 1200, height: 860 },
 });
 const problems = [];
+// Only while the test cuts every connection on purpose are failed loads (net::ERR_…) expected.
+let networkDrop = false;
 let failed = false;
 try {
-  const context = await browser.newContext({ viewport: { width: 1200, height: 860 } });
-  const page = await context.newPage();
+  const page = context.pages()[0] ?? await context.newPage();
   page.setDefaultTimeout(20000);
   page.on("console", (msg) => {
-    if (msg.type() === "error") problems.push(`console error: ${msg.text()} at ${msg.location().url}`);
+    if (msg.type() !== "error") return;
+    if (networkDrop && /net::ERR_/.test(msg.text())) return;
+    problems.push(`console error: ${msg.text()} at ${msg.location().url}`);
   });
   page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
   page.on("dialog", async (dialog) => {
@@ -83,6 +103,26 @@ try {
     await page.screenshot({ path: join(shots, `${name}.png`) });
   };
   const nav = (name) => page.locator("#nav").getByRole("link", { name, exact: true }).click();
+  /** Presses Tab (Shift+Tab with `back`) until the focused element matches `selector`. */
+  const tabTo = async (selector, { back = false, max = 80 } = {}) => {
+    for (let i = 0; i <= max; i += 1) {
+      if (await page.evaluate((sel) => document.activeElement?.matches(sel) ?? false, selector)) return;
+      await page.keyboard.press(back ? "Shift+Tab" : "Tab");
+    }
+    assert.fail(`${back ? "Shift+Tab" : "Tab"} never reached ${selector}`);
+  };
+  /** The focused element shows a focus ring: it matches :focus-visible and has an outline. */
+  const assertFocusVisible = async (what) => {
+    const ring = await page.evaluate(() => {
+      const el = document.activeElement;
+      const style = getComputedStyle(el);
+      return { visible: el.matches(":focus-visible"), style: style.outlineStyle,
+        width: parseFloat(style.outlineWidth) || 0 };
+    });
+    assert.ok(ring.visible && ring.style !== "none" && ring.width > 0,
+      `no visible focus on ${what}: ${JSON.stringify(ring)}`);
+  };
+  const focusedValue = () => page.evaluate(() => document.activeElement?.value);
 
   await step("the console's headers are strict", async () => {
     const response = await page.goto(`${base}/console/`);
@@ -112,11 +152,16 @@ try {
   });
 
   const service = (await call("GET", "/v1/service")).json;
-  await step("overview shows the service id, version and live counts", async () => {
+  await step("overview shows the service id, version, store and engine health and live counts", async () => {
     await page.locator("#service-id").getByText(service.id).waitFor();
     assert.equal(await page.textContent("#service-version"), service.version);
     await page.locator('#counts [data-status="queued"]').waitFor();
     await page.locator("#health .st-ok").waitFor();
+    assert.deepEqual(service.engine, { kind: "reference", status: "ok", detail: null });
+    assert.deepEqual(service.caller.scopes, ["admin"]);
+    const engine = page.locator('#engine-health[data-kind="reference"][data-status="ok"]');
+    await engine.locator(".st-ok").waitFor();
+    assert.match(await engine.textContent(), /^reference ok$/);
     await page.locator("svg.chart").first().waitFor();
     // Every nav entry shows for an admin.
     for (const name of ["Tasks", "Submit", "Models", "Clients"]) {
@@ -145,8 +190,9 @@ try {
   });
 
   await step("a task started through the API updates live, with its timeline", async () => {
+    // 400 tokens at the server's 20 ms each: it runs for seconds while the page watches it.
     const created = await call("POST", "/v1/responses", {
-      model: "reference", input: "The forest", background: true, max_output_tokens: 60,
+      model: "reference", input: "The forest", background: true, max_output_tokens: 400,
       metadata: { note: XSS },
     });
     assert.equal(created.status, 202);
@@ -158,7 +204,17 @@ try {
     await shot("tasks");
     await page.locator(`#tasks-body tr[data-task="${taskId}"] a`).click();
     await page.waitForURL(new RegExp(`/console/tasks/${taskId}$`));
-    await page.locator('#stream-state[data-state="live"], #task-status[data-status="completed"]').first().waitFor();
+    // Before the task completes: the stream is live and the output grows (two lengths seen).
+    const whileLive = (seenBefore) => page.waitForFunction((before) => {
+      const done = document.querySelector("#task-status")?.dataset.status === "completed";
+      if (done) throw new Error("the task completed before its output was seen growing");
+      const live = document.querySelector("#stream-state")?.dataset.state === "live";
+      const length = document.querySelector("#output")?.textContent.length ?? 0;
+      return live && length > before ? length : false;
+    }, seenBefore, { polling: 50 }).then((handle) => handle.jsonValue());
+    const first = await whileLive(0);
+    const second = await whileLive(first);
+    assert.ok(second > first && first > 0, `${first} then ${second}`);
     await page.locator('#task-status[data-status="completed"]').waitFor();
     for (const type of ["created", "loading", "in_progress", "completed"]) {
       await page.locator(`#timeline li[data-type="response.${type}"]`).waitFor();
@@ -181,6 +237,7 @@ try {
     await page.locator('#timeline li[data-type="response.in_progress"]').waitFor();
     await page.locator("#output").filter({ hasText: /\S/ }).waitFor();
     await page.locator("#cancel").click();
+    await page.locator("#confirm-yes").click();
     await page.locator('#task-status[data-status="cancelled"]').waitFor();
     await page.locator('#timeline li[data-type="response.cancelled"]').waitFor();
     assert.equal((await call("GET", `/v1/tasks/${taskId}`)).json.status, "cancelled");
@@ -201,10 +258,15 @@ try {
     await page.goto(`${base}/console/tasks/${taskId}`);
     await page.locator('#stream-state[data-state="live"]').waitFor();
     await page.locator("#output").filter({ hasText: /\S/ }).waitFor();
-    dropConnections();
-    await page.locator('#task-status[data-status="completed"]').waitFor();
-    await page.locator('#timeline li[data-type="response.completed"]').waitFor();
-    page.off("request", onRequest);
+    networkDrop = true;
+    try {
+      dropConnections();
+      await page.locator('#task-status[data-status="completed"]').waitFor();
+      await page.locator('#timeline li[data-type="response.completed"]').waitFor();
+    } finally {
+      networkDrop = false;
+      page.off("request", onRequest);
+    }
     assert.ok(streams.length >= 2, `the stream was not reopened: ${streams}`);
     assert.equal(streams[0], 0);
     assert.ok(streams[1] > 0, `the second stream did not resume by sequence number: ${streams}`);
@@ -213,10 +275,6 @@ try {
     const seqs = await page.locator("#timeline li").evaluateAll((items) => items.map((li) => Number(li.dataset.seq)));
     assert.deepEqual(seqs, [...new Set(seqs)].sort((a, b) => a - b), "no event shown twice");
   });
-  // A cut connection may be logged by the browser as a failed load: expected in that step only.
-  for (let i = problems.length - 1; i >= 0; i -= 1) {
-    if (/Failed to load resource: net::ERR_/.test(problems[i])) problems.splice(i, 1);
-  }
 
   await step("models: the list shows the reference model with its digest", async () => {
     await nav("Models");
@@ -259,22 +317,112 @@ try {
     assert.ok(list.data.find((c) => c.id === this_client.id).revoked_at);
   });
 
-  await step("keyboard only: Tab reaches the nav and Enter opens a view", async () => {
+  await step("keyboard only: the nav, with a visible focus ring", async () => {
     await page.goto(`${base}/console/`);
     await page.locator("#service-id").waitFor();
-    let reached = false;
-    for (let i = 0; i < 12 && !reached; i += 1) {
-      await page.keyboard.press("Tab");
-      reached = await page.evaluate(() => document.activeElement?.textContent === "Tasks");
-    }
-    assert.ok(reached, "Tab never reached the Tasks link");
+    await tabTo('#nav a[data-view="submit"]');
+    await assertFocusVisible("the Submit link");
     await page.keyboard.press("Enter");
-    await page.waitForURL(/\/console\/tasks$/);
-    await page.locator("#tasks-body tr").first().waitFor();
+    await page.waitForURL(/\/console\/submit$/);
   });
 
-  await step("no console errors and no CSP violations", async () => {
-    assert.deepEqual(problems, []);
+  await step("keyboard only: fill the submit form and submit it", async () => {
+    await page.locator("#s-model option[value=reference]").waitFor({ state: "attached" });
+    await tabTo("#s-model");
+    await assertFocusVisible("the model picker");
+    assert.equal(await focusedValue(), "reference");
+    await tabTo("#s-input");
+    await page.keyboard.type("Typed at the keyboard");
+    await tabTo("#s-restart");
+    await page.keyboard.type("resume");
+    assert.equal(await focusedValue(), "resume");
+    await tabTo("#s-tokens");
+    await page.keyboard.press("Control+A");
+    await page.keyboard.type("30");
+    await tabTo("#submit-form button[type=submit]");
+    await assertFocusVisible("the Submit button");
+    await page.keyboard.press("Enter");
+    await page.locator('#task-status[data-status="completed"]').waitFor();
+    const task = (await call("GET", `/v1/tasks/${await page.textContent("#task-id")}`)).json;
+    const response = (await call("GET", `/v1/responses/${task.response_id}`)).json;
+    assert.equal(task.on_restart, "resume");
+    assert.equal(response.max_output_tokens, 30);
+    assert.equal(await page.textContent("#submitted-prompt"), "Typed at the keyboard");
+    assert.equal(await page.textContent("#output"), response.output_text);
+  });
+
+  await step("keyboard only: the tasks filters (Space) and paging (Enter, Shift+Tab)", async () => {
+    // More completed tasks than one page holds.
+    const ids = [];
+    for (let i = 0; i < 22; i += 1) {
+      const created = await call("POST", "/v1/responses", {
+        model: "reference", input: `Page filler ${i}`, background: true, max_output_tokens: 1,
+      });
+      ids.push(created.json.task_id);
+    }
+    for (const id of ids) {
+      for (let tries = 0; (await call("GET", `/v1/tasks/${id}`)).json.status !== "completed"; tries += 1) {
+        assert.ok(tries < 400, `${id} never completed`);
+        await new Promise((resolve) => { setTimeout(resolve, 50); });
+      }
+    }
+    await tabTo('#nav a[data-view="tasks"]', { back: true });
+    await page.keyboard.press("Enter");
+    await page.waitForURL(/\/console\/tasks$/);
+    await page.locator("#tasks-body tr[data-task]").first().waitFor();
+    await tabTo("#f-status");
+    await assertFocusVisible("the status filter");
+    await page.keyboard.type("completed");
+    assert.equal(await focusedValue(), "completed");
+    await tabTo("form.filters button[type=submit]");
+    await assertFocusVisible("the Filter button");
+    await page.keyboard.press("Space");
+    await page.waitForURL(/\/console\/tasks\?status=completed$/);
+    const rows = page.locator("#tasks-body tr[data-task]");
+    const statuses = () => rows.evaluateAll((trs) => trs.map((tr) => tr.cells[1].textContent));
+    await page.waitForFunction(() => {
+      const cells = [...document.querySelectorAll("#tasks-body tr[data-task]")].map((tr) => tr.cells[1].textContent);
+      return cells.length === 20 && cells.every((st) => st === "completed");
+    });
+    const newest = await rows.first().getAttribute("data-task");
+    await tabTo("#page-older");
+    await assertFocusVisible("the Older button");
+    await page.keyboard.press("Enter");
+    await page.waitForURL(/after=task_/);
+    await page.waitForFunction((first) =>
+      document.querySelector("#tasks-body tr[data-task]")?.dataset.task !== first, newest);
+    assert.ok((await statuses()).every((st) => st === "completed"));
+    await tabTo("#page-newer", { back: true });
+    await page.keyboard.press("Enter");
+    await page.waitForURL(/\/console\/tasks\?status=completed$/);
+    await page.waitForFunction((first) =>
+      document.querySelector("#tasks-body tr[data-task]")?.dataset.task === first, newest);
+  });
+
+  await step("keyboard only: Cancel asks first; Escape keeps the task, Enter on the confirm cancels it", async () => {
+    const created = await call("POST", "/v1/responses", {
+      model: "reference", input: "A long story", background: true, max_output_tokens: 100000,
+    });
+    const taskId = created.json.task_id;
+    await page.goto(`${base}/console/tasks/${taskId}`);
+    await page.locator('#timeline li[data-type="response.in_progress"]').waitFor();
+    await tabTo("#cancel");
+    await assertFocusVisible("the Cancel button");
+    await page.keyboard.press("Enter");
+    const dialog = page.locator("dialog.confirm[open]");
+    await dialog.waitFor();
+    assert.equal(await page.evaluate(() => document.activeElement?.id), "confirm-no", "the safe choice first");
+    await page.keyboard.press("Escape");
+    await dialog.waitFor({ state: "detached" });
+    assert.equal((await call("GET", `/v1/tasks/${taskId}`)).json.status, "running", "Escape cancelled nothing");
+    assert.equal(await page.evaluate(() => document.activeElement?.id), "cancel", "the focus is back on Cancel");
+    await page.keyboard.press("Enter");
+    await dialog.waitFor();
+    await tabTo("#confirm-yes");
+    await assertFocusVisible("the confirm button");
+    await page.keyboard.press("Enter");
+    await page.locator('#task-status[data-status="cancelled"]').waitFor();
+    assert.equal((await call("GET", `/v1/tasks/${taskId}`)).json.status, "cancelled");
   });
 
   await step("log out: the token is gone and the login form is back", async () => {
@@ -297,13 +445,22 @@ try {
     const navLink = (name) => page.locator("#nav").getByRole("link", { name, exact: true });
     assert.ok(await navLink("Tasks").isVisible());
     for (const name of ["Submit", "Models", "Clients"]) assert.ok(await navLink(name).isHidden(), name);
+    assert.match(await page.textContent("#who"), /signed in · responses:read$/);
+    await page.locator('#counts [data-status="completed"]').waitFor();
+    await page.locator('#engine-health[data-status="ok"]').waitFor();
+  });
+
+  await step("no console errors and no CSP violations", async () => {
+    // Over the whole run, log out and the read-only token included.
+    assert.deepEqual(problems, []);
   });
 } catch (error) {
   failed = true;
   console.error(`not ok - ${error.stack ?? error}`);
   if (problems.length) console.error(`browser problems:\n${problems.join("\n")}`);
 } finally {
-  await browser.close();
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
   dropConnections();
   proxy.close();
 }

@@ -19,7 +19,9 @@ use eventsource_stream::{Event as SseEvent, EventStreamError, Eventsource};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationItem, GenerationJob};
+use lmsp_domain::ports::{
+    Engine, EngineError, EngineHealth, Generation, GenerationItem, GenerationJob,
+};
 use lmsp_domain::{Message, ModelSource, ModelToLoad, Role, Usage};
 
 /// Where the upstream server is.
@@ -48,7 +50,16 @@ pub struct OpenAiEngine {
     /// it then reports its token count with every chunk and has a raw completion endpoint and
     /// its chat template for resumes.
     llama_cpp: std::sync::Arc<std::sync::OnceLock<bool>>,
+    /// The last health probe's answer and when it was asked (see [`Engine::health`]).
+    health: std::sync::Arc<tokio::sync::Mutex<Option<(Instant, EngineHealth)>>>,
 }
+
+/// How long a health probe's answer is reused: the service object may be read often, the
+/// upstream is asked at most this often.
+pub const HEALTH_TTL: Duration = Duration::from_secs(5);
+
+/// How long a health probe waits for the upstream (at most; less when the connect timeout is).
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl OpenAiEngine {
     /// An engine for the upstream at `settings.base_url`.
@@ -61,6 +72,7 @@ impl OpenAiEngine {
             settings,
             http,
             llama_cpp: std::sync::Arc::default(),
+            health: std::sync::Arc::default(),
         })
     }
 
@@ -87,6 +99,23 @@ impl OpenAiEngine {
             ))),
             Ok(Err(error)) => Err(request_failed(&error)),
             Ok(Ok(response)) => Ok(response),
+        }
+    }
+
+    /// Asks the upstream's `GET /models` (the request a load makes): `Ok` on a success status.
+    /// The reason never names the upstream's address (any client may read it).
+    async fn probe_health(&self) -> EngineHealth {
+        let deadline = Instant::now() + HEALTH_TIMEOUT.min(self.settings.first_token_timeout);
+        match self.send(self.http.get(self.url("models")), deadline).await {
+            Ok(response) if response.status().is_success() => EngineHealth::Ok,
+            Ok(response) => EngineHealth::Unavailable(format!(
+                "the upstream answered {} to GET /models",
+                response.status()
+            )),
+            Err(EngineError::Timeout(_)) => {
+                EngineHealth::Unavailable(String::from("the upstream did not answer in time"))
+            }
+            Err(_) => EngineHealth::Unavailable(String::from("the upstream does not answer")),
         }
     }
 
@@ -186,6 +215,20 @@ fn messages(conversation: &[Message], text_so_far: Option<&str>) -> Vec<Value> {
 
 #[async_trait]
 impl Engine for OpenAiEngine {
+    /// Whether the upstream answers `GET /models`, asked at most every [`HEALTH_TTL`]
+    /// (concurrent callers share one probe).
+    async fn health(&self) -> EngineHealth {
+        let mut cached = self.health.lock().await;
+        if let Some((asked, health)) = cached.as_ref() {
+            if asked.elapsed() < HEALTH_TTL {
+                return health.clone();
+            }
+        }
+        let health = self.probe_health().await;
+        *cached = Some((Instant::now(), health.clone()));
+        health
+    }
+
     async fn load(&self, _model: &ModelToLoad) -> Result<(), EngineError> {
         // The upstream loads its models itself; check that it answers.
         let deadline = Instant::now() + self.settings.first_token_timeout;

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use lmsp_domain::model::{ModelId, ModelRecord, ModelSource, ModelToLoad};
 use lmsp_domain::ports::{
-    Engine, EngineError, Generation, GenerationItem, GenerationJob, ResumePoint,
+    Engine, EngineError, EngineHealth, Generation, GenerationItem, GenerationJob, ResumePoint,
 };
 use lmsp_domain::task::{Input, TaskSpec};
 use lmsp_domain::time::Timestamp;
@@ -488,5 +488,77 @@ async fn an_upstream_that_sends_no_token_times_out_at_the_first_token_timeout() 
     assert!(
         matches!(&ended, Err(EngineError::Timeout(m)) if m.contains("first-token")),
         "{ended:?}"
+    );
+}
+
+/// A stand-in whose `GET /v1/models` answers `status` (changeable) and counts its requests.
+async fn models_upstream(status: Arc<Mutex<StatusCode>>, asked: Arc<Mutex<u32>>) -> String {
+    let app = Router::new().route(
+        "/v1/models",
+        get(move || {
+            let status = *status.lock().unwrap();
+            *asked.lock().unwrap() += 1;
+            async move { (status, Json(json!({"data": []}))) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{address}/v1")
+}
+
+/// Health: an upstream that answers `GET /models` is `Ok`; the answer is reused for a while, so
+/// a second look within the TTL asks the upstream nothing (even though it now fails).
+#[tokio::test]
+async fn health_is_ok_while_the_upstream_answers_and_is_cached() {
+    let status = Arc::new(Mutex::new(StatusCode::OK));
+    let asked = Arc::new(Mutex::new(0));
+    let engine = engine(models_upstream(status.clone(), asked.clone()).await);
+
+    let first = engine.health().await;
+    *status.lock().unwrap() = StatusCode::SERVICE_UNAVAILABLE;
+    let second = engine.health().await;
+
+    assert_eq!(first, EngineHealth::Ok);
+    assert_eq!(second, EngineHealth::Ok, "the cached answer");
+    assert_eq!(*asked.lock().unwrap(), 1, "one probe within the TTL");
+}
+
+/// Health: an upstream that answers an error status is `Unavailable`, naming the status but
+/// not the upstream's address.
+#[tokio::test]
+async fn health_is_unavailable_when_the_upstream_answers_an_error() {
+    let status = Arc::new(Mutex::new(StatusCode::SERVICE_UNAVAILABLE));
+    let base = models_upstream(status, Arc::new(Mutex::new(0))).await;
+    let address = base.trim_start_matches("http://").trim_end_matches("/v1");
+    let engine = engine(base.clone());
+
+    let health = engine.health().await;
+
+    match health {
+        EngineHealth::Unavailable(reason) => {
+            assert!(reason.contains("503"), "{reason}");
+            assert!(!reason.contains(address), "{reason}");
+        }
+        EngineHealth::Ok => panic!("an upstream answering 503 is not healthy"),
+    }
+}
+
+/// Health: an upstream nobody listens at is `Unavailable`, without its address.
+#[tokio::test]
+async fn health_is_unavailable_when_nothing_answers() {
+    let engine = OpenAiEngine::new(OpenAiSettings {
+        base_url: "http://127.0.0.1:9/v1".into(),
+        connect_timeout: Duration::from_secs(2),
+        first_token_timeout: Duration::from_secs(2),
+        token_timeout: Duration::from_secs(2),
+    })
+    .unwrap();
+
+    let health = engine.health().await;
+
+    assert!(
+        matches!(&health, EngineHealth::Unavailable(reason) if !reason.contains("127.0.0.1")),
+        "{health:?}"
     );
 }

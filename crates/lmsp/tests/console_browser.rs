@@ -1,10 +1,11 @@
 //! The web console (`/console/`, crates/console) in a real browser: this test starts the real
 //! binary with a slow reference engine (so a stream can be watched and a task cancelled) and
 //! runs crates/console/e2e/console.test.mjs, which drives Debian's `/usr/bin/chromium` with
-//! `playwright-core`: log in, overview, submit and stream, a task's live timeline, cancel, a
-//! stream resumed after a network drop, models, clients (pairing code, revoke with confirm),
-//! keyboard navigation, no console error or CSP violation, HTML-looking input rendered as text,
-//! log out, and what a read-only token is shown.
+//! `playwright-core`: log in, overview (store and engine health), submit and stream, a task's
+//! live timeline seen growing, cancel (after a confirmation), a stream resumed after a network
+//! drop, models, clients (pairing code, revoke with confirm), keyboard-only navigation with a
+//! visible focus, HTML-looking input rendered as text, log out, what a read-only token is shown,
+//! and no console error or CSP violation in the whole run.
 //!
 //! Its tools are installed by `scripts/console-test-deps`; without them this test fails (it
 //! never skips). `LMSP_CONSOLE_SCREENSHOTS=DIR` saves a PNG of each view there.

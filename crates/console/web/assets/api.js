@@ -63,18 +63,6 @@ export async function api(path, { method = "GET", body, signal } = {}) {
   return type.includes("json") ? response.json() : response.text();
 }
 
-/** The status of a call, without throwing (for probing scopes). */
-export async function probe(path, method = "GET") {
-  try {
-    const response = await fetch(path, {
-      method, headers: headers({}), cache: "no-store", credentials: "omit",
-    });
-    return response.status;
-  } catch {
-    return 0;
-  }
-}
-
 const TERMINAL = new Set(["response.completed", "response.failed", "response.cancelled"]);
 export const isTerminal = (type) => TERMINAL.has(type);
 

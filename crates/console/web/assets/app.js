@@ -1,5 +1,5 @@
 // The console's shell: log in, find out what the token may do, route between the views.
-import { api, probe, session, whenUnauthorized, ApiError } from "./api.js";
+import { api, session, whenUnauthorized, ApiError } from "./api.js";
 import { h, note, replace } from "./dom.js";
 import * as overview from "./views/overview.js";
 import * as tasks from "./views/tasks.js";
@@ -23,38 +23,17 @@ const ctx = {
 
 let cleanup = null;
 
-// A task id no task has: well-formed, so that the reply tells the scope (403) from the lookup (404).
-const NO_TASK = "task_00000000000000000000000000";
-const NO_MODEL = "console-scope-probe-no-such-model";
-
 /**
- * Finds the token's scopes. The API has no "who am I"; what a token may do is seen from what
- * it is allowed: GET /v1/clients answers only `admin` (which implies every scope); for other
- * tokens each scope is probed with a request that changes nothing (a read, or a write aimed
- * at an id that does not exist: 404 means allowed, 403 forbidden).
+ * The token's scopes, as the service object names them (`caller.scopes`): the console learns
+ * what it may do without trying (a refused call would log an error in the browser's console).
  */
-async function findScopes() {
-  const scopes = new Set();
-  if (await probe("/v1/clients") === 200) {
-    scopes.add("admin");
-    return scopes;
-  }
-  const [read, modelsRead, write, modelsWrite] = await Promise.all([
-    probe("/v1/tasks?limit=1"),
-    probe("/v1/models"),
-    probe(`/v1/tasks/${NO_TASK}/cancel`, "POST"),
-    probe(`/v1/models/${NO_MODEL}`, "DELETE"),
-  ]);
-  if (read === 200) scopes.add("responses:read");
-  if (modelsRead === 200) scopes.add("models:read");
-  if (write === 404) scopes.add("responses:write");
-  if (modelsWrite === 404) scopes.add("models:write");
-  return scopes;
+function scopesOf(service) {
+  return new Set(service.caller?.scopes ?? []);
 }
 
 async function signIn() {
   ctx.service = await api("/v1/service");
-  ctx.scopes = await findScopes();
+  ctx.scopes = scopesOf(ctx.service);
   nav.hidden = false;
   logoutButton.hidden = false;
   for (const link of nav.querySelectorAll("a[data-scope]")) {

@@ -80,9 +80,26 @@ pub struct ResumePoint {
     pub text_so_far: String,
 }
 
+/// Whether an engine can take work now, as the service object shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineHealth {
+    /// It can run work.
+    Ok,
+    /// It cannot now (its upstream does not answer, …); why, in words fit for any client (no
+    /// address, no path).
+    Unavailable(String),
+}
+
 /// A model engine.
 #[async_trait]
 pub trait Engine: Send + Sync {
+    /// Whether the engine can take work now. Cheap and bounded in time (an engine that asks
+    /// another server caches the answer): the service asks it whenever its service object is
+    /// read. An engine in this process is always able, the default.
+    async fn health(&self) -> EngineHealth {
+        EngineHealth::Ok
+    }
+
     /// Loads a model (a no-op when it is loaded already). The app checks the file against its
     /// digest before; dropping the future abandons the load.
     async fn load(&self, model: &ModelToLoad) -> Result<(), EngineError>;

@@ -20,7 +20,9 @@ mod models;
 mod tasks;
 
 pub use clients::{ClientStore, Redemption};
-pub use engine::{Engine, EngineError, Generation, GenerationItem, GenerationJob, ResumePoint};
+pub use engine::{
+    Engine, EngineError, EngineHealth, Generation, GenerationItem, GenerationJob, ResumePoint,
+};
 pub use files::{ModelFileError, ModelFiles, Progress, VerifiedFile};
 pub use idempotency::{IdempotencyStore, KeyedInsert};
 pub use instances::{InstanceInfo, InstanceStore, Registration};

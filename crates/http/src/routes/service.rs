@@ -89,7 +89,9 @@ pub async fn openapi_json() -> ApiResult<Response> {
 
 /// The service object.
 ///
-/// Any valid token, whatever its scopes.
+/// Any valid token, whatever its scopes. `engine` tells whether the engine can take work now
+/// (for the `openai` engine: whether its upstream answers, asked at most every few seconds);
+/// `caller` names the token's client and its scopes.
 #[utoipa::path(
     get,
     path = "/v1/service",
@@ -104,9 +106,10 @@ pub async fn openapi_json() -> ApiResult<Response> {
 )]
 pub async fn service_info(
     State(state): State<AppState>,
-    Authed(_caller): Authed,
+    Authed(caller): Authed,
 ) -> Json<ServiceObject> {
-    Json(objects::service(&state.service))
+    let engine_health = state.service.engine_health().await;
+    Json(objects::service(&state.service, &caller, engine_health))
 }
 
 /// The content type of the OpenMetrics text format, which Prometheus scrapes.

@@ -3,9 +3,10 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use lmsp_app::{NewPairing, Paired};
+use lmsp_app::{Caller, NewPairing, Paired};
 use lmsp_domain::auth::{Client, Scopes};
-use lmsp_domain::{ModelRecord, ModelSource};
+use lmsp_domain::ports::EngineHealth;
+use lmsp_domain::{EngineKind, ModelRecord, ModelSource};
 
 use crate::openapi as schema;
 use crate::wire::{constant, list_of, time};
@@ -149,6 +150,77 @@ pub struct HealthObject {
     pub reason: Option<&'static str>,
 }
 
+/// The engine a service runs its models on (`--engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineName {
+    /// The deterministic reference engine.
+    Reference,
+    /// GGUF models in process on llama.cpp.
+    Llama,
+    /// An OpenAI-compatible upstream server.
+    Openai,
+}
+
+impl EngineName {
+    fn of(kind: EngineKind) -> Self {
+        match kind {
+            EngineKind::Reference => Self::Reference,
+            EngineKind::Llama => Self::Llama,
+            EngineKind::Upstream => Self::Openai,
+        }
+    }
+}
+
+/// Whether an engine can take work now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineStatus {
+    /// It can.
+    Ok,
+    /// It cannot now (an upstream that does not answer).
+    Unavailable,
+}
+
+/// The engine the service runs its models on and its health: an engine in this process is
+/// always `ok`; the `openai` engine is `ok` while its upstream answers `GET /models` (asked at
+/// most every few seconds).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EngineObject {
+    /// Which engine (`--engine`).
+    pub kind: EngineName,
+    /// `ok` or `unavailable`.
+    pub status: EngineStatus,
+    /// Why it is unavailable, or `null`.
+    #[schema(required = true)]
+    pub detail: Option<String>,
+}
+
+/// The engine object of a service's primary engine and its health.
+pub fn engine(kind: EngineKind, health: &EngineHealth) -> EngineObject {
+    let (status, detail) = match health {
+        EngineHealth::Ok => (EngineStatus::Ok, None),
+        EngineHealth::Unavailable(reason) => (EngineStatus::Unavailable, Some(reason.clone())),
+    };
+    EngineObject {
+        kind: EngineName::of(kind),
+        status,
+        detail,
+    }
+}
+
+/// The client whose token read the service object, and what it may do: a client (the web
+/// console) learns which calls it may make without trying them.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CallerObject {
+    /// The client's id.
+    #[schema(schema_with = schema::client_id)]
+    pub client_id: String,
+    /// Its scopes (`admin` implies every other).
+    #[schema(schema_with = schema::scopes)]
+    pub scopes: Vec<&'static str>,
+}
+
 /// The service and its settings.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ServiceObject {
@@ -171,10 +243,19 @@ pub struct ServiceObject {
     /// The policy of tasks whose request names none (`--default-on-restart`).
     #[schema(schema_with = schema::restart_policy)]
     pub default_on_restart: &'static str,
+    /// The engine and its health, or `null` for a service without one.
+    #[schema(required = true)]
+    pub engine: Option<EngineObject>,
+    /// The client whose token asked.
+    pub caller: CallerObject,
 }
 
-/// The service object.
-pub fn service(service: &lmsp_app::Service) -> ServiceObject {
+/// The service object as `caller` reads it, with the engine's health as `engine` reports it.
+pub fn service(
+    service: &lmsp_app::Service,
+    caller: &Caller,
+    engine_health: Option<(EngineKind, EngineHealth)>,
+) -> ServiceObject {
     let settings = service.settings();
     ServiceObject {
         object: ServiceTag::Value,
@@ -184,6 +265,11 @@ pub fn service(service: &lmsp_app::Service) -> ServiceObject {
         started_at: time(service.started_at()),
         retention_seconds: settings.retention.as_secs(),
         default_on_restart: settings.default_on_restart.as_str(),
+        engine: engine_health.map(|(kind, health)| engine(kind, &health)),
+        caller: CallerObject {
+            client_id: caller.client_id.to_string(),
+            scopes: scope_names(&caller.scopes),
+        },
     }
 }
 

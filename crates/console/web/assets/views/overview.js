@@ -1,4 +1,5 @@
-// Overview: the service, its health, tasks by status (live) and three small charts.
+// Overview: the service, its store and engine health, tasks by status (live) and three small
+// charts.
 import { api } from "../api.js";
 import { h, note, replace, time, duration, badge } from "../dom.js";
 import { chart } from "../chart.js";
@@ -19,9 +20,24 @@ export function parseMetrics(text) {
   return out;
 }
 
+/** The engine line: its kind, a status badge and why it is unavailable. */
+function showEngine(el, engine) {
+  if (!engine) {
+    replace(el, "—");
+    delete el.dataset.status;
+    return;
+  }
+  el.dataset.status = engine.status;
+  el.dataset.kind = engine.kind;
+  replace(el, h("code", {}, engine.kind), " ", badge(engine.status),
+    engine.detail ? h("span", { class: "muted" }, ` ${engine.detail}`) : null);
+}
+
 export function render(main, ctx) {
   const service = ctx.service;
   const health = h("span", {}, "…");
+  const engine = h("span", { id: "engine-health" });
+  showEngine(engine, service.engine);
   const counts = h("div", { class: "counts", id: "counts" });
   const countsNote = h("p", { class: "muted" });
   const charts = h("div", { class: "charts" });
@@ -38,7 +54,8 @@ export function render(main, ctx) {
           h("dt", {}, "started"), h("dd", {}, time(service.started_at)),
           h("dt", {}, "retention"), h("dd", {}, duration(service.retention_seconds)),
           h("dt", {}, "default on_restart"), h("dd", {}, service.default_on_restart),
-          h("dt", {}, "store health"), h("dd", { id: "health" }, health))),
+          h("dt", {}, "store health"), h("dd", { id: "health" }, health),
+          h("dt", {}, "engine"), h("dd", {}, engine))),
       h("section", { class: "card", "aria-labelledby": "counts-h" },
         h("h2", { id: "counts-h" }, "Tasks by status"), counts, countsNote)),
     h("section", { class: "card", "aria-labelledby": "charts-h" },
@@ -108,6 +125,9 @@ export function render(main, ctx) {
       const body = await reply.json().catch(() => ({}));
       replace(health, reply.ok ? badge("ok") : badge("unavailable"),
         reply.ok ? "" : ` ${body.reason ?? ""}`);
+      const now = await api("/v1/service");
+      ctx.service = now;
+      showEngine(engine, now.engine);
       if (ctx.can("admin")) await pollAdmin();
       else if (ctx.can("responses:read")) await pollTasks();
       else countsNote.textContent = "This token cannot read tasks.";

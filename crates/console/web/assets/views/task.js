@@ -1,7 +1,9 @@
 // One task: its details, the timeline of its events, its output growing live from the stream
-// (resumed by sequence number after a drop), its error, Cancel, and its response JSON.
+// (resumed by sequence number after a drop), its error, Cancel (after a confirmation), and its
+// response JSON.
 import { api, followEvents, isTerminal } from "../api.js";
 import { h, note, replace, time, badge } from "../dom.js";
+import { confirmDialog } from "../confirm.js";
 
 const UNFINISHED = new Set(["queued", "loading", "running", "cancelling"]);
 const QUIET = new Set([
@@ -103,6 +105,9 @@ export function taskPanel(container, ctx, taskId) {
   }
 
   cancel.addEventListener("click", async () => {
+    const yes = await confirmDialog(
+      `Cancel task ${taskId}? Its output so far is kept; the task does not run again.`, "Cancel task");
+    if (!yes) { cancel.focus(); return; }
     cancel.disabled = true;
     try {
       showTask(await api(`/v1/tasks/${encodeURIComponent(taskId)}/cancel`, { method: "POST" }));
