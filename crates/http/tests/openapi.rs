@@ -2,11 +2,16 @@
 //! every route the router serves is documented and every documented operation is served, every
 //! `$ref` resolves, and real replies have exactly the documented shapes.
 //!
+//! Streams too: every `data:` of a Responses stream and of a chat completion stream has exactly
+//! the shape the `text/event-stream` schema documents, and every shape it documents is sent.
+//!
 //! The router is driven with `oneshot` over a real service (SQLite in a temp dir, the reference
 //! engine), without binding a port.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +23,11 @@ use serde_json::{json, Value};
 use tower::ServiceExt;
 
 use lmsp_app::{Adapters, Engines, Listener, Service, Settings, SystemClock};
-use lmsp_domain::ports::{Clock, Engine, ModelFiles, Store, StoreListener};
-use lmsp_domain::EngineKind;
+use lmsp_domain::ports::{
+    Clock, Engine, EngineError, EngineHealth, Generation, GenerationJob, ModelFiles, Store,
+    StoreListener,
+};
+use lmsp_domain::{EngineKind, ModelToLoad};
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
 use lmsp_http::{router, AppState};
 use lmsp_models_fs::FsModelFiles;
@@ -42,6 +50,52 @@ impl Drop for TestApp {
 }
 
 async fn test_app() -> TestApp {
+    test_app_with(None).await
+}
+
+/// A future as `async_trait` boxes it.
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An upstream engine whose server does not answer: it reports so as its health.
+struct UnreachableUpstream;
+
+const UNREACHABLE: &str = "the upstream does not answer";
+
+impl Engine for UnreachableUpstream {
+    fn health<'life0, 'async_trait>(&'life0 self) -> Boxed<'async_trait, EngineHealth>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(async { EngineHealth::Unavailable(UNREACHABLE.to_owned()) })
+    }
+
+    fn load<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        _model: &'life1 ModelToLoad,
+    ) -> Boxed<'async_trait, Result<(), EngineError>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(async { Err(EngineError::UpstreamUnavailable(UNREACHABLE.to_owned())) })
+    }
+
+    fn generate<'life0, 'async_trait>(
+        &'life0 self,
+        _job: GenerationJob,
+    ) -> Boxed<'async_trait, Result<Box<dyn Generation>, EngineError>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(async { Err(EngineError::UpstreamUnavailable(UNREACHABLE.to_owned())) })
+    }
+}
+
+/// A test app; with `upstream`, that engine runs upstream models beside the reference engine.
+async fn test_app_with(upstream: Option<Arc<dyn Engine>>) -> TestApp {
     let data_dir = tempfile::tempdir().unwrap();
     let models_dir = data_dir.path().join("models");
     std::fs::create_dir_all(&models_dir).unwrap();
@@ -66,9 +120,13 @@ async fn test_app() -> TestApp {
     settings.retention = Duration::from_secs(3600);
     settings.purge_interval = Duration::from_secs(3600);
     settings.idempotency_ttl = Duration::from_secs(3600);
+    let mut engines = Engines::new().with(EngineKind::Reference, engine);
+    if let Some(upstream) = upstream {
+        engines = engines.with(EngineKind::Upstream, upstream);
+    }
     let adapters = Adapters {
         store,
-        engines: Engines::new().with(EngineKind::Reference, engine),
+        engines,
         model_files,
         clock,
     };
@@ -725,4 +783,205 @@ async fn openai_and_model_replies_have_exactly_the_documented_shapes() {
     let reply = send(router, request(Method::GET, "/v1/models/nope", token, None)).await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
     assert_conforms(&document, "get", "/v1/models/{id}", &reply);
+}
+
+/// `GET /v1/service` names the caller's client and scopes, and the engine and its health:
+/// `reference`, `ok`, no detail; a service
+/// with an upstream engine shows that one (`openai`), `unavailable` with why while its server
+/// does not answer. Both replies have exactly the documented shape.
+#[tokio::test]
+async fn the_service_object_shows_the_engine_and_its_health() {
+    let app = test_app().await;
+    let document = document(&app).await;
+    let token = Some(app.admin_token.as_str());
+    let reply = send(
+        &app.router,
+        request(Method::GET, "/v1/service", token, None),
+    )
+    .await;
+    assert_conforms(&document, "get", "/v1/service", &reply);
+    assert_eq!(
+        reply.body["engine"],
+        json!({"kind": "reference", "status": "ok", "detail": null})
+    );
+    assert_eq!(reply.body["caller"]["scopes"], json!(["admin"]));
+    assert!(reply.body["caller"]["client_id"]
+        .as_str()
+        .unwrap()
+        .starts_with("cli_"));
+
+    let upstream = test_app_with(Some(Arc::new(UnreachableUpstream))).await;
+    let token = Some(upstream.admin_token.as_str());
+    let reply = send(
+        &upstream.router,
+        request(Method::GET, "/v1/service", token, None),
+    )
+    .await;
+    assert_conforms(&document, "get", "/v1/service", &reply);
+    assert_eq!(
+        reply.body["engine"],
+        json!({"kind": "openai", "status": "unavailable", "detail": UNREACHABLE})
+    );
+}
+
+/// The JSON `data:` of every frame of a Server-Sent Events body (`[DONE]` left out).
+async fn sse_data(router: &Router, request: Request<Body>) -> Vec<Value> {
+    let response = router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap();
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    let bytes = tokio::time::timeout(Duration::from_secs(60), response.into_body().collect())
+        .await
+        .expect("the stream ends after its terminal event")
+        .unwrap()
+        .to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    text.split("\n\n")
+        .flat_map(|frame| frame.lines().filter_map(|l| l.strip_prefix("data: ")))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect()
+}
+
+/// The schema an operation documents for its `text/event-stream` reply, which must be a named
+/// component whose `oneOf` lists the shapes of one frame's `data`; returns it and their names.
+fn stream_schema<'a>(document: &'a Value, method: &str, path: &str) -> (&'a Value, Vec<String>) {
+    let schema = &document["paths"][path][method]["responses"]["200"]["content"]
+        ["text/event-stream"]["schema"];
+    let reference = schema["$ref"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{method} {path}: the stream is not a named schema: {schema}"));
+    let component = resolve(document, reference).expect("the stream schema resolves");
+    let variants = component["oneOf"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reference} is not a oneOf: {component}"))
+        .iter()
+        .map(|v| v["$ref"].as_str().expect("each shape is named").to_owned())
+        .collect();
+    (schema, variants)
+}
+
+/// Checks every frame against the stream's schema and notes which documented shape it has.
+fn assert_frames_conform(
+    document: &Value,
+    schema: &Value,
+    variants: &[String],
+    frames: &[Value],
+    seen: &mut BTreeSet<String>,
+) {
+    assert!(!frames.is_empty());
+    for frame in frames {
+        if let Err(error) = conforms(document, schema, frame) {
+            panic!("a stream frame: {error}\n{frame}");
+        }
+        for variant in variants {
+            if conforms(document, &json!({"$ref": variant}), frame).is_ok() {
+                seen.insert(variant.clone());
+            }
+        }
+    }
+}
+
+/// Registers a model whose file is removed at once: its tasks fail (`model_unavailable`).
+async fn vanishing_model(app: &TestApp) -> &'static str {
+    std::fs::write(app.models_dir.join("gone.txt"), "words that will be gone").unwrap();
+    let body = json!({"id": "gone", "path": "gone.txt"});
+    let token = Some(app.admin_token.as_str());
+    let reply = send(
+        &app.router,
+        request(Method::POST, "/v1/models", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    std::fs::remove_file(app.models_dir.join("gone.txt")).unwrap();
+    "gone"
+}
+
+/// Every event of a Responses stream — completed, replayed by `GET /v1/responses/{id}`, and
+/// failed (`error`, `response.failed`) — has exactly a documented shape, and every documented
+/// shape is sent.
+#[tokio::test]
+async fn responses_stream_events_have_exactly_the_documented_shapes() {
+    let app = test_app().await;
+    let document = document(&app).await;
+    let token = Some(app.admin_token.as_str());
+    let (schema, variants) = stream_schema(&document, "post", "/v1/responses");
+    let (replayed_schema, _) = stream_schema(&document, "get", "/v1/responses/{id}");
+    assert_eq!(schema, replayed_schema, "one shape for both streams");
+    let mut seen = BTreeSet::new();
+
+    let body = json!({"model": "reference", "input": "Once upon a time", "stream": true,
+        "max_output_tokens": 6});
+    let frames = sse_data(
+        &app.router,
+        request(Method::POST, "/v1/responses", token, Some(body)),
+    )
+    .await;
+    assert_frames_conform(&document, schema, &variants, &frames, &mut seen);
+    assert_eq!(frames.last().unwrap()["type"], "response.completed");
+    let response_id = frames[0]["response"]["id"].as_str().unwrap();
+    let replayed = sse_data(
+        &app.router,
+        request(
+            Method::GET,
+            &format!("/v1/responses/{response_id}?stream=true"),
+            token,
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(replayed, frames, "the replay is the same stream");
+
+    let model = vanishing_model(&app).await;
+    let body = json!({"model": model, "input": "hello", "stream": true});
+    let frames = sse_data(
+        &app.router,
+        request(Method::POST, "/v1/responses", token, Some(body)),
+    )
+    .await;
+    assert_frames_conform(&document, schema, &variants, &frames, &mut seen);
+    let kinds: Vec<&str> = frames.iter().filter_map(|f| f["type"].as_str()).collect();
+    assert_eq!(&kinds[kinds.len() - 2..], ["error", "response.failed"]);
+
+    let documented: BTreeSet<String> = variants.into_iter().collect();
+    assert_eq!(seen, documented, "every documented shape is sent");
+}
+
+/// Every `data:` of a chat completion stream — chunks, the usage chunk, and a failed task's
+/// error chunk — has exactly a documented shape, and every documented shape is sent.
+#[tokio::test]
+async fn chat_stream_chunks_have_exactly_the_documented_shapes() {
+    let app = test_app().await;
+    let document = document(&app).await;
+    let token = Some(app.admin_token.as_str());
+    let (schema, variants) = stream_schema(&document, "post", "/v1/chat/completions");
+    let mut seen = BTreeSet::new();
+    let messages = json!([{"role": "user", "content": "Once upon a time"}]);
+
+    let body = json!({"model": "reference", "messages": messages, "stream": true,
+        "max_completion_tokens": 5, "stream_options": {"include_usage": true}});
+    let frames = sse_data(
+        &app.router,
+        request(Method::POST, "/v1/chat/completions", token, Some(body)),
+    )
+    .await;
+    assert_frames_conform(&document, schema, &variants, &frames, &mut seen);
+    assert_eq!(frames[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(frames.last().unwrap()["usage"].is_object());
+
+    let model = vanishing_model(&app).await;
+    let body = json!({"model": model, "messages": messages, "stream": true});
+    let frames = sse_data(
+        &app.router,
+        request(Method::POST, "/v1/chat/completions", token, Some(body)),
+    )
+    .await;
+    assert_frames_conform(&document, schema, &variants, &frames, &mut seen);
+    assert_eq!(frames.last().unwrap()["error"]["code"], "model_unavailable");
+
+    let documented: BTreeSet<String> = variants.into_iter().collect();
+    assert_eq!(seen, documented, "every documented shape is sent");
 }

@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::{SseStream, TestServer};
+use std::time::{Duration, Instant};
+
+use common::{joined_deltas, SseStream, TestServer};
 use serde_json::{json, Value};
 
 fn chat(stream: bool, tokens: u64) -> Value {
@@ -176,4 +178,100 @@ async fn a_chat_completion_is_idempotent_with_a_key() {
         .await;
     assert_eq!(status, 200, "{other}");
     assert_eq!(server.task_count().await, 2);
+}
+
+/// P-7…P-9, I-6, docs/openai-sdk.md: a chat completion is a durable task. Two chat requests
+/// whose clients went away mid-run — a stream under `on_restart: resume`, a synchronous one
+/// under `fail` — are listed under `/v1/tasks` with their policies; after a kill -9 and a
+/// restart each is recovered by its policy: the resumed one completes with the same text as an
+/// uninterrupted chat completion, the other ends `failed` with `server_restarted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_completion_is_recovered_by_its_on_restart_policy_after_a_kill_p7_i6() {
+    let mut server = TestServer::start(&["--reference-token-delay", "30ms"]);
+    let mut resumed_body = chat(true, 200);
+    resumed_body["on_restart"] = json!("resume");
+    let response = server
+        .request(
+            reqwest::Method::POST,
+            "/v1/chat/completions",
+            &server.admin_token,
+        )
+        .json(&resumed_body)
+        .send()
+        .await
+        .unwrap();
+    let mut stream = SseStream::of(response);
+    let resumed = stream.header("lmsp-task-id");
+    for _ in 0..4 {
+        stream.next_message().await.expect("a chunk");
+    }
+    drop(stream);
+    let mut failed_body = chat(false, 200);
+    failed_body["on_restart"] = json!("fail");
+    failed_body["metadata"] = json!({"case": "synchronous"});
+    let waiting = server
+        .request(
+            reqwest::Method::POST,
+            "/v1/chat/completions",
+            &server.admin_token,
+        )
+        .json(&failed_body);
+    let client = tokio::spawn(async move { waiting.send().await });
+    let deadline = Instant::now() + common::DEADLINE;
+    let failed = loop {
+        let (_, list) = server.get("/v1/tasks?limit=100").await;
+        let running = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["metadata"]["case"] == "synchronous" && t["status"] == "running")
+            .map(|t| t["id"].as_str().unwrap().to_owned());
+        if let Some(id) = running {
+            break id;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the synchronous chat never ran: {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    client.abort();
+    let _ = client.await;
+
+    let (_, list) = server.get("/v1/tasks?limit=100").await;
+    let listed = |id: &str| {
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == id)
+            .unwrap_or_else(|| panic!("{id} is not listed: {list}"))
+            .clone()
+    };
+    assert_eq!(listed(&resumed)["on_restart"], "resume");
+    assert_eq!(listed(&failed)["on_restart"], "fail");
+    server.kill_and_restart(&[]);
+
+    let done = server.wait_status(&resumed, "completed").await;
+    assert_eq!(done["restarts"], 1, "{done}");
+    let events = server.all_events(&resumed).await;
+    assert!(
+        events.iter().any(|e| e["type"] == "response.resumed"),
+        "{events:?}"
+    );
+    let (_, response) = server
+        .get(&format!(
+            "/v1/responses/{}",
+            done["response_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(response["output_text"], joined_deltas(&events).as_str());
+    let (status, _, uninterrupted) = server.post("/v1/chat/completions", chat(false, 200)).await;
+    assert_eq!(status, 200, "{uninterrupted}");
+    assert_eq!(
+        uninterrupted["choices"][0]["message"]["content"], response["output_text"],
+        "I-6: the resumed chat's text is an uninterrupted one's"
+    );
+    let gone = server.wait_status(&failed, "failed").await;
+    assert_eq!(gone["error"]["code"], "server_restarted", "{gone}");
 }

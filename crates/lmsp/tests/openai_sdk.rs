@@ -16,6 +16,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+/// The flags of every server: slow enough that a long response is still running when the SDK
+/// cancels it.
+const SERVE_FLAGS: [&str; 2] = ["--reference-token-delay", "10ms"];
+
+/// The second server's extra flags: one worker (a second response waits `queued` behind a
+/// running one) and an engine slow to stop (a cancelled response stays `cancelling` a while),
+/// so that the SDK can cancel a response in each of those states.
+const SLOW_FLAGS: [&str; 4] = ["--workers", "1", "--reference-cancel-delay", "3s"];
+
 /// How long the server may take to start, and the SDK program to run.
 const START_DEADLINE: Duration = Duration::from_secs(60);
 const RUN_DEADLINE: Duration = Duration::from_secs(600);
@@ -47,9 +56,10 @@ impl Drop for Server {
 }
 
 impl Server {
-    /// Starts a server on a free port; on a first start it prints the admin token.
-    fn start(data_dir: &Path, models_dir: &Path) -> Self {
-        Self::start_on(data_dir, models_dir, "127.0.0.1:0", None)
+    /// Starts a server on a free port with the flags of [`SERVE_FLAGS`] and `extra`; on a first
+    /// start it prints the admin token.
+    fn start(data_dir: &Path, models_dir: &Path, extra: &[&str]) -> Self {
+        Self::start_on(data_dir, models_dir, "127.0.0.1:0", None, extra)
     }
 
     /// Starts a server on `listen`; `admin_token` is the one a first start printed before.
@@ -58,6 +68,7 @@ impl Server {
         models_dir: &Path,
         listen: &str,
         admin_token: Option<String>,
+        extra: &[&str],
     ) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_lmsp"))
             .arg("serve")
@@ -66,8 +77,8 @@ impl Server {
             .arg("--models-dir")
             .arg(models_dir)
             .args(["--listen", listen])
-            // Slow enough that a long response is still running when the SDK cancels it.
-            .args(["--reference-token-delay", "10ms"])
+            .args(SERVE_FLAGS)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .env_remove("LMSP_LOG_FORMAT")
             .stdin(Stdio::null())
@@ -198,7 +209,13 @@ fn the_official_openai_python_sdk_works_against_the_service() {
     let data_dir = temp.path().join("data");
     let models_dir = temp.path().join("models");
     std::fs::create_dir_all(&models_dir).expect("the models directory");
-    let mut server = Server::start(&data_dir, &models_dir);
+    let mut server = Server::start(&data_dir, &models_dir, &[]);
+    let slow_dir = temp.path().join("slow");
+    let slow = Server::start(
+        &slow_dir.join("data"),
+        &slow_dir.join("models"),
+        &SLOW_FLAGS,
+    );
     // The program asks for a kill -9 and restart by creating `restart` here; once the server on
     // the same address answers again, this test creates `restarted`.
     let control = temp.path().join("control");
@@ -212,9 +229,13 @@ fn the_official_openai_python_sdk_works_against_the_service() {
         .timeout(Duration::from_secs(30))
         .build()
         .expect("an HTTP client");
-    let token = runtime.block_on(async {
+    let (token, slow_token) = runtime.block_on(async {
         wait_healthy(&http, &server.base).await;
-        application_token(&http, &server.base, &server.admin_token).await
+        wait_healthy(&http, &slow.base).await;
+        (
+            application_token(&http, &server.base, &server.admin_token).await,
+            application_token(&http, &slow.base, &slow.admin_token).await,
+        )
     });
 
     let mut child = Command::new(&python)
@@ -225,6 +246,8 @@ fn the_official_openai_python_sdk_works_against_the_service() {
         .env("LMSP_ADMIN_TOKEN", &server.admin_token)
         .env("LMSP_MODELS_DIR", &models_dir)
         .env("LMSP_CONTROL_DIR", &control)
+        .env("LMSP_SLOW_BASE_URL", format!("{}/v1", slow.base))
+        .env("LMSP_SLOW_TOKEN", &slow_token)
         .env("PYTHONUNBUFFERED", "1")
         .env("PYTHONDONTWRITEBYTECODE", "1")
         // Whatever the environment says, the SDK talks to this server only.
@@ -256,7 +279,7 @@ fn the_official_openai_python_sdk_works_against_the_service() {
             let admin_token = server.admin_token.clone();
             let _ = server.child.kill(); // SIGKILL: no graceful stop
             let _ = server.child.wait();
-            server = Server::start_on(&data_dir, &models_dir, &listen, Some(admin_token));
+            server = Server::start_on(&data_dir, &models_dir, &listen, Some(admin_token), &[]);
             runtime.block_on(wait_healthy(&http, &server.base));
             std::fs::write(control.join("restarted"), b"").expect("the control file");
         }
@@ -266,8 +289,10 @@ fn the_official_openai_python_sdk_works_against_the_service() {
     let _ = err.join();
     let succeeded = status.is_some_and(|s| s.success());
     if !succeeded {
-        let log = server.log.lock().unwrap().clone();
-        eprintln!("--- the server's stderr ---\n{}", log.join("\n"));
+        for (name, server) in [("server", &server), ("second server", &slow)] {
+            let log = server.log.lock().unwrap().clone();
+            eprintln!("--- the {name}'s stderr ---\n{}", log.join("\n"));
+        }
     }
     match status {
         None => panic!("the SDK program ran longer than {RUN_DEADLINE:?} and was killed"),

@@ -273,3 +273,40 @@ async fn a_response_continues_a_previous_one() {
     assert_eq!(status, 404, "{body}");
     assert_eq!(server.task_count().await, count);
 }
+
+/// docs/openai-sdk.md: `temperature: 0` is greedy decoding on the reference engine: two
+/// requests that differ only by their seed give the same `output_text`. At the default
+/// temperature the same two seeds give different texts, so the seed does reach the sampler and
+/// the equality is the greedy decoding's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_temperature_zero_the_seed_changes_nothing() {
+    let server = TestServer::start(&[]);
+    let body = |seed: u64, temperature: Option<f64>| {
+        let mut body = prompt(seed, 40, "fail");
+        if let Some(temperature) = temperature {
+            body["temperature"] = json!(temperature);
+        }
+        body
+    };
+    let text = |reply: &(u16, reqwest::header::HeaderMap, Value)| {
+        let (status, _, response) = reply;
+        assert_eq!(*status, 200, "{response}");
+        assert_eq!(response["status"], "completed", "{response}");
+        response["output_text"].as_str().unwrap().to_owned()
+    };
+
+    let greedy_a = text(&server.post("/v1/responses", body(1, Some(0.0))).await);
+    let greedy_b = text(&server.post("/v1/responses", body(987_654, Some(0.0))).await);
+    let sampled_a = text(&server.post("/v1/responses", body(1, None)).await);
+    let sampled_b = text(&server.post("/v1/responses", body(987_654, None)).await);
+
+    assert!(!greedy_a.is_empty());
+    assert_eq!(
+        greedy_a, greedy_b,
+        "temperature 0: the seed changes nothing"
+    );
+    assert_ne!(
+        sampled_a, sampled_b,
+        "at the default temperature the seeds do differ"
+    );
+}

@@ -396,3 +396,77 @@ async fn a_stream_resumed_at_or_past_the_terminal_event_closes() {
         "past the end of a running task"
     );
 }
+
+/// I-6, docs/openai-sdk.md: a `resume` task's OpenAI stream survives a kill -9 of the server:
+/// a client that read part of it reconnects to the restarted server with
+/// `starting_after=<last sequence number it saw>` and gets every later event exactly once, the
+/// sequence numbers continuing the log's; the text joined from the OpenAI deltas after the last
+/// `response.queued` is the final `output_text`, and the same as an uninterrupted run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_resume_tasks_openai_stream_resumes_after_the_restart_exactly_once_i6() {
+    let mut server = TestServer::start(&["--reference-token-delay", "30ms"]);
+    let accepted = server.submit_response(prompt(41, 200, "resume")).await;
+    let response_id = accepted["id"].as_str().unwrap().to_owned();
+    let task_id = accepted["task_id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/responses/{response_id}?stream=true");
+    let mut first = server.sse(&path, None).await;
+    let mut seen = Vec::new();
+    while seen
+        .iter()
+        .filter(|m: &&SseMessage| m.data["type"] == "response.output_text.delta")
+        .count()
+        < 5
+    {
+        seen.push(first.next_message().await.expect("the stream runs"));
+    }
+
+    server.kill();
+    drop(first);
+    server.restart(&["--reference-token-delay", "5ms"]);
+    let last = seen.last().unwrap().seq();
+    let rest = server
+        .sse(&format!("{path}&starting_after={last}"), None)
+        .await
+        .collect_all()
+        .await;
+
+    let task = server.wait_status(&task_id, "completed").await;
+    let events = server.all_events(&task_id).await;
+    let expected = openai_seqs_of(&events);
+    assert!(
+        events.iter().any(|e| e["type"] == "response.resumed"),
+        "the task was resumed: {events:?}"
+    );
+    assert_eq!(task["restarts"], 1, "{task}");
+    assert!(!rest.is_empty(), "the resumed stream sent nothing");
+    let next = expected.iter().copied().find(|seq| *seq > last);
+    assert_eq!(Some(rest[0].seq()), next, "the numbers continue the log's");
+    seen.extend(rest);
+    for message in &seen {
+        assert_openai_event(message, &response_id);
+    }
+    let ids = seqs(&seen);
+    assert_eq!(ids, expected, "every event exactly once, in order");
+    assert_eq!(
+        seen.last().unwrap().event.as_deref(),
+        Some("response.completed")
+    );
+    let after_queued = seen
+        .iter()
+        .rposition(|m| m.data["type"] == "response.queued")
+        .map_or(0, |i| i + 1);
+    let text: String = seen[after_queued..]
+        .iter()
+        .filter(|m| m.data["type"] == "response.output_text.delta")
+        .map(|m| m.data["delta"].as_str().unwrap().to_owned())
+        .collect();
+    let (_, response) = server.get(&format!("/v1/responses/{response_id}")).await;
+    assert_eq!(response["output_text"], text.as_str(), "I-6");
+    let (status, _, uninterrupted) = server.post("/v1/responses", prompt(41, 200, "fail")).await;
+    assert_eq!(status, 200, "{uninterrupted}");
+    assert_eq!(
+        uninterrupted["output_text"],
+        text.as_str(),
+        "I-6: the same as an uninterrupted run"
+    );
+}

@@ -11,7 +11,7 @@ use crate::openapi::{
 };
 use crate::routes::submit::{self, Rendering};
 use crate::routes::ApiResult;
-use crate::wire::chat::ChatCompletion;
+use crate::wire::chat::{ChatCompletion, ChatStreamData};
 use crate::wire::requests::ChatCompletionRequest;
 use crate::AppState;
 
@@ -35,10 +35,13 @@ use crate::AppState;
     ),
     request_body(content = ChatCompletionRequest, content_type = "application/json"),
     responses(
-        (status = 200, description = "The completion, or its chunks.",
+        (status = 200, description = "The completion, or its chunks: Server-Sent Events \
+            `data: <chat.completion.chunk>` (the `text/event-stream` schema is one frame's JSON \
+            `data`: a chunk, or the error chunk of a task that failed or was cancelled), ending \
+            with `data: [DONE]`.",
             content(
                 (ChatCompletion = "application/json"),
-                (String = "text/event-stream")
+                (ChatStreamData = "text/event-stream")
             ),
             headers(
                 ("Lmsp-Task-Id" = String, description = "The task's id."),

@@ -18,7 +18,7 @@ use crate::openapi::{
 use crate::replies::with_task_header;
 use crate::routes::submit::{self, Rendering};
 use crate::routes::{json_reply, parse_flag, parse_response_id, parse_sequence, ApiResult};
-use crate::wire::openai::{self, DeletedResponse, ResponseObject};
+use crate::wire::openai::{self, DeletedResponse, ResponseObject, ResponseStreamEvent};
 use crate::wire::requests::CreateResponseRequest;
 use crate::AppState;
 
@@ -53,10 +53,11 @@ use crate::AppState;
             )),
         (status = 200, description = "`background: false`: the completed response; or, with \
             `stream: true`, OpenAI's stream events as Server-Sent Events (`id: <seq>`, \
-            `event: <type>`, `data: <event JSON>`), ending after the terminal event.",
+            `event: <type>`, `data: <event JSON>`, the `text/event-stream` schema being one \
+            event's `data`), ending after the terminal event.",
             content(
                 (ResponseObject = "application/json"),
-                (String = "text/event-stream")
+                (ResponseStreamEvent = "text/event-stream")
             ),
             headers(
                 ("Lmsp-Task-Id" = String, description = "The task's id."),
@@ -140,10 +141,12 @@ pub struct RetrieveQuery {
             description = "For a stream: the last sequence number seen."),
     ),
     responses(
-        (status = 200, description = "The response, or its stream.",
+        (status = 200, description = "The response, or its stream: Server-Sent Events \
+            (`id: <seq>`, `event: <type>`, `data: <event JSON>`; the `text/event-stream` schema \
+            is one event's `data`).",
             content(
                 (ResponseObject = "application/json"),
-                (String = "text/event-stream")
+                (ResponseStreamEvent = "text/event-stream")
             ),
             headers(("Lmsp-Task-Id" = String, description = "The task's id."))),
         (status = 400, description = "`invalid_request`: a bad parameter.", body = ErrorEnvelope),

@@ -62,7 +62,7 @@ pub struct ChatChoice {
 }
 
 /// Token counts in chat's names.
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 pub struct ChatUsage {
     /// Tokens of the input.
     pub prompt_tokens: u64,
@@ -124,11 +124,116 @@ pub fn completion(task: &Task, response: &Response) -> ChatCompletion {
     }
 }
 
+/// Why a streamed choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The engine ended the output.
+    Stop,
+    /// The output reached `max_completion_tokens`.
+    Length,
+}
+
+impl FinishReason {
+    fn of(task: &Task, response: &Response) -> Self {
+        match finish_reason(task, response) {
+            "length" => Self::Length,
+            _ => Self::Stop,
+        }
+    }
+}
+
+/// What a chunk adds to the assistant's message: the role (first chunk), a piece of content, or
+/// nothing (the chunk that carries the finish reason).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ChunkDelta {
+    /// `assistant`, in the first chunk only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(schema_with = schema::assistant_role)]
+    pub role: Option<&'static str>,
+    /// A piece of the output text (`""` in the first chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub content: Option<String>,
+}
+
+/// The one choice of a chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ChunkChoice {
+    /// Always 0.
+    pub index: u32,
+    /// What this chunk adds.
+    pub delta: ChunkDelta,
+    /// `stop` or `length` in the chunk that ends the choice, else `null`.
+    #[schema(required = true)]
+    pub finish_reason: Option<FinishReason>,
+    /// Always `null`.
+    #[schema(required = true, value_type = Option<String>)]
+    pub logprobs: Option<()>,
+}
+
+/// A `chat.completion.chunk`: one `data:` of a chat completion stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ChatCompletionChunk {
+    /// The completion's id (`chatcmpl-…`), the same in every chunk.
+    pub id: String,
+    // Always `chat.completion.chunk`.
+    #[schema(inline)]
+    pub object: ChunkTag,
+    /// When the task was created (Unix seconds).
+    pub created: i64,
+    /// The model.
+    pub model: String,
+    /// The one choice; empty in the usage chunk.
+    pub choices: Vec<ChunkChoice>,
+    /// Only in the last chunk before `[DONE]`, with `stream_options.include_usage`: the token
+    /// counts (its `choices` is empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub usage: Option<ChatUsage>,
+}
+
+/// The inside of a chat stream's error chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ChatStreamErrorBody {
+    /// The task's error code, or `task_cancelled`.
+    #[schema(schema_with = schema::error_code)]
+    pub code: &'static str,
+    /// Human text.
+    pub message: String,
+    /// Always `null`.
+    #[schema(required = true, value_type = Option<String>)]
+    pub param: Option<()>,
+    /// `server_error` (the task failed) or `invalid_request_error` (it was cancelled).
+    #[schema(schema_with = schema::error_type)]
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+}
+
+/// The chunk a chat stream ends with, before `[DONE]`, when its task failed or was cancelled
+/// (OpenAI's SDKs raise it as an API error).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ChatStreamError {
+    /// What went wrong.
+    pub error: ChatStreamErrorBody,
+}
+
+/// One JSON `data:` of a chat completion stream (the stream ends with `data: [DONE]`, which is
+/// not JSON).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum ChatStreamData {
+    /// A `chat.completion.chunk`.
+    Chunk(ChatCompletionChunk),
+    /// The task failed or was cancelled.
+    Error(ChatStreamError),
+}
+
 /// What one chunk of a chat stream is.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Chunk {
-    /// A `chat.completion.chunk`.
-    Data(serde_json::Value),
+    /// A `chat.completion.chunk` (or the error chunk).
+    Data(ChatStreamData),
     /// The stream's end: `data: [DONE]`.
     Done,
 }
@@ -161,25 +266,50 @@ impl ChunkRenderer {
         }
     }
 
-    fn chunk(&self, delta: serde_json::Value, finish: Option<&str>) -> Chunk {
-        Chunk::Data(serde_json::json!({
-            "id": completion_id(&self.task),
-            "object": ChunkTag::Value,
-            "created": self.task.created_at.as_unix_seconds(),
-            "model": self.task.model.as_str(),
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}],
+    fn frame(&self, choices: Vec<ChunkChoice>, usage: Option<ChatUsage>) -> Chunk {
+        Chunk::Data(ChatStreamData::Chunk(ChatCompletionChunk {
+            id: completion_id(&self.task),
+            object: ChunkTag::Value,
+            created: self.task.created_at.as_unix_seconds(),
+            model: self.task.model.as_str().to_owned(),
+            choices,
+            usage,
         }))
+    }
+
+    fn chunk(&self, delta: ChunkDelta, finish_reason: Option<FinishReason>) -> Chunk {
+        self.frame(
+            vec![ChunkChoice {
+                index: 0,
+                delta,
+                finish_reason,
+                logprobs: None,
+            }],
+            None,
+        )
     }
 
     /// The first chunk, naming the role, once.
     fn open(&mut self, chunks: &mut Vec<Chunk>) {
         if !self.started {
             self.started = true;
-            chunks.push(self.chunk(
-                serde_json::json!({"role": "assistant", "content": ""}),
-                None,
-            ));
+            let delta = ChunkDelta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+            };
+            chunks.push(self.chunk(delta, None));
         }
+    }
+
+    fn error(code: &'static str, message: String, kind: &'static str) -> Chunk {
+        Chunk::Data(ChatStreamData::Error(ChatStreamError {
+            error: ChatStreamErrorBody {
+                code,
+                message,
+                param: None,
+                kind,
+            },
+        }))
     }
 
     /// The chunks of one log event.
@@ -190,36 +320,39 @@ impl ChunkRenderer {
                 if item.output_index() >= self.first_item =>
             {
                 self.open(&mut chunks);
-                chunks.push(self.chunk(serde_json::json!({"content": delta}), None));
+                let delta = ChunkDelta {
+                    role: None,
+                    content: Some(delta.clone()),
+                };
+                chunks.push(self.chunk(delta, None));
             }
             EventPayload::Completed { response } => {
                 self.open(&mut chunks);
-                let finish = finish_reason(&self.task, response);
-                chunks.push(self.chunk(serde_json::json!({}), Some(finish)));
+                let finish = FinishReason::of(&self.task, response);
+                let empty = ChunkDelta {
+                    role: None,
+                    content: None,
+                };
+                chunks.push(self.chunk(empty, Some(finish)));
                 if self.include_usage {
-                    chunks.push(Chunk::Data(serde_json::json!({
-                        "id": completion_id(&self.task),
-                        "object": ChunkTag::Value,
-                        "created": self.task.created_at.as_unix_seconds(),
-                        "model": self.task.model.as_str(),
-                        "choices": [],
-                        "usage": ChatUsage::of(response.usage),
-                    })));
+                    chunks.push(self.frame(Vec::new(), Some(ChatUsage::of(response.usage))));
                 }
                 chunks.push(Chunk::Done);
             }
             EventPayload::Failed { error } => {
-                chunks.push(Chunk::Data(serde_json::json!({
-                    "error": {"code": error.code.as_str(), "message": error.message,
-                              "param": null, "type": "server_error"}
-                })));
+                chunks.push(Self::error(
+                    error.code.as_str(),
+                    error.message.clone(),
+                    "server_error",
+                ));
                 chunks.push(Chunk::Done);
             }
             EventPayload::Cancelled => {
-                chunks.push(Chunk::Data(serde_json::json!({
-                    "error": {"code": "task_cancelled", "message": "the task was cancelled",
-                              "param": null, "type": "invalid_request_error"}
-                })));
+                chunks.push(Self::error(
+                    "task_cancelled",
+                    String::from("the task was cancelled"),
+                    "invalid_request_error",
+                ));
                 chunks.push(Chunk::Done);
             }
             _ => {}

@@ -8,6 +8,11 @@ Environment:
   LMSP_TOKEN        an application's client token (responses:write, responses:read, models:read)
   LMSP_ADMIN_TOKEN  an admin token: registers the model file the failure case needs
   LMSP_MODELS_DIR   the service's --models-dir (that file is written there, then removed)
+  LMSP_CONTROL_DIR  where the program asks the Rust test for a kill -9 and restart (see below)
+  LMSP_SLOW_BASE_URL, LMSP_SLOW_TOKEN
+                    a second service, run with `--workers 1 --reference-cancel-delay 3s`, and an
+                    application's token for it: there a response waits `queued` behind a running
+                    one, and a cancelled one stays `cancelling` for a while
 
 The service must run the reference engine with a per-token delay (e.g.
 --reference-token-delay 10ms), so that a long response is still running when it is cancelled.
@@ -47,7 +52,15 @@ from openai.types.responses import (
     ResponseTextDoneEvent,
 )
 
-ENV = ("LMSP_BASE_URL", "LMSP_TOKEN", "LMSP_ADMIN_TOKEN", "LMSP_MODELS_DIR", "LMSP_CONTROL_DIR")
+ENV = (
+    "LMSP_BASE_URL",
+    "LMSP_TOKEN",
+    "LMSP_ADMIN_TOKEN",
+    "LMSP_MODELS_DIR",
+    "LMSP_CONTROL_DIR",
+    "LMSP_SLOW_BASE_URL",
+    "LMSP_SLOW_TOKEN",
+)
 BASE_URL = os.environ.get("LMSP_BASE_URL", "")
 TOKEN = os.environ.get("LMSP_TOKEN", "")
 ADMIN_TOKEN = os.environ.get("LMSP_ADMIN_TOKEN", "")
@@ -55,6 +68,9 @@ MODELS_DIR = os.environ.get("LMSP_MODELS_DIR", "")
 # Where the Rust test that runs this program listens for a request to kill -9 and restart the
 # server (a file `restart`), and answers once the restarted server is healthy (`restarted`).
 CONTROL_DIR = os.environ.get("LMSP_CONTROL_DIR", "")
+# The second service: one worker, an engine that takes 3 s to stop after a cancel.
+SLOW_BASE_URL = os.environ.get("LMSP_SLOW_BASE_URL", "")
+SLOW_TOKEN = os.environ.get("LMSP_SLOW_TOKEN", "")
 
 MODEL = "reference"
 PROMPT = "Once upon a time"
@@ -94,17 +110,17 @@ ABSENT_WHEN_COMPLETED = {"response.queued", "response.failed", "response.incompl
 NATIVE_ONLY = {"response.loading", "response.cancelling", "response.resumed"}
 
 
-def sdk(token=None, **options):
+def sdk(token=None, base_url=None, **options):
     """An SDK client, as an application makes one."""
     options.setdefault("max_retries", 2)
     options.setdefault("timeout", DEADLINE)
-    return OpenAI(base_url=BASE_URL, api_key=token or TOKEN, **options)
+    return OpenAI(base_url=base_url or BASE_URL, api_key=token or TOKEN, **options)
 
 
-def http(token=None):
+def http(token=None, base_url=None):
     """A plain HTTP client (the SDK's own httpx2) for LMSP's native API."""
     return httpx2.Client(
-        base_url=BASE_URL.rstrip("/") + "/",
+        base_url=(base_url or BASE_URL).rstrip("/") + "/",
         headers={"Authorization": f"Bearer {token or TOKEN}"},
         timeout=DEADLINE,
     )
@@ -353,13 +369,26 @@ class OpenAiSdk(unittest.TestCase):
         )
         return created
 
-    def wait_status(self, response_id, status):
+    def wait_status(self, response_id, status, client=None):
+        client = client or self.client
         return wait_for(
             f"{response_id} to be {status}",
             lambda: (lambda r: r if r.status == status else None)(
-                self.client.responses.retrieve(response_id)
+                client.responses.retrieve(response_id)
             ),
         )
+
+    def vanishing_model(self):
+        """A model registered (by the admin) whose file is removed at once: a task of it
+        fails with model_unavailable when it loads."""
+        model_id = f"vanishing-{uuid.uuid4().hex[:8]}"
+        path = os.path.join(MODELS_DIR, f"{model_id}.txt")
+        with open(path, "w", encoding="utf-8") as file:
+            file.write("the file of a model that is gone before it is loaded\n" * 20)
+        reply = self.admin.post("models", json={"id": model_id, "path": path})
+        self.assertEqual(reply.status_code, 201, reply.text)
+        os.remove(path)
+        return model_id
 
     # ---- the calls ----
 
@@ -546,6 +575,67 @@ class OpenAiSdk(unittest.TestCase):
             self.client.with_options(max_retries=0).responses.cancel(self.reference.id)
         self.assertEqual(caught.exception.code, "task_not_cancellable")
 
+    def test_08a_cancel_queued_and_cancelling(self):
+        """responses.cancel(id) of a queued response: 200, cancelled at once (it never ran);
+        of a response being cancelled (its worker still stopping): 202 again, in_progress,
+        until it ends cancelled. On the second service: one worker, 3 s to stop."""
+        slow = sdk(token=SLOW_TOKEN, base_url=SLOW_BASE_URL, max_retries=0)
+        slow_http = http(SLOW_TOKEN, SLOW_BASE_URL)
+        self.addCleanup(slow.close)
+        self.addCleanup(slow_http.close)
+        running = slow.responses.create(
+            model=MODEL, input=PROMPT, background=True, max_output_tokens=LONG
+        )
+        self.wait_status(running.id, "in_progress", client=slow)
+        queued = slow.responses.create(
+            model=MODEL, input=PROMPT, background=True, max_output_tokens=TOKENS
+        )
+        self.assertEqual(slow.responses.retrieve(queued.id).status, "queued", "one worker, busy")
+
+        raw = slow.responses.with_raw_response.cancel(queued.id)
+        self.assertEqual(raw.http_response.status_code, 200)
+        cancelled = raw.parse()
+        self.check_response(cancelled, status="cancelled")
+        self.assertEqual(cancelled.id, queued.id)
+        self.assertEqual(slow.responses.retrieve(queued.id).status, "cancelled")
+        events = list(slow.responses.retrieve(queued.id, stream=True))
+        self.assertEqual(
+            [e.type for e in events], ["response.created", "response.incomplete"], "it never ran"
+        )
+        self.assertEqual(events[-1].response.status, "cancelled")
+
+        first = slow.responses.with_raw_response.cancel(running.id)
+        second = slow.responses.with_raw_response.cancel(running.id)
+        self.assertEqual(first.http_response.status_code, 202)
+        self.assertEqual(second.http_response.status_code, 202, "cancelling: 202 again")
+        for reply in (first, second):
+            response = reply.parse()
+            self.check_response(response, status="in_progress")
+            self.assertEqual(response.id, running.id)
+        task = slow_http.get(f"tasks/{running.to_dict()['task_id']}").json()
+        self.assertEqual(task["status"], "cancelling", task)
+        done = self.wait_status(running.id, "cancelled", client=slow)
+        self.check_response(done, status="cancelled")
+        again = slow.responses.with_raw_response.cancel(running.id)
+        self.assertEqual(again.http_response.status_code, 200)
+        self.assertEqual(again.parse().status, "cancelled")
+
+    def test_08b_cancel_failed(self):
+        """responses.cancel(id) of a failed response: 409 task_not_cancellable, the SDK's
+        ConflictError; the response stays failed."""
+        model_id = self.vanishing_model()
+        created = self.client.responses.create(
+            model=model_id, input=PROMPT, background=True, max_output_tokens=TOKENS
+        )
+        failed = self.wait_status(created.id, "failed")
+        self.assertEqual(failed.error.code, "model_unavailable")
+        with self.assertRaises(openai.ConflictError) as caught:
+            self.client.with_options(max_retries=0).responses.cancel(created.id)
+        self.assertEqual(caught.exception.status_code, 409)
+        self.assertEqual(caught.exception.code, "task_not_cancellable")
+        self.assertEqual(caught.exception.type, "invalid_request_error")
+        self.assertEqual(self.client.responses.retrieve(created.id).status, "failed")
+
     def test_09_delete(self):
         """responses.delete(id): a finished response goes (404 afterwards); an unfinished one
         is 409."""
@@ -574,13 +664,7 @@ class OpenAiSdk(unittest.TestCase):
     def test_10_failed_sync_create_is_not_retried(self):
         """A synchronous create whose task fails: 500 with the task's error code and
         x-should-retry: false, so the SDK (max_retries=3) makes no second task."""
-        model_id = f"vanishing-{uuid.uuid4().hex[:8]}"
-        path = os.path.join(MODELS_DIR, f"{model_id}.txt")
-        with open(path, "w", encoding="utf-8") as file:
-            file.write("the file of a model that is gone before it is loaded\n" * 20)
-        reply = self.admin.post("models", json={"id": model_id, "path": path})
-        self.assertEqual(reply.status_code, 201, reply.text)
-        os.remove(path)
+        model_id = self.vanishing_model()
         client = sdk(max_retries=3)
         before = len(all_tasks(self.http))
         with self.assertRaises(openai.InternalServerError) as caught:
