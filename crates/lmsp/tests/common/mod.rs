@@ -443,9 +443,11 @@ impl Drop for TestServer {
 /// One SSE message.
 #[derive(Debug, Clone)]
 pub struct SseMessage {
-    /// `id:`.
+    /// `id:`, `None` when the frame set none. (An SSE parser carries the last event id over to
+    /// a frame without one; the ids of one LMSP stream are distinct sequence numbers, so a frame
+    /// that left the last event id where it was set none.)
     pub id: Option<String>,
-    /// `event:`.
+    /// `event:`, `None` when the frame names none (SSE's default type, `message`).
     pub event: Option<String>,
     /// `data:` as sent.
     pub raw: String,
@@ -463,12 +465,16 @@ impl SseMessage {
     }
 }
 
-/// A parsed SSE body.
+/// A reply's body, each chunk awaited for at most [`DEADLINE`].
+type SseBody = std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
+
+/// A parsed SSE body (`eventsource-stream`).
 pub struct SseStream {
     /// The reply's headers.
     pub headers: reqwest::header::HeaderMap,
-    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
-    buffer: Vec<u8>,
+    events: eventsource_stream::EventStream<SseBody>,
+    /// The last event id of the previous message.
+    last_id: String,
 }
 
 impl std::fmt::Debug for SseStream {
@@ -491,10 +497,18 @@ impl SseStream {
             content_type.starts_with("text/event-stream"),
             "a stream's content type: {content_type}"
         );
+        let headers = response.headers().clone();
+        let body = futures::stream::unfold(response.bytes_stream(), |mut body| async move {
+            let chunk = tokio::time::timeout(DEADLINE, body.next())
+                .await
+                .unwrap_or_else(|_| panic!("the stream sent nothing for {DEADLINE:?}"));
+            chunk.map(|chunk| (chunk, body))
+        });
+        let body: SseBody = Box::pin(body);
         Self {
-            headers: response.headers().clone(),
-            body: Box::pin(response.bytes_stream()),
-            buffer: Vec::new(),
+            headers,
+            events: eventsource_stream::Eventsource::eventsource(body),
+            last_id: String::new(),
         }
     }
 
@@ -506,48 +520,20 @@ impl SseStream {
     /// The next message (comments skipped), or `None` when the stream ended. Panics when the
     /// server sends nothing at all (not even a keep-alive) for a whole [`DEADLINE`].
     pub async fn next_message(&mut self) -> Option<SseMessage> {
-        loop {
-            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-                let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
-                let block = String::from_utf8(block).expect("SSE is UTF-8");
-                let mut message = SseMessage {
-                    id: None,
-                    event: None,
-                    raw: String::new(),
-                    data: Value::Null,
-                };
-                let mut has_data = false;
-                for line in block.lines() {
-                    let field = |prefix: &str| {
-                        line.strip_prefix(prefix)
-                            .map(|v| v.strip_prefix(' ').unwrap_or(v).to_owned())
-                    };
-                    if let Some(v) = field("id:") {
-                        message.id = Some(v);
-                    } else if let Some(v) = field("event:") {
-                        message.event = Some(v);
-                    } else if let Some(v) = field("data:") {
-                        if has_data {
-                            message.raw.push('\n');
-                        }
-                        message.raw.push_str(&v);
-                        has_data = true;
-                    }
-                }
-                if !has_data {
-                    continue;
-                }
-                message.data = serde_json::from_str(&message.raw).unwrap_or(Value::Null);
-                return Some(message);
-            }
-            let chunk = tokio::time::timeout(DEADLINE, self.body.next())
-                .await
-                .unwrap_or_else(|_| panic!("the stream sent nothing for {DEADLINE:?}"));
-            match chunk {
-                Some(Ok(bytes)) => self.buffer.extend_from_slice(&bytes),
-                Some(Err(_)) | None => return None,
-            }
-        }
+        use eventsource_stream::EventStreamError;
+        let event = match self.events.next().await? {
+            Ok(event) => event,
+            Err(EventStreamError::Transport(_)) => return None,
+            Err(error) => panic!("not an SSE body: {error}"),
+        };
+        let id = (event.id != self.last_id).then(|| event.id.clone());
+        self.last_id = event.id;
+        Some(SseMessage {
+            id,
+            event: (event.event != "message").then_some(event.event),
+            data: serde_json::from_str(&event.data).unwrap_or(Value::Null),
+            raw: event.data,
+        })
     }
 
     /// Every message until the stream ends.
