@@ -171,7 +171,11 @@ pub(crate) struct Inner {
     pub(crate) stop_now: CancellationToken,
     /// Raised when the service cannot go on (its lease was lost): the process must exit.
     pub(crate) fatal: CancellationToken,
+    /// The background jobs and the jobs of requests that outlive their request.
     pub(crate) tracker: TaskTracker,
+    /// The workers (their supervisors). After `begin_shutdown` a worker ends as soon as it has
+    /// no task, so this process runs no task once they have all ended.
+    pub(crate) workers: TaskTracker,
     ids: Mutex<ulid::Generator>,
 }
 
@@ -239,6 +243,7 @@ impl Service {
             stop_now: CancellationToken::new(),
             fatal: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            workers: TaskTracker::new(),
             ids: Mutex::new(ulid::Generator::new()),
         };
         let service = Self {
@@ -320,18 +325,14 @@ impl Service {
         self.inner.work_available.notify_waiters();
     }
 
-    /// Waits until no task runs here any more, or `grace` has passed; `true` when none runs.
+    /// After [`Service::begin_shutdown`]: waits until no task runs here any more (every worker
+    /// has finished its task and ended), or `grace` has passed; `true` when none runs. Woken by
+    /// the last worker's end, not by polling. (Before `begin_shutdown` workers never end, and
+    /// this waits out the grace.)
     pub async fn wait_until_idle(&self, grace: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + grace;
-        loop {
-            if self.tasks_in_flight() == 0 {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let workers = &self.inner.workers;
+        workers.close();
+        tokio::time::timeout(grace, workers.wait()).await.is_ok()
     }
 
     /// Stops everything: running tasks are left for recovery; then ends this instance's lease so
@@ -339,8 +340,11 @@ impl Service {
     pub async fn stop(&self) {
         self.begin_shutdown();
         self.inner.stop_now.cancel();
-        self.inner.tracker.close();
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.inner.tracker.wait()).await;
+        let (workers, jobs) = (&self.inner.workers, &self.inner.tracker);
+        workers.close();
+        jobs.close();
+        let ended = async { tokio::join!(workers.wait(), jobs.wait()) };
+        let _ = tokio::time::timeout(Duration::from_secs(5), ended).await;
         if let Err(error) = self
             .inner
             .store

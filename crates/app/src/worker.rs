@@ -36,8 +36,8 @@ pub(crate) const MAX_BATCH: usize = 64;
 
 /// Starts a worker under a supervisor that replaces it when it panics.
 pub(crate) fn spawn_worker(service: Service) {
-    let tracker = service.inner.tracker.clone();
-    tracker.spawn(supervise(service));
+    let workers = service.inner.workers.clone();
+    workers.spawn(supervise(service));
 }
 
 async fn supervise(service: Service) {
