@@ -1,18 +1,58 @@
 //! SQLite-specific checks of the write path (ARCHITECTURE.md): one failing command in a group
-//! commit rolls back only its own savepoint, and a full disk surfaces as `StoreError::Full`
+//! commit rolls back only its own savepoint (the test holds the writer so that the failing
+//! command provably shares its batch), and a full disk surfaces as `StoreError::Full`
 //! while leaving the database consistent and readable.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use futures::future::join_all;
-use lmsp_domain::ports::{StoreError, TaskStore};
+use lmsp_domain::event::Event;
+use lmsp_domain::ports::{CommitStats, StoreError, StoreListener, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_storage_contract as contract;
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
+use tokio::sync::oneshot;
 
-/// A duplicate create in a batch fails alone; the other commands of the batch commit (I-1).
+/// A listener that can hold the writer thread: once armed, the next transaction it hears of
+/// blocks the writer (inside `transaction_measured`, before the batch's callers are answered)
+/// until the test releases it. The port asks listeners never to block; this one does so on
+/// purpose, once, so that commands pile up behind the held writer and form the next batch.
+#[derive(Debug, Default)]
+struct WriterGate {
+    heard: Arc<contract::RecordingListener>,
+    armed: Mutex<Option<(oneshot::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
+}
+
+impl WriterGate {
+    /// Arms the gate: returns what tells that the writer is held, and what releases it.
+    fn arm(&self) -> (oneshot::Receiver<()>, std::sync::mpsc::Sender<()>) {
+        let (held, is_held) = oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel();
+        *self.armed.lock().unwrap() = Some((held, released));
+        (is_held, release)
+    }
+}
+
+impl StoreListener for WriterGate {
+    fn committed(&self, events: &[Event]) {
+        self.heard.committed(events);
+    }
+
+    fn transaction_measured(&self, stats: CommitStats) {
+        self.heard.transaction_measured(stats);
+        let armed = self.armed.lock().unwrap().take();
+        if let Some((held, released)) = armed {
+            let _ = held.send(());
+            let _ = released.recv();
+        }
+    }
+}
+
+/// I-1: a failing command in a group commit rolls back only its own savepoint. A duplicate create
+/// and a good one are queued while the writer is held, so they share the next batch: that
+/// transaction carries both commands and commits, with the good task's event only; the duplicate
+/// fails alone and leaves the first task as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_command_rolls_back_only_its_savepoint() {
     let dir = tempfile::tempdir().unwrap();
@@ -20,26 +60,44 @@ async fn a_failing_command_rolls_back_only_its_savepoint() {
         sync: SyncMode::Normal,
         ..SqliteOptions::default()
     };
-    let store =
-        Arc::new(SqliteStore::open_without_listener(&dir.path().join("db"), options).unwrap());
-    let duplicate = contract::task(contract::instance_id(), RestartPolicy::Fail);
-    let mut tasks: Vec<_> = (0..200)
-        .map(|_| contract::task(contract::instance_id(), RestartPolicy::Fail))
-        .collect();
-    tasks.insert(50, duplicate.clone());
-    tasks.insert(150, duplicate.clone());
-    let results = join_all(tasks.iter().cloned().map(|task| {
-        let store = Arc::clone(&store);
-        tokio::spawn(async move { store.create_task(task, None).await })
-    }))
-    .await;
-    let failures = results
-        .iter()
-        .filter(|r| r.as_ref().unwrap().is_err())
-        .count();
-    assert_eq!(failures, 1, "only the second duplicate fails");
-    for task in &tasks {
-        contract::assert_log_consistent(&*store, task.id).await;
+    let gate = Arc::new(WriterGate::default());
+    let store = Arc::new(SqliteStore::open(&dir.path().join("db"), options, gate.clone()).unwrap());
+    let first = contract::task(contract::instance_id(), RestartPolicy::Fail);
+    store.create_task(first.clone(), None).await.unwrap();
+
+    // Hold the writer on a commit of its own.
+    let (held, release) = gate.arm();
+    let blocker = contract::task(contract::instance_id(), RestartPolicy::Fail);
+    let blocking = tokio::spawn({
+        let (store, blocker) = (Arc::clone(&store), blocker.clone());
+        async move { store.create_task(blocker, None).await }
+    });
+    held.await.unwrap();
+    // Queue a duplicate of the first task and a good task behind it: a create hands its command
+    // to the writer on its first poll.
+    let good = contract::task(contract::instance_id(), RestartPolicy::Fail);
+    let mut duplicate = Box::pin(store.create_task(first.clone(), None));
+    let mut created = Box::pin(store.create_task(good.clone(), None));
+    assert!(futures::poll!(duplicate.as_mut()).is_pending());
+    assert!(futures::poll!(created.as_mut()).is_pending());
+    let mark = gate.heard.mark();
+    release.send(()).unwrap();
+
+    blocking.await.unwrap().unwrap();
+    assert!(duplicate.await.is_err(), "the duplicate create fails");
+    created.await.unwrap();
+    let batch = gate.heard.transactions_since(mark);
+    assert_eq!(
+        batch.len(),
+        1,
+        "both commands went in one transaction: {batch:?}"
+    );
+    assert_eq!(batch[0].commands, 2, "{batch:?}");
+    assert!(batch[0].committed, "the batch committed: {batch:?}");
+    assert_eq!(batch[0].events, 1, "the good task's event only: {batch:?}");
+    for task in [&first, &blocker, &good] {
+        let (stored, _) = contract::assert_log_consistent(&*store, task.id).await;
+        assert_eq!(&stored, task);
     }
 }
 
