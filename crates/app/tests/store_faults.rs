@@ -87,7 +87,8 @@ async fn a_run_the_store_cannot_record_is_failed_with_storage_unavailable() {
 }
 
 /// P-4, I-3: a task cancelled while its run cannot write ends `cancelled` once the store is back,
-/// never `completed`.
+/// never `completed`. The steps wait for what they need instead of sleeping: the outage has
+/// refused one of the run's appends before the cancel, and refuses another after it.
 #[tokio::test]
 async fn a_cancel_during_a_store_outage_ends_cancelled_i3() {
     let h = harness(
@@ -99,13 +100,32 @@ async fn a_cancel_during_a_store_outage_ends_cancelled_i3() {
     let task = submit(&h, 400).await;
     running_past(&h, &task, 6).await;
     h.faults.appends.store(u32::MAX, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    refused_appends_reach(&h, 1).await;
     h.service.cancel(&h.admin, task.id).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let before = refused_appends(&h);
+    refused_appends_reach(&h, before + 1).await;
     h.faults.appends.store(0, Ordering::SeqCst);
     let done = finished(&h, &task).await;
     assert_eq!(done.status, TaskStatus::Cancelled);
     let events = kinds(&h, &task).await;
     assert!(!events.contains(&EventKind::Completed));
     assert_eq!(events.last(), Some(&EventKind::Cancelled));
+}
+
+/// How many appends the outage has refused so far (the fault counter counts down from
+/// `u32::MAX`).
+fn refused_appends(h: &Harness) -> u32 {
+    u32::MAX - h.faults.appends.load(Ordering::SeqCst)
+}
+
+/// Waits (at most 10 s) until the outage has refused `count` appends in all.
+async fn refused_appends_reach(h: &Harness, count: u32) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while refused_appends(h) < count {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run never tried to write during the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
