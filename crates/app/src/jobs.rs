@@ -61,19 +61,40 @@ pub(crate) async fn run_rescuer(service: Service) {
     }
 }
 
-/// While the store is unhealthy, tries a tiny commit every second, so health turns back to ok as
-/// soon as the store can commit again, whether or not anything else writes.
+/// How often the health probe commits while the store is healthy: a tiny write, cheap at this
+/// pace, that finds a store whose failure no other write has met yet (an idle service, a writer
+/// that stopped between two writes).
+pub(crate) const PROBE_WHILE_HEALTHY: Duration = Duration::from_secs(5);
+
+/// How often the health probe commits while the store is unhealthy, so health turns back to ok
+/// as soon as the store can commit again, whether or not anything else writes.
+pub(crate) const PROBE_WHILE_UNHEALTHY: Duration = Duration::from_secs(1);
+
+/// Tries a tiny commit now and then — every [`PROBE_WHILE_HEALTHY`] while the store is healthy,
+/// every [`PROBE_WHILE_UNHEALTHY`] while it is not — and records the outcome as the store's
+/// health.
 pub(crate) async fn run_health_probe(service: Service) {
     let inner = &service.inner;
     loop {
+        let every = if inner.listener.health.is_healthy() {
+            PROBE_WHILE_HEALTHY
+        } else {
+            PROBE_WHILE_UNHEALTHY
+        };
         tokio::select! {
             () = inner.stop_now.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = tokio::time::sleep(every) => {}
         }
-        if !inner.listener.health.is_healthy() {
-            let probed = inner.store.check_writable(service.now()).await;
-            inner.listener.health.record(probed.is_ok());
+        let was_healthy = inner.listener.health.is_healthy();
+        let probed = inner.store.check_writable(service.now()).await;
+        match &probed {
+            Err(error) if was_healthy => {
+                tracing::warn!(%error, "the store cannot commit: health answers 503");
+            }
+            Ok(()) if !was_healthy => tracing::info!("the store commits again: health answers 200"),
+            _ => {}
         }
+        inner.listener.health.record(probed.is_ok());
     }
 }
 

@@ -248,10 +248,13 @@ impl Metrics {
         }
     }
 
-    /// Counts one write transaction.
+    /// Counts one write transaction. A failure without commands (the store's writer itself
+    /// failed between two transactions) counts as a failure only, not in the histograms.
     pub fn transaction_measured(&self, stats: CommitStats) {
-        self.commit_commands.observe(stats.commands as f64);
-        self.commit_seconds.observe(stats.duration.as_secs_f64());
+        if stats.commands > 0 {
+            self.commit_commands.observe(stats.commands as f64);
+            self.commit_seconds.observe(stats.duration.as_secs_f64());
+        }
         if !stats.committed {
             self.failed_transactions.inc();
         }
@@ -324,6 +327,23 @@ mod tests {
         assert_eq!(value_of(&text, "lmsp_commit_batch_commands_count"), 2.0);
         assert_eq!(value_of(&text, "lmsp_commit_batch_commands_sum"), 65.0);
         assert_eq!(value_of(&text, "lmsp_commit_duration_seconds_count"), 2.0);
+        assert_eq!(value_of(&text, "lmsp_commit_failures_total"), 1.0);
+    }
+
+    /// A store writer that failed between two transactions reports a failure without commands:
+    /// it counts as a failure, not as a batch of zero in the histograms.
+    #[test]
+    fn a_failure_without_commands_counts_only_as_a_failure() {
+        let metrics = Metrics::new();
+        metrics.transaction_measured(CommitStats {
+            commands: 0,
+            events: 0,
+            duration: Duration::ZERO,
+            committed: false,
+        });
+        let text = metrics.render(&[]);
+        assert_eq!(value_of(&text, "lmsp_commit_batch_commands_count"), 0.0);
+        assert_eq!(value_of(&text, "lmsp_commit_duration_seconds_count"), 0.0);
         assert_eq!(value_of(&text, "lmsp_commit_failures_total"), 1.0);
     }
 }

@@ -3,11 +3,13 @@
 //!
 //! Writes go to one writer thread that commits every pending command in one `BEGIN IMMEDIATE`
 //! transaction with a savepoint per command (group commit) and only then answers the callers and
-//! tells the [`StoreListener`]. Reads use a small pool of read-only connections on tokio's
-//! blocking threads; point reads of one small row (a client by its token hash, a model) run on
-//! the caller's thread from a pool of their own, with no hand-off and so no wake-ups. SQLite serves one process: the data directory's lock (taken by the binary
-//! before the store is opened) keeps a second one out, so every instance but the current one is
-//! stopped. All SQL of the service lives in this crate and `lmsp-storage-postgres`.
+//! tells the [`StoreListener`]; a writer whose write path fails is restarted on a fresh connection,
+//! within a budget, and past it gives up visibly ([`SqliteStore::writer_status`]). Reads use a
+//! small pool of read-only connections on tokio's blocking threads; point reads of one small row (a
+//! client by its token hash, a model) run on the caller's thread from a pool of their own, with no
+//! hand-off and so no wake-ups. SQLite serves one process: the data directory's lock (taken by the
+//! binary before the store is opened) keeps a second one out, so every instance but the current one
+//! is stopped. All SQL of the service lives in this crate and `lmsp-storage-postgres`.
 
 mod codec;
 mod error;
@@ -45,6 +47,7 @@ use rusqlite::Connection;
 use crate::error::DbError;
 use crate::reads::ReadPool;
 use crate::writer::{Command, Typed, Work};
+pub use crate::writer::{RestartBudget, WriterStatus};
 
 /// How hard a commit waits for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,6 +77,9 @@ pub struct SqliteOptions {
     /// Caps the database size (`PRAGMA max_page_count`); `None` leaves SQLite's default. Tests
     /// use it to provoke a full disk.
     pub max_page_count: Option<u32>,
+    /// How often a writer whose write path failed is restarted on a fresh connection before it
+    /// gives up (see [`SqliteStore::writer_status`]).
+    pub writer_restarts: RestartBudget,
 }
 
 impl Default for SqliteOptions {
@@ -85,6 +91,7 @@ impl Default for SqliteOptions {
             recovery_batch: 1000,
             purge_max_events: 300,
             max_page_count: None,
+            writer_restarts: RestartBudget::default(),
         }
     }
 }
@@ -101,6 +108,7 @@ impl StoreListener for NoListener {
 pub struct SqliteStore {
     sender: Mutex<Option<Sender<Box<dyn Command>>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    writer_status: tokio::sync::watch::Receiver<WriterStatus>,
     reads: Arc<ReadPool>,
     read_permits: tokio::sync::Semaphore,
     point_reads: ReadPool,
@@ -138,6 +146,22 @@ fn configure_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), Db
     Ok(())
 }
 
+/// Applies the size cap of the options, if any (after the migrations, which it must not stop).
+fn cap_pages(conn: &Connection, options: &SqliteOptions) -> Result<(), DbError> {
+    if let Some(pages) = options.max_page_count {
+        conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))?;
+    }
+    Ok(())
+}
+
+/// A fresh write connection on `path`, configured like the first; the schema is there already.
+fn open_writer(path: &Path, options: &SqliteOptions) -> Result<Connection, DbError> {
+    let conn = Connection::open(path)?;
+    configure_writer(&conn, options)?;
+    cap_pages(&conn, options)?;
+    Ok(conn)
+}
+
 impl SqliteStore {
     /// Opens (creating and migrating if needed) the database at `path`; what it commits is told
     /// to `listener`.
@@ -149,14 +173,19 @@ impl SqliteStore {
         let mut conn = Connection::open(path).map_err(DbError::from)?;
         configure_writer(&conn, &options)?;
         schema::migrate(&mut conn)?;
-        if let Some(pages) = options.max_page_count {
-            conn.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
-                .map_err(DbError::from)?;
-        }
+        cap_pages(&conn, &options)?;
         let (sender, receiver) = std::sync::mpsc::channel::<Box<dyn Command>>();
+        let (status, writer_status) = tokio::sync::watch::channel(WriterStatus::default());
+        let reopen: writer::Reopen = {
+            let (path, options) = (path.to_path_buf(), options.clone());
+            Box::new(move || open_writer(&path, &options))
+        };
+        let budget = options.writer_restarts;
         let writer = std::thread::Builder::new()
             .name(String::from("lmsp-sqlite-writer"))
-            .spawn(move || writer::run(conn, receiver, listener))
+            .spawn(move || {
+                writer::supervise(conn, reopen, receiver, listener, budget, Arc::new(status));
+            })
             .map_err(|e| StoreError::Unavailable(format!("cannot start the writer: {e}")))?;
         let reads = Arc::new(ReadPool::new(
             path.to_path_buf(),
@@ -170,6 +199,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             sender: Mutex::new(Some(sender)),
             writer: Mutex::new(Some(writer)),
+            writer_status,
             read_permits: tokio::sync::Semaphore::new(reads.size()),
             point_reads,
             reads,
@@ -197,21 +227,48 @@ impl SqliteStore {
         }
     }
 
+    /// The writer's restarts and, once it has given up, why: a watch that changes with them.
+    /// A writer that gave up never comes back; the process should exit non-zero so that its
+    /// supervisor starts it afresh.
+    pub fn writer_status(&self) -> tokio::sync::watch::Receiver<WriterStatus> {
+        self.writer_status.clone()
+    }
+
+    /// Test seam, never used by the service: makes the write path itself fail once (a panic
+    /// outside any command), as a bug in the writer would, so that tests can watch the writer
+    /// be restarted or give up.
+    #[doc(hidden)]
+    pub fn fail_writer_for_tests(&self) -> Result<(), StoreError> {
+        self.send(Box::new(writer::FailTheWriter))
+    }
+
+    fn send(&self, command: Box<dyn Command>) -> Result<(), StoreError> {
+        let guard = self
+            .sender
+            .lock()
+            .map_err(|_| StoreError::Unavailable(String::from("the writer lock is poisoned")))?;
+        let sender = guard
+            .as_ref()
+            .ok_or_else(|| StoreError::Unavailable(String::from("the store is closed")))?;
+        sender.send(command).map_err(|_| {
+            let stopped = self.writer_status.borrow().stopped.clone();
+            StoreError::Unavailable(match stopped {
+                Some(reason) => format!("the writer has stopped: {reason}"),
+                None => String::from("the writer has stopped"),
+            })
+        })
+    }
+
     async fn write<T: Send + 'static>(&self, work: Work<T>) -> Result<T, StoreError> {
         let (command, rx) = Typed::new(work);
-        {
-            let guard = self.sender.lock().map_err(|_| {
-                StoreError::Unavailable(String::from("the writer lock is poisoned"))
-            })?;
-            let sender = guard
-                .as_ref()
-                .ok_or_else(|| StoreError::Unavailable(String::from("the store is closed")))?;
-            sender
-                .send(Box::new(command))
-                .map_err(|_| StoreError::Unavailable(String::from("the writer has stopped")))?;
-        }
-        rx.await
-            .map_err(|_| StoreError::Unavailable(String::from("the writer dropped the command")))?
+        self.send(Box::new(command))?;
+        rx.await.map_err(|_| {
+            let stopped = self.writer_status.borrow().stopped.clone();
+            StoreError::Unavailable(match stopped {
+                Some(reason) => format!("the writer has stopped: {reason}"),
+                None => String::from("the writer failed before it answered"),
+            })
+        })?
     }
 
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>

@@ -2,20 +2,25 @@
 //! command in one `BEGIN IMMEDIATE` transaction with a savepoint per command (group commit). The
 //! hook hears the batch's events after the commit; callers are answered after the commit.
 //!
-//! The writer supervises itself: a command that panics (a bug) is rolled back to its savepoint
-//! and answered with an error while the rest of its batch commits, and a listener that panics
-//! loses only that notification. So the one thread every write depends on never dies while the
-//! store is open, and a health check that commits through it tells the truth.
+//! The writer is supervised at two levels. A command that panics (a bug) is rolled back to its
+//! savepoint and answered with an error while the rest of its batch commits, and a listener that
+//! panics loses only that notification. A failure of the write path itself (a panic outside any
+//! command's savepoint) fails the batch it hit, tells the hook of a failed transaction (so health
+//! turns 503 at once), and [`supervise`] restarts the loop on a fresh connection; past a budget
+//! of restarts in a window it gives up, publishes why in its [`WriterStatus`], and every later
+//! write fails, so the binary exits non-zero for its own supervisor to start it afresh. Either
+//! way the service never keeps serving behind a dead writer.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lmsp_domain::event::Event;
 use lmsp_domain::ports::{CommitStats, StoreError, StoreListener};
 use rusqlite::Connection;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use crate::error::DbError;
 
@@ -128,8 +133,152 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// Commits between two passive WAL checkpoints.
 const CHECKPOINT_EVERY: u64 = 512;
 
-/// The writer loop: runs until every sender is gone.
-pub fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, hook: Arc<dyn StoreListener>) {
+/// How often the writer may be restarted on a fresh connection before it gives up for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartBudget {
+    /// The most restarts within `window`; one failure more and the writer stays stopped.
+    pub restarts: u32,
+    /// The window the restarts are counted in.
+    pub window: Duration,
+}
+
+impl Default for RestartBudget {
+    fn default() -> Self {
+        Self {
+            restarts: 5,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What the writer's supervisor tells of the writer: how often it was restarted, and whether it
+/// gave up (watch it with [`crate::SqliteStore::writer_status`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriterStatus {
+    /// Restarts on a fresh connection so far.
+    pub restarts: u64,
+    /// Why the writer failed last, if it ever did.
+    pub last_failure: Option<String>,
+    /// Set when the writer failed past its [`RestartBudget`]: it stays stopped and every write
+    /// fails, so the process must exit (non-zero) to be started afresh.
+    pub stopped: Option<String>,
+}
+
+/// Opens a fresh write connection, configured like the first one.
+pub type Reopen = Box<dyn Fn() -> Result<Connection, DbError> + Send>;
+
+/// Why one run of the writer loop ended.
+enum Ended {
+    /// Every sender is gone: a clean close.
+    Closed,
+    /// The write path failed outside any command: the connection's state is unknown.
+    Failed(String),
+}
+
+/// Runs the writer loop on `first` until every sender is gone, restarting it on a connection
+/// from `reopen` whenever the write path itself fails, within `budget`; past it, gives up (every
+/// later write fails with "the writer has stopped") and says why in `status`.
+pub fn supervise(
+    first: Connection,
+    reopen: Reopen,
+    rx: Receiver<Box<dyn Command>>,
+    hook: Arc<dyn StoreListener>,
+    budget: RestartBudget,
+    status: Arc<watch::Sender<WriterStatus>>,
+) {
+    let mut conn = first;
+    let mut failures = VecDeque::new();
+    loop {
+        let reason = match catch_unwind(AssertUnwindSafe(|| run(&conn, &rx, hook.as_ref()))) {
+            Ok(Ended::Closed) => {
+                // Every sender is gone: a clean close. Fold the WAL into the database file, so
+                // that `lmsp.db` alone is complete (a copy of it is a backup).
+                let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+                return;
+            }
+            Ok(Ended::Failed(reason)) => reason,
+            Err(panic) => {
+                // Failed between two batches: no caller waits, but health must hear of it.
+                tell_failure(hook.as_ref(), 0, Duration::ZERO);
+                format!("the writer failed: {}", panic_message(panic.as_ref()))
+            }
+        };
+        // Closing the failed connection rolls back whatever it had begun.
+        drop(conn);
+        status.send_modify(|now| now.last_failure = Some(reason.clone()));
+        match reconnect(&reopen, &mut failures, budget, reason) {
+            Ok(fresh) => {
+                conn = fresh;
+                status.send_modify(|now| now.restarts += 1);
+            }
+            Err(last) => {
+                // Say why first: a write that finds the writer gone then tells the reason.
+                status.send_modify(|now| now.stopped = Some(last));
+                drop(rx);
+                return;
+            }
+        }
+    }
+}
+
+/// Opens the connection a failed writer restarts on, backing off between failed attempts, unless
+/// the budget of restarts in its window is spent: then the last reason the writer cannot go on.
+fn reconnect(
+    reopen: &Reopen,
+    failures: &mut VecDeque<Instant>,
+    budget: RestartBudget,
+    mut reason: String,
+) -> Result<Connection, String> {
+    loop {
+        let now = Instant::now();
+        while failures
+            .front()
+            .is_some_and(|at| now.duration_since(*at) > budget.window)
+        {
+            failures.pop_front();
+        }
+        if failures.len() >= budget.restarts as usize {
+            return Err(format!(
+                "the writer failed {} times within {:?}, more than the {} restarts allowed; \
+                 last: {reason}",
+                failures.len() + 1,
+                budget.window,
+                budget.restarts
+            ));
+        }
+        if !failures.is_empty() {
+            let exponent = u32::try_from(failures.len() - 1).unwrap_or(u32::MAX).min(5);
+            std::thread::sleep(Duration::from_millis(50) * 2_u32.pow(exponent));
+        }
+        failures.push_back(now);
+        match catch_unwind(AssertUnwindSafe(reopen)) {
+            Ok(Ok(conn)) => return Ok(conn),
+            Ok(Err(error)) => reason = format!("cannot reopen the database: {error}"),
+            Err(panic) => {
+                reason = format!(
+                    "cannot reopen the database: {}",
+                    panic_message(panic.as_ref())
+                );
+            }
+        }
+    }
+}
+
+/// Tells the hook of a transaction that did not commit; a panicking hook loses it.
+fn tell_failure(hook: &dyn StoreListener, commands: usize, duration: Duration) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        hook.transaction_measured(CommitStats {
+            commands,
+            events: 0,
+            duration,
+            committed: false,
+        });
+    }));
+}
+
+/// The writer loop on one connection: runs until every sender is gone, or the write path itself
+/// fails (the batch it was committing is answered with the error first).
+fn run(conn: &Connection, rx: &Receiver<Box<dyn Command>>, hook: &dyn StoreListener) -> Ended {
     let mut commits: u64 = 0;
     while let Ok(first) = rx.recv() {
         let mut batch = Vec::with_capacity(16);
@@ -141,7 +290,18 @@ pub fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, hook: Arc<dyn Store
             }
         }
         let started = Instant::now();
-        let (commit, events) = commit_batch(&conn, &mut batch);
+        let (commit, events, failed) =
+            match catch_unwind(AssertUnwindSafe(|| commit_batch(conn, &mut batch))) {
+                Ok((commit, events)) => (commit, events, None),
+                Err(panic) => {
+                    let reason = format!("the writer failed: {}", panic_message(panic.as_ref()));
+                    (
+                        Err(StoreError::Unavailable(reason.clone())),
+                        Vec::new(),
+                        Some(reason),
+                    )
+                }
+            };
         let stats = CommitStats {
             commands: batch.len(),
             events: events.len(),
@@ -158,15 +318,33 @@ pub fn run(conn: Connection, rx: Receiver<Box<dyn Command>>, hook: Arc<dyn Store
         for command in batch {
             command.answer(commit.clone());
         }
+        if let Some(reason) = failed {
+            return Ended::Failed(reason);
+        }
         commits += 1;
         if commits >= CHECKPOINT_EVERY {
             commits = 0;
             let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
         }
     }
-    // Every sender is gone: a clean close. Fold the WAL into the database file, so that
-    // `lmsp.db` alone is complete (a copy of it is a backup).
-    let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    Ended::Closed
+}
+
+/// A command that makes the write path itself fail (a panic outside any savepoint), as a bug in
+/// the writer would: the seam of the tests that watch the writer be restarted.
+#[derive(Debug)]
+pub struct FailTheWriter;
+
+impl Command for FailTheWriter {
+    fn run(&mut self, _conn: &Connection) -> Vec<Event> {
+        std::panic::panic_any(String::from("the write path failed on purpose (a test)"))
+    }
+
+    fn failure(&self) -> Option<StoreError> {
+        None
+    }
+
+    fn answer(self: Box<Self>, _commit: Result<(), StoreError>) {}
 }
 
 fn commit_batch(
@@ -225,8 +403,12 @@ mod tests {
         }));
         tx.send(panicking).unwrap();
         tx.send(fine).unwrap();
+        let status = Arc::new(watch::channel(WriterStatus::default()).0);
+        let watched = status.subscribe();
         let writer = std::thread::spawn(move || {
-            run(conn, rx, Arc::new(crate::NoListener));
+            let reopen: Reopen = Box::new(|| Err(DbError::Corrupt(String::from("no reopen"))));
+            let hook = Arc::new(crate::NoListener);
+            supervise(conn, reopen, rx, hook, RestartBudget::default(), status);
         });
         assert!(matches!(
             panicked.blocking_recv().unwrap(),
@@ -246,5 +428,10 @@ mod tests {
         );
         drop(tx);
         writer.join().unwrap();
+        assert_eq!(
+            *watched.borrow(),
+            WriterStatus::default(),
+            "a panicking command is no failure of the writer"
+        );
     }
 }
