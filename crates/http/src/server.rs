@@ -7,7 +7,8 @@
 //!   closed (see [`BodyTimedOut`], turned into the reply by the JSON extractor).
 //! - An idle keep-alive connection is closed after the idle timeout.
 //! - Past the connection limit, a new connection is answered 503 `service_unavailable` with
-//!   `Retry-After` and closed.
+//!   `Retry-After` and closed; past a bound on those being answered at once, it is closed at
+//!   once, so that a flood of connections cannot take the descriptors the service needs.
 //! - The replies the HTTP library makes by itself (400 for a malformed request, 414, 431) carry
 //!   the error envelope too.
 //!
@@ -47,6 +48,9 @@ pub struct ServerLimits {
     pub idle_timeout: Duration,
     /// The most connections served at once.
     pub max_connections: usize,
+    /// The most connections past the limit being answered 503 at once; past it, a new
+    /// connection is closed without a reply.
+    pub max_refusing: usize,
 }
 
 impl Default for ServerLimits {
@@ -55,6 +59,7 @@ impl Default for ServerLimits {
             request_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
+            max_refusing: 64,
         }
     }
 }
@@ -382,6 +387,7 @@ impl HttpBody for TrackedBody {
 /// after a short pause.
 pub async fn serve(listener: TcpListener, router: Router, limits: ServerLimits, stop: ServerStop) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let refusals = Arc::new(Semaphore::new(limits.max_refusing));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     loop {
         let accepted = tokio::select! {
@@ -399,7 +405,14 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ServerLimits, 
         // Small replies go out at once instead of waiting for more to send.
         let _ = stream.set_nodelay(true);
         let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            tokio::spawn(refuse(stream));
+            // Each refusal holds its descriptor for a moment: bounded, or a flood would hold
+            // them all. Past the bound the connection is closed at once (dropped).
+            if let Ok(refusing) = Arc::clone(&refusals).try_acquire_owned() {
+                tokio::spawn(async move {
+                    refuse(stream).await;
+                    drop(refusing);
+                });
+            }
             continue;
         };
         let connection = Connection::new();

@@ -12,15 +12,21 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, LogFormat};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every file any command creates (the database, its WAL, a backup) is its owner's only:
+    // they hold prompts and outputs.
+    datadir::private_files();
+    let format = match &cli.command {
+        Command::Serve(args) => args.log_format,
+        _ => LogFormat::Text,
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // The cause chain on one line, for the person at the terminal: never a backtrace.
-            eprintln!("error: {error:#}");
+            logging::print_error(format, &error);
             ExitCode::FAILURE
         }
     }

@@ -1,8 +1,12 @@
 //! `lmsp serve`: the startup order (lock the data directory, open and migrate the store, start
 //! the service — which initializes, registers this instance and recovers to completion — then
-//! bind, then serve), and the graceful stop.
+//! bind, then serve), and the graceful stop. It also fits the connection limit to the open-files
+//! limit, and turns a SQLite writer that failed past its restarts into a non-zero exit, so that
+//! the process never serves behind a dead writer.
 
+use std::future::Future;
 use std::num::NonZeroU32;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +22,8 @@ use lmsp_http::server::{ServerLimits, ServerStop};
 use lmsp_http::{router, AppState};
 use lmsp_models_fs::FsModelFiles;
 use lmsp_storage_postgres::{PostgresOptions, PostgresStore};
-use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
+use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode, WriterStatus};
+use tokio::sync::watch;
 
 use crate::cli::{EngineFlag, ServeArgs, SyncFlag};
 use crate::datadir;
@@ -27,9 +32,9 @@ use crate::offline;
 
 /// Runs the service until SIGTERM/SIGINT (exit 0 after the grace) or a fatal loss (non-zero).
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    datadir::private_files();
     let logs = logging::install(args.log_format);
     let ready_timer = std::time::Instant::now();
+    let connections = connection_limit(args.max_connections);
     // Taken before anything is opened or recovered: a second server here changes nothing. A
     // shared PostgreSQL database needs no lock: its instances coordinate through leases.
     let _lock = match args.data.database {
@@ -50,6 +55,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         SyncFlag::Normal => SyncMode::Normal,
     };
     let heard = listener.clone() as Arc<dyn StoreListener>;
+    // Resolves (with the reason) when the SQLite writer has failed past its restarts; never for
+    // PostgreSQL, whose connections are pooled and reconnect by themselves.
+    let mut writer_gave_up: Pin<Box<dyn Future<Output = String> + Send>> =
+        Box::pin(std::future::pending());
     let store: Arc<dyn Store> = match &args.data.database {
         Some(url) => Arc::new(
             PostgresStore::connect(url, PostgresOptions::default(), heard)
@@ -63,10 +72,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 max_page_count: args.sqlite_max_pages,
                 ..SqliteOptions::default()
             };
-            Arc::new(
-                SqliteStore::open(&path, options, heard)
-                    .with_context(|| format!("cannot open the database {}", path.display()))?,
-            )
+            let sqlite = SqliteStore::open(&path, options, heard)
+                .with_context(|| format!("cannot open the database {}", path.display()))?;
+            writer_gave_up = Box::pin(watch_writer(sqlite.writer_status()));
+            Arc::new(sqlite)
         }
     };
     let models_dir = args
@@ -149,7 +158,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let limits = ServerLimits {
         request_timeout: args.request_timeout,
         idle_timeout: args.idle_timeout,
-        max_connections: args.max_connections as usize,
+        max_connections: connections.max_connections,
+        max_refusing: connections.max_refusing,
     };
     let stop = ServerStop::new();
     let server = tokio::spawn(lmsp_http::server::serve(
@@ -161,11 +171,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         stop.clone(),
     ));
     let fatal = tokio::select! {
-        () = shutdown_signal() => false,
-        () = service.failed() => true,
+        () = shutdown_signal() => None,
+        () = service.failed() => Some(String::from("the instance's lease was lost")),
+        reason = &mut writer_gave_up => Some(reason),
     };
-    if fatal {
-        tracing::error!("this instance cannot go on; exiting so that it can be started afresh");
+    if let Some(reason) = &fatal {
+        tracing::error!(
+            %reason,
+            "this instance cannot go on; exiting so that it can be started afresh"
+        );
     } else {
         tracing::info!(
             "shutting down: no new work; running tasks get {:?}",
@@ -179,10 +193,98 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     stop.stop(Duration::from_secs(2)).await;
     server.abort();
     tracing::info!(left_running = !idle, "stopped");
-    if fatal {
-        anyhow::bail!("the instance's lease was lost");
+    if let Some(reason) = fatal {
+        anyhow::bail!("this instance cannot go on: {reason}");
     }
     Ok(())
+}
+
+/// Logs each restart of the SQLite writer, and resolves with the reason once it has given up for
+/// good (every write fails from then on: the process must exit to be started afresh).
+async fn watch_writer(mut status: watch::Receiver<WriterStatus>) -> String {
+    let mut restarts = 0;
+    loop {
+        let now = status.borrow_and_update().clone();
+        if let Some(reason) = now.stopped {
+            return reason;
+        }
+        if now.restarts > restarts {
+            restarts = now.restarts;
+            tracing::error!(
+                restarts,
+                failure = now.last_failure.as_deref().unwrap_or("unknown"),
+                "the SQLite writer failed; it was restarted on a fresh connection"
+            );
+        }
+        if status.changed().await.is_err() {
+            // The store closed: nothing more will change.
+            let stopped = status.borrow().stopped.clone();
+            if let Some(reason) = stopped {
+                return reason;
+            }
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// File descriptors kept aside from client connections (the database files of each SQLite
+/// connection, the engines, the listener, the log): this many, or a tenth of the limit if more.
+const FD_HEADROOM: u64 = 64;
+
+/// What the server may hold open, as fitted to the open-files limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Connections {
+    /// Connections served at once.
+    max_connections: usize,
+    /// Connections past the limit being answered 503 at once; more are closed at once.
+    max_refusing: usize,
+}
+
+/// Raises the soft open-files limit to the hard one where allowed, then fits the connection limit
+/// to it: `asked` (`--max-connections`), or the limit less [`FD_HEADROOM`] if that is less, so
+/// that the service never runs out of descriptors for its database and its health check.
+fn connection_limit(asked: u32) -> Connections {
+    let limit = match rlimit::increase_nofile_limit(1 << 20) {
+        Ok(limit) => Some(limit),
+        Err(error) => {
+            tracing::warn!(%error, "cannot raise the open-files limit");
+            rlimit::getrlimit(rlimit::Resource::NOFILE)
+                .ok()
+                .map(|(soft, _)| soft)
+        }
+    };
+    let connections = fit_connections(u64::from(asked), limit);
+    match limit {
+        Some(limit) if connections.max_connections < asked as usize => tracing::warn!(
+            max_connections = connections.max_connections,
+            asked,
+            open_files_limit = limit,
+            "--max-connections is more than the open-files limit allows; serving at most \
+             max_connections at once (raise the limit, e.g. LimitNOFILE= in systemd)"
+        ),
+        _ => tracing::info!(
+            max_connections = connections.max_connections,
+            open_files_limit = limit,
+            "connection limit"
+        ),
+    }
+    connections
+}
+
+/// The connection limits for `asked` connections under an open-files `limit` (`None`: unknown).
+fn fit_connections(asked: u64, limit: Option<u64>) -> Connections {
+    let Some(limit) = limit else {
+        return Connections {
+            max_connections: usize::try_from(asked).unwrap_or(usize::MAX),
+            max_refusing: 64,
+        };
+    };
+    let headroom = FD_HEADROOM.max(limit / 10);
+    let room = limit.saturating_sub(headroom).max(1);
+    Connections {
+        max_connections: usize::try_from(asked.min(room)).unwrap_or(usize::MAX),
+        max_refusing: usize::try_from((headroom / 4).clamp(1, 256)).unwrap_or(1),
+    }
 }
 
 async fn shutdown_signal() {
@@ -207,4 +309,23 @@ fn host_name() -> String {
         .and_then(|name| name.into_string().ok())
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| String::from("lmsp"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_limit_leaves_room_for_the_databases_descriptors() {
+        let low = fit_connections(10_000, Some(256));
+        assert_eq!(low.max_connections, 192, "256 less 64 kept aside");
+        assert_eq!(low.max_refusing, 16);
+        let high = fit_connections(10_000, Some(1 << 20));
+        assert_eq!(high.max_connections, 10_000, "what was asked fits");
+        assert_eq!(high.max_refusing, 256);
+        let tiny = fit_connections(10, Some(32));
+        assert_eq!(tiny.max_connections, 1, "always at least one");
+        let unknown = fit_connections(500, None);
+        assert_eq!(unknown.max_connections, 500);
+    }
 }

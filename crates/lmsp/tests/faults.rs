@@ -13,7 +13,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{lmsp_binary, prompt, TestServer, DEADLINE};
+use common::{lmsp_binary, metric_in, prompt, TestServer, DEADLINE, TERMINAL};
 use serde_json::Value;
 
 const FINISHED: [&str; 3] = ["completed", "failed", "cancelled"];
@@ -142,7 +142,8 @@ async fn a_full_disk_answers_503_strands_nothing_and_loses_nothing_p2_i1() {
 }
 
 /// A log sink whose reader is gone (stderr a closed pipe) loses no reply: every submit is
-/// answered and stored, every task completes, and SIGTERM still stops the server cleanly.
+/// answered and stored, every task completes, the lost lines are counted in
+/// `lmsp_log_lines_dropped_total`, and SIGTERM still stops the server cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stderr_loses_no_reply_and_sigterm_still_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
@@ -194,6 +195,29 @@ async fn a_closed_stderr_loses_no_reply_and_sigterm_still_stops_cleanly() {
             .await
             .unwrap();
         assert_eq!(response.status().as_u16(), 200, "{id} is stored");
+    }
+    // Every request logged a line nobody could read: the metric counts them (polled: the log
+    // writer is behind the requests).
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let metrics = http
+            .get(format!("{base}/metrics"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let dropped = metric_in(&metrics, "lmsp_log_lines_dropped_total");
+        if dropped >= 50.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {dropped} dropped log lines counted after 100 logged requests"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -361,4 +385,126 @@ async fn a_stop_answers_waiting_requests_503_and_ends_streams_between_events() {
     server.restart(&[]);
     let task = server.wait_status(&task_id, "completed").await;
     assert_eq!(task["restarts"], 1, "{task}");
+}
+
+/// Nothing waits forever on a full disk: a stream and a synchronous request opened on running
+/// tasks before the disk fills both get their end once space is freed — the stream its terminal
+/// event, the request its final answer — and every accepted task ends (none stranded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_opened_before_the_disk_fills_get_their_end_once_it_clears() {
+    let server = TestServer::start(&[
+        "--sqlite-max-pages",
+        "160",
+        "--workers",
+        "4",
+        "--reference-token-delay",
+        "20ms",
+    ]);
+    let streamed = server.submit(prompt(1, 400, "fail")).await;
+    let mut stream = server
+        .sse(&format!("/v1/tasks/{streamed}/events"), None)
+        .await;
+    let waiting = tokio::spawn(
+        server
+            .request(reqwest::Method::POST, "/v1/responses", &server.admin_token)
+            .json(&prompt(2, 400, "fail"))
+            .send(),
+    );
+    let deadline = Instant::now() + DEADLINE;
+    while server.task_count().await < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the synchronous task was never created"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // Fill the disk with a few large tasks (each ends at once, so deleting them frees space
+    // without a queue of work to eat it again) until submits are refused.
+    let large_input = "lorem ipsum ".repeat(4_000);
+    let mut fillers = Vec::new();
+    let mut unavailable = 0;
+    for seed in 100..400u64 {
+        let body = serde_json::json!({"model": "reference", "input": large_input, "seed": seed,
+            "max_output_tokens": 1, "on_restart": "fail", "background": true});
+        let (status, _, reply) = server.post("/v1/responses", body).await;
+        match status {
+            202 => fillers.push(reply["task_id"].as_str().unwrap().to_owned()),
+            503 => {
+                unavailable += 1;
+                if unavailable >= 3 {
+                    break;
+                }
+            }
+            other => panic!("a submit on a filling disk answered {other}: {reply}"),
+        }
+    }
+    assert!(unavailable >= 3, "the capped database never filled up");
+    wait_health(&server, 503).await;
+    let (_, task) = server.get(&format!("/v1/tasks/{streamed}")).await;
+    assert!(
+        !FINISHED.contains(&task["status"].as_str().unwrap_or("")),
+        "the streamed task ended before the disk filled; the test proves nothing: {task}"
+    );
+    assert!(
+        !waiting.is_finished(),
+        "the synchronous request ended before the disk filled"
+    );
+
+    // Free space: delete every finished filler.
+    let mut deleted = BTreeSet::new();
+    for id in &fillers {
+        let (_, task) = server.get(&format!("/v1/tasks/{id}")).await;
+        if FINISHED.contains(&task["status"].as_str().unwrap_or("")) {
+            let response_id = id.replacen("task_", "resp_", 1);
+            if server
+                .delete(&format!("/v1/responses/{response_id}"))
+                .await
+                .0
+                == 200
+            {
+                deleted.insert(id.clone());
+            }
+        }
+    }
+    assert!(!deleted.is_empty(), "no finished filler could be deleted");
+
+    let messages = tokio::time::timeout(DEADLINE, stream.collect_all())
+        .await
+        .expect("the stream ended once space was freed");
+    let last = messages.last().expect("the stream sent events");
+    assert!(
+        TERMINAL.contains(&last.event.as_deref().unwrap_or("")),
+        "the stream ends with its terminal event: {last:?}"
+    );
+    let reply = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("the synchronous request was answered")
+        .unwrap()
+        .expect("a reply, not a cut connection");
+    let status = reply.status().as_u16();
+    let answered = reply.headers()["lmsp-task-id"].to_str().unwrap().to_owned();
+    let body: Value = reply.json().await.unwrap();
+    match status {
+        200 => assert!(
+            FINISHED.contains(&body["status"].as_str().unwrap_or("")),
+            "{body}"
+        ),
+        _ => assert!(body["error"]["code"].is_string(), "{status}: {body}"),
+    }
+    let left = fillers.iter().filter(|id| !deleted.contains(*id));
+    for id in [&streamed, &answered].into_iter().chain(left) {
+        server
+            .wait_task(id, "finished", |t| {
+                FINISHED.contains(&t["status"].as_str().unwrap_or(""))
+            })
+            .await;
+    }
+    eprintln!(
+        "waiters across a full disk: stream ended with {:?}, synchronous request answered {status}, \
+         {} fillers accepted, {unavailable} answered 503, {} deleted, 0 stranded",
+        last.event,
+        fillers.len(),
+        deleted.len()
+    );
 }

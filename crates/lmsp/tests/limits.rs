@@ -1,6 +1,7 @@
 //! What the service refuses, end to end (docs/api.md, docs/openai-sdk.md): bad input of every kind gets its 4xx
 //! with the error envelope and creates nothing (I-9); what LMSP cannot do is a 400 naming the
-//! field; a slow request is answered 408; past the connection limit a connection gets 503.
+//! field; a slow request is answered 408, a malformed one 400; past the connection limit a
+//! connection gets 503, and slow connections past the open-files limit cannot starve the service.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -431,4 +432,147 @@ async fn a_uri_or_headers_too_large_get_414_or_431_with_the_envelope() {
         let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
         assert_envelope(status.parse().unwrap(), &body, "invalid_request", name);
     }
+}
+
+/// docs/api.md: a malformed request line is answered 400 with the envelope (`invalid_request`),
+/// not an empty reply, and the connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_request_line_gets_400_with_the_envelope() {
+    let server = TestServer::start(&[]);
+    let mut stream = TcpStream::connect(address(&server)).await.unwrap();
+    let reply = raw_exchange(&mut stream, b"THIS IS NOT HTTP\r\n\r\n").await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    assert_envelope(400, &body, "invalid_request", "400");
+}
+
+/// docs/api.md: a request body that stalls for the request timeout is answered 408 with the
+/// envelope and the connection closed; nothing is created (I-9).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_is_answered_408_and_creates_nothing_i9() {
+    let server = TestServer::start(&["--request-timeout", "1s"]);
+    let mut stream = TcpStream::connect(address(&server)).await.unwrap();
+    let head = format!(
+        "POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: 200\r\n\r\n{{\"model\": ",
+        server.admin_token
+    );
+    let reply = raw_exchange(&mut stream, head.as_bytes()).await;
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    assert_envelope(408, &body, "invalid_request", "408");
+    assert_eq!(server.task_count().await, 0);
+}
+
+/// Sends a request on a fresh connection until it is answered (any HTTP reply) or the deadline
+/// passes; the reply's status and JSON body.
+async fn answered_within(
+    request: impl Fn() -> reqwest::RequestBuilder,
+    within: Duration,
+    what: &str,
+) -> (u16, Value) {
+    let deadline = Instant::now() + within;
+    loop {
+        let sent = tokio::time::timeout(Duration::from_secs(1), request().send()).await;
+        if let Ok(Ok(response)) = sent {
+            let status = response.status().as_u16();
+            let body = response.json::<Value>().await.unwrap_or(Value::Null);
+            return (status, body);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} was never answered within {within:?}: {sent:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// With an open-files limit of 256, 300 connections that never finish their headers cannot
+/// starve the service: the connection limit is fitted below the limit, so while they are held
+/// health and a submit are still answered (200/202, or 503 with the envelope and
+/// `Retry-After`), the slow ones get 408 at the request timeout (or 503, or are closed past the
+/// limit), and then health and submits are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_connections_past_the_open_files_limit_cannot_starve_the_service() {
+    let server = TestServer::start_wrapped(
+        &["sh", "-c", "ulimit -n 256 && exec \"$0\" \"$@\""],
+        &["--request-timeout", "10s"],
+        "warn",
+    );
+    let mut slow = Vec::new();
+    for _ in 0..300 {
+        let mut stream = TcpStream::connect(address(&server)).await.unwrap();
+        // Headers that never end; a connection closed at once cannot take them (ignored).
+        let _ = stream
+            .write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
+            .await;
+        slow.push(stream);
+    }
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    // Well within the request timeout, so every slow connection the server took still holds
+    // its descriptor meanwhile.
+    let within = Duration::from_secs(5);
+    let (status, body) =
+        answered_within(|| client.get(server.url("/v1/health")), within, "health").await;
+    assert!(
+        status == 200 || (status == 503 && body["error"]["code"] == "service_unavailable"),
+        "health while slow connections are held: {status} {body}"
+    );
+    let (status, body) = answered_within(
+        || {
+            client
+                .post(server.url("/v1/responses"))
+                .bearer_auth(&server.admin_token)
+                .json(
+                    &json!({"model": "reference", "input": "x", "background": true,
+                              "max_output_tokens": 1}),
+                )
+        },
+        within,
+        "a submit",
+    )
+    .await;
+    assert!(
+        status == 202 || (status == 503 && body["error"]["code"] == "service_unavailable"),
+        "a submit while slow connections are held: {status} {body}"
+    );
+
+    let mut timed_out = 0;
+    for mut stream in slow {
+        let mut reply = Vec::new();
+        // A connection the server closed at once may end in a reset: no reply, which is fine.
+        let _ = tokio::time::timeout(DEADLINE, stream.read_to_end(&mut reply))
+            .await
+            .expect("every slow connection ends");
+        let reply = String::from_utf8_lossy(&reply);
+        if reply.starts_with("HTTP/1.1 408") {
+            timed_out += 1;
+        } else {
+            assert!(
+                reply.is_empty() || reply.starts_with("HTTP/1.1 503"),
+                "a slow connection got: {reply}"
+            );
+        }
+    }
+    assert!(
+        timed_out > 0,
+        "no slow connection was served until its timeout"
+    );
+
+    let (status, _) =
+        answered_within(|| client.get(server.url("/v1/health")), DEADLINE, "health").await;
+    assert_eq!(status, 200, "health once the slow connections are gone");
+    let created = server
+        .post(
+            "/v1/responses",
+            json!({"model": "reference", "input": "x", "background": true, "max_output_tokens": 1}),
+        )
+        .await;
+    assert_eq!(created.0, 202, "{}", created.2);
+    eprintln!("fd limit 256: 300 slow connections, {timed_out} answered 408, health and submits answered throughout");
 }

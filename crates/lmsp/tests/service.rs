@@ -1,14 +1,16 @@
 //! The service and its operations end to end (the README): the service document and health,
-//! the OpenAPI document, metrics, the request log, files readable by their owner only, and
-//! `lmsp backup`.
+//! the OpenAPI document, metrics, the request log and JSON logs, files readable by their owner
+//! only, `lmsp backup`, and a clean stop that leaves `lmsp.db` complete on its own.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use common::{lmsp_binary, metric_in, prompt, TestServer};
+use common::{lmsp_binary, metric_in, prompt, TestServer, DEADLINE};
 use serde_json::{json, Value};
 
 /// `GET /v1/service` and `GET /v1/health`; the service id never changes for a data directory.
@@ -237,6 +239,7 @@ async fn files_are_private_and_a_backup_of_a_running_server_is_complete() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(out.is_file());
+    assert_eq!(mode(&out), 0o600, "a backup holds prompts and outputs");
     // A server on the copy has the task, and the same identity.
     let mut second = TestServer::start(&[]);
     second.kill();
@@ -250,4 +253,168 @@ async fn files_are_private_and_a_backup_of_a_running_server_is_complete() {
         second.get("/v1/service").await.1["id"],
         server.get("/v1/service").await.1["id"]
     );
+}
+
+/// Checks that a stderr line under `--log-format json` is one JSON object of the log lines'
+/// shape (`timestamp`, `level`, `fields.message`, `target`), and returns it.
+fn json_log_line(line: &str) -> Value {
+    let object: Value = serde_json::from_str(line)
+        .unwrap_or_else(|_| panic!("a stderr line under --log-format json is not JSON: {line}"));
+    assert!(object["timestamp"].is_string(), "{line}");
+    assert!(
+        ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"]
+            .contains(&object["level"].as_str().unwrap_or("")),
+        "{line}"
+    );
+    assert!(object["fields"]["message"].is_string(), "{line}");
+    assert!(object["target"].is_string(), "{line}");
+    object
+}
+
+/// Waits (bounded) for a child to exit.
+fn wait_exit(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("lmsp did not exit within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Under `--log-format json` every line on stderr is one JSON object shaped like the log lines:
+/// the admin token and the address a person must see, the request log, the stop — and the error
+/// a start that cannot listen exits with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_json_logs_every_stderr_line_is_one_json_object() {
+    let temp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(lmsp_binary())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(temp.path().join("data"))
+        .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (sender, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = sender.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let (mut token, mut base) = (None, None);
+    while base.is_none() {
+        let line = lines
+            .recv_timeout(DEADLINE)
+            .unwrap_or_else(|_| panic!("no address printed; stderr: {seen:#?}"));
+        let object = json_log_line(&line);
+        if let Some(value) = object["fields"]["token"].as_str() {
+            token = Some(value.to_owned());
+        }
+        if let Some(value) = object["fields"]["address"].as_str() {
+            if value.starts_with("http://") {
+                base = Some(value.to_owned());
+            }
+        }
+        seen.push(line);
+    }
+    let token = token.expect("the first start prints the admin token");
+    let reply = reqwest::Client::new()
+        .get(format!("{}/v1/service", base.unwrap()))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status().as_u16(), 200);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(wait_exit(&mut child).success());
+    // The reader thread ends with stderr: everything after the address.
+    let rest: Vec<String> = lines.iter().collect();
+    let messages: Vec<String> = rest
+        .iter()
+        .map(|line| {
+            json_log_line(line)["fields"]["message"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(messages.iter().any(|m| m == "answered"), "{rest:#?}");
+    assert!(messages.iter().any(|m| m == "stopped"), "{rest:#?}");
+
+    // A fatal start: the port is taken.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let output = Command::new(lmsp_binary())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(temp.path().join("data"))
+        .args(["--log-format", "json", "--listen"])
+        .arg(busy.local_addr().unwrap().to_string())
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let text = String::from_utf8(output.stderr).unwrap();
+    let objects: Vec<Value> = text.lines().map(json_log_line).collect();
+    let last = objects.last().unwrap_or_else(|| panic!("no error printed"));
+    assert_eq!(last["level"], "ERROR", "{text}");
+    assert!(
+        last["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cannot listen")),
+        "{text}"
+    );
+}
+
+/// A clean stop (SIGTERM) folds the write-ahead log into the database file: a copy of
+/// `lmsp.db` alone, without its `-wal` and `-shm`, holds every task, and a server starts on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_clean_stop_lmsp_db_alone_holds_every_task() {
+    let mut server = TestServer::start(&[]);
+    let mut ids = Vec::new();
+    for seed in 0..5 {
+        let id = server.submit(prompt(seed, 3, "fail")).await;
+        server.wait_status(&id, "completed").await;
+        ids.push(id);
+    }
+    server.send_sigterm();
+    assert!(server.wait_exit().success());
+
+    let copy = tempfile::tempdir().unwrap();
+    let alone = copy.path().join("data");
+    std::fs::create_dir(&alone).unwrap();
+    std::fs::copy(server.data_dir.join("lmsp.db"), alone.join("lmsp.db")).unwrap();
+    let stored: i64 = {
+        let conn = rusqlite::Connection::open(alone.join("lmsp.db")).unwrap();
+        conn.query_row(
+            "SELECT count(*) FROM tasks WHERE status = 'completed'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(stored, 5, "every task is in lmsp.db itself");
+
+    server.data_dir = alone;
+    server.restart(&[]);
+    for id in &ids {
+        let (status, task) = server.get(&format!("/v1/tasks/{id}")).await;
+        assert_eq!(status, 200, "{task}");
+        assert_eq!(task["status"], "completed", "{task}");
+    }
 }

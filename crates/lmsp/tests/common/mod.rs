@@ -103,29 +103,34 @@ fn spawn_serve(
 }
 
 /// What a start-up line announces: the admin token, or the address (`http://…`). The service
-/// prints them as plain lines, or as JSON objects with `--log-format json`.
+/// prints them as plain lines, or with `--log-format json` as JSON lines shaped like its log
+/// lines (the value in `fields`); in JSON mode a plain line is a failure.
 enum Announced {
     Token(String),
     Address(String),
     Nothing,
 }
 
-fn announced(line: &str) -> Announced {
+fn announced(line: &str, json: bool) -> Announced {
+    if json {
+        let object: Value = serde_json::from_str(line)
+            .unwrap_or_else(|_| panic!("a line that is not JSON under --log-format json: {line}"));
+        let fields = &object["fields"];
+        if let Some(token) = fields["token"].as_str() {
+            return Announced::Token(token.to_owned());
+        }
+        if let Some(address) = fields["address"].as_str() {
+            if address.starts_with("http://") {
+                return Announced::Address(address.to_owned());
+            }
+        }
+        return Announced::Nothing;
+    }
     if let Some(token) = line.strip_prefix("admin token (shown once): ") {
         return Announced::Token(token.trim().to_owned());
     }
     if let Some(address) = line.strip_prefix("lmsp listening on ") {
         return Announced::Address(address.trim().to_owned());
-    }
-    if let Ok(object) = serde_json::from_str::<Value>(line) {
-        if let Some(token) = object["token"].as_str() {
-            return Announced::Token(token.to_owned());
-        }
-        if let Some(address) = object["address"].as_str() {
-            if address.starts_with("http://") {
-                return Announced::Address(address.to_owned());
-            }
-        }
     }
     Announced::Nothing
 }
@@ -165,6 +170,9 @@ impl TestServer {
         log_filter: &str,
     ) -> Self {
         let (child, lines) = spawn_serve(wrapper, data_dir, extra, log_filter);
+        let json = extra
+            .windows(2)
+            .any(|pair| pair == ["--log-format", "json"]);
         let mut admin_token = admin_token;
         let mut announced_token = None;
         let deadline = Instant::now() + DEADLINE;
@@ -175,7 +183,7 @@ impl TestServer {
                 Ok(line) => line,
                 Err(_) => panic!("the server never printed its address; it wrote {seen:#?}"),
             };
-            match announced(&line) {
+            match announced(&line, json) {
                 Announced::Token(token) => {
                     admin_token.clone_from(&token);
                     announced_token = Some(token);
