@@ -7,7 +7,6 @@ use lmsp_domain::event::{Event, EventPayload};
 use lmsp_domain::ids::{InstanceId, TaskId};
 use lmsp_domain::ports::{InstanceInfo, RecoveryReport, Registration};
 use lmsp_domain::recovery::{move_event, plan, Move, RestartPolicy};
-use lmsp_domain::status::TaskStatus;
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::EventKind;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
@@ -86,18 +85,18 @@ pub fn mark_recovered(conn: &Connection, instance: InstanceId, at: Timestamp) ->
     Ok(())
 }
 
-/// Where a recovery pass has got to: the cell of the recovery table it is applying (an index
-/// into [`cell`]), and the last task of that cell it moved.
+/// Where a recovery pass has got to: the leftover status it is looking at (an index into
+/// [`LEFTOVER_STATUSES`]), and the last task of that status a batch covered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecoveryCursor {
-    cell: usize,
+    status_index: usize,
     after: Option<TaskId>,
 }
 
 impl RecoveryCursor {
     /// The start of a pass.
     pub const START: RecoveryCursor = RecoveryCursor {
-        cell: 0,
+        status_index: 0,
         after: None,
     };
 }
@@ -105,27 +104,19 @@ impl RecoveryCursor {
 /// What one recovery batch did, and where the next one starts (`None`: the pass is complete).
 pub type RecoveryStep = (RecoveryReport, Option<RecoveryCursor>);
 
-/// The cells of the recovery table in the order a pass applies them: each leftover status (P-7)
-/// under each policy.
-fn cell(index: usize) -> Option<(TaskStatus, RestartPolicy)> {
-    let policies = RestartPolicy::ALL;
-    let status = LEFTOVER_STATUSES.get(index / policies.len())?;
-    Some((*status, policies[index % policies.len()]))
-}
-
-/// The tasks of one cell that a statement applies to, bound as `?1`…`?5` (`t` is `tasks`): of
-/// the stopped instance, in the cell's status under its policy, after the cursor and up to the
-/// batch's last task.
+/// The tasks of one cell of the table that a statement applies to, bound as `?1`…`?5` (`t` is
+/// `tasks`): of the stopped instance, in the cell's status under its policy, in the batch's range
+/// of keys.
 const CELL_TASKS: &str = "t.status = ?1 AND t.owner = ?2 AND t.on_restart = ?3 \
      AND t.id > ?4 AND t.id <= ?5";
 
 /// The highest stored task key: the upper end of a range that leaves nothing out.
 const LAST_KEY: [u8; 16] = [0xff; 16];
 
-/// The columns a recovery insert returns, read by [`returned_event`].
+/// The columns a recovery insert returns, read by [`collect_returned`].
 const RETURNED: &str = "RETURNING task_id, sequence_number, kind, created_at, data, item";
 
-/// One cell's slice of a batch: the parameters `?1`…`?5` of [`CELL_TASKS`].
+/// One cell's part of a batch: the parameters `?1`…`?5` of [`CELL_TASKS`].
 struct CellSlice {
     status: &'static str,
     stopped: [u8; 16],
@@ -146,14 +137,16 @@ impl CellSlice {
     }
 }
 
-/// One recovery batch (P-7…P-11, I-5): the leftovers of `stopped` from `cursor` on, up to
-/// `limit` moved tasks, cell by cell of the recovery table. Each cell's move comes from the
-/// domain's [`plan`] (the one place the table lives) and is applied to all the batch's tasks of
-/// that cell at once, as set-based statements in one transaction: the item a restarted run
-/// leaves open closed as incomplete, the event of the move (the domain's [`move_event`]), the
-/// snapshot of a finished task dropped, and the rows moved into the rescuer's care, each with its
-/// events and `restarts + 1` (P-11). A moved task leaves the stopped instance, so a second pass
-/// finds nothing to move (I-5). `queued` tasks that the table leaves untouched are only counted.
+/// One recovery batch (P-7…P-11, I-5): the next `limit` leftovers of `stopped` of one status, in
+/// key order from `cursor` on (a batch that ends a status goes on into the next while it has
+/// room). For each policy, the cell's move comes from the domain's [`plan`] (the one place the
+/// table lives) and is applied to all the batch's tasks of that cell at once, as set-based
+/// statements in the batch's one transaction: the item a restarted run leaves open closed as
+/// incomplete, the event of the move (the domain's [`move_event`]), the snapshot of a finished
+/// task dropped, and the rows moved into the rescuer's care, each with its events and
+/// `restarts + 1` (P-11). A moved task leaves the stopped instance, so a second pass finds
+/// nothing to move (I-5); the `queued` tasks the table leaves alone are only counted. A batch
+/// covers a range of consecutive keys of one status, so its statements touch neighbouring rows.
 pub fn recover_batch(
     conn: &Connection,
     stopped: InstanceId,
@@ -166,60 +159,73 @@ pub fn recover_batch(
     let mut all_events = Vec::new();
     let mut cursor = cursor;
     let mut room = limit.max(1);
-    while let Some((status, policy)) = cell(cursor.cell) {
+    while let Some(status) = LEFTOVER_STATUSES.get(cursor.status_index).copied() {
         let mut slice = CellSlice {
             status: status.as_str(),
             stopped: instance_key(stopped),
-            policy: policy.as_str(),
+            policy: "",
             after: cursor.after.map(|id| key(id).to_vec()).unwrap_or_default(),
             upto: LAST_KEY,
         };
-        match plan(status, policy) {
-            Move::Untouched => {
-                let sql = format!("SELECT count(*) FROM tasks t WHERE {CELL_TASKS}");
-                let count: i64 = conn
-                    .prepare_cached(&sql)?
-                    .query_row(&slice.params()[..], |row| row.get(0))?;
-                report.untouched += from_i64(count)?;
-            }
-            moved @ Move::Moved { .. } => {
-                // The batch ends inside this cell when the cell has `room` tasks or more left.
-                let last_of_batch = nth_task_of_cell(conn, &slice, room)?;
-                if let Some(last) = last_of_batch {
-                    slice.upto = last;
+        // The batch ends inside this status when it has `room` leftovers or more left.
+        let last_of_batch = nth_leftover(conn, &slice, room)?;
+        if let Some(last) = last_of_batch {
+            slice.upto = last;
+        }
+        let mut covered = 0;
+        for policy in RestartPolicy::ALL.iter().copied() {
+            slice.policy = policy.as_str();
+            match plan(status, policy) {
+                Move::Untouched => {
+                    let sql = format!("SELECT count(*) FROM tasks t WHERE {CELL_TASKS}");
+                    let count: i64 = conn
+                        .prepare_cached(&sql)?
+                        .query_row(&slice.params()[..], |row| row.get(0))?;
+                    report.untouched += from_i64(count)?;
+                    covered += from_i64(count)?;
                 }
-                let applied = apply_cell(conn, &slice, moved, rescuer, at, &mut all_events)?;
-                report.moved += applied.moved;
-                report.resumed.extend(applied.resumed);
-                room = room.saturating_sub(usize::try_from(applied.moved).unwrap_or(usize::MAX));
-                if let Some(last) = last_of_batch {
-                    cursor.after = Some(TaskId::from_ulid(ulid_of(&last)?));
-                    break;
+                moved @ Move::Moved { .. } => {
+                    let applied = apply_cell(conn, &slice, moved, rescuer, at, &mut all_events)?;
+                    report.moved += applied.moved;
+                    report.resumed.extend(applied.resumed);
+                    covered += applied.moved;
                 }
             }
         }
-        cursor = RecoveryCursor {
-            cell: cursor.cell + 1,
-            after: None,
-        };
+        room = room.saturating_sub(usize::try_from(covered).unwrap_or(usize::MAX));
+        match last_of_batch {
+            Some(last) => {
+                cursor.after = Some(TaskId::from_ulid(ulid_of(&last)?));
+                break;
+            }
+            None => {
+                cursor = RecoveryCursor {
+                    status_index: cursor.status_index + 1,
+                    after: None,
+                }
+            }
+        }
         if room == 0 {
             break;
         }
     }
-    let next = cell(cursor.cell).is_some().then_some(cursor);
+    let next = (cursor.status_index < LEFTOVER_STATUSES.len()).then_some(cursor);
     Ok(((report, next), all_events))
 }
 
-/// The key of the `n`-th task of a cell's slice (from its cursor on), if it has that many.
-fn nth_task_of_cell(conn: &Connection, slice: &CellSlice, n: usize) -> Res<Option<[u8; 16]>> {
-    let sql =
-        format!("SELECT t.id FROM tasks t WHERE {CELL_TASKS} ORDER BY t.id LIMIT 1 OFFSET ?6");
+/// The key of the `n`-th leftover of the slice's status (from its cursor on), if it has that
+/// many.
+fn nth_leftover(conn: &Connection, slice: &CellSlice, n: usize) -> Res<Option<[u8; 16]>> {
     let offset = to_i64(n.saturating_sub(1) as u64)?;
-    let mut params = slice.params().to_vec();
-    params.push(&offset);
     let found: Option<Vec<u8>> = conn
-        .prepare_cached(&sql)?
-        .query_row(&params[..], |row| row.get(0))
+        .prepare_cached(
+            "SELECT id FROM tasks WHERE status = ?1 AND owner = ?2 AND id > ?3 \
+             ORDER BY id LIMIT 1 OFFSET ?4",
+        )?
+        .query_row(
+            params![slice.status, slice.stopped, slice.after, offset],
+            |row| row.get(0),
+        )
         .optional()?;
     found
         .map(|bytes| {
