@@ -94,7 +94,7 @@ pub(crate) async fn run_health_probe(service: Service) {
             Ok(()) if !was_healthy => tracing::info!("the store commits again: health answers 200"),
             _ => {}
         }
-        inner.listener.health.record(probed.is_ok());
+        inner.listener.health.record_probe(probed.is_ok());
     }
 }
 

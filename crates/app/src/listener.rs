@@ -14,7 +14,10 @@ use lmsp_domain::{Event, EventKind, TaskId};
 use crate::live::LiveEvents;
 use crate::metrics::Metrics;
 
-/// Whether the store accepts commits, as the last write transaction found.
+/// Whether the store takes new work: a failed write transaction turns it off at once, and only
+/// the health probe (`jobs::run_health_probe`, which also asks the store for room) turns it back
+/// on — a write that commits does not, since on a full disk a small write still fits where a
+/// submit does not.
 #[derive(Debug)]
 pub struct StoreHealth {
     healthy: AtomicBool,
@@ -29,14 +32,22 @@ impl Default for StoreHealth {
 }
 
 impl StoreHealth {
-    /// Whether the last write transaction committed.
+    /// Whether the store takes new work, as the last failed write and the last probe found.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::SeqCst)
     }
 
-    /// Records the outcome of a write.
-    pub fn record(&self, committed: bool) {
-        self.healthy.store(committed, Ordering::SeqCst);
+    /// Records the outcome of a write transaction: a failure turns health off; a commit leaves
+    /// it as it is.
+    pub fn record_write(&self, committed: bool) {
+        if !committed {
+            self.healthy.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Records what the health probe found: whether the store has room and commits.
+    pub fn record_probe(&self, ok: bool) {
+        self.healthy.store(ok, Ordering::SeqCst);
     }
 }
 
@@ -119,7 +130,7 @@ impl StoreListener for Listener {
 
     fn transaction_measured(&self, stats: CommitStats) {
         self.metrics.transaction_measured(stats);
-        self.health.record(stats.committed);
+        self.health.record_write(stats.committed);
     }
 
     fn advanced_elsewhere(&self, task_id: TaskId, last_sequence_number: u64) {
@@ -164,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn health_follows_the_last_write_transaction() {
+    fn a_failed_write_turns_health_off_and_only_the_probe_turns_it_back_on() {
         let listener = Listener::default();
         assert!(listener.health.is_healthy());
         let stats = |committed| CommitStats {
@@ -173,9 +184,18 @@ mod tests {
             duration: std::time::Duration::ZERO,
             committed,
         };
+        listener.transaction_measured(stats(true));
+        assert!(listener.health.is_healthy());
         listener.transaction_measured(stats(false));
         assert!(!listener.health.is_healthy());
         listener.transaction_measured(stats(true));
+        assert!(
+            !listener.health.is_healthy(),
+            "a small commit does not prove room for new work"
+        );
+        listener.health.record_probe(true);
         assert!(listener.health.is_healthy());
+        listener.health.record_probe(false);
+        assert!(!listener.health.is_healthy());
     }
 }

@@ -91,6 +91,17 @@ async fn a_full_disk_answers_503_strands_nothing_and_loses_nothing_p2_i1() {
     let health = wait_health(&server, 503).await;
     assert_eq!(health["status"], "unavailable", "{health}");
     assert_eq!(health["reason"], "storage_unavailable", "{health}");
+    // Health stays 503 while the disk stays full, through several probes (each commits a tiny
+    // rewrite that would fit; the probe also asks for room, so it does not flap to 200).
+    let steady_until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < steady_until {
+        let (status, health) = server.get("/v1/health").await;
+        assert_eq!(
+            status, 503,
+            "health flapped while the disk was full: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Free space: delete finished tasks (a delete frees pages for SQLite to reuse).
     let mut deleted = BTreeSet::new();

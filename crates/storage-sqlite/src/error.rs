@@ -14,6 +14,9 @@ pub enum DbError {
     /// A stored row makes no sense.
     #[error("{0}")]
     Corrupt(String),
+    /// The database or its file system has no room for new work (the health probe's finding).
+    #[error("no room to write: {0}")]
+    NoRoom(String),
     /// The operation panicked (a bug); it was rolled back and the writer lives on.
     #[error("the storage operation failed unexpectedly: {0}")]
     Panicked(String),
@@ -27,6 +30,7 @@ impl From<DbError> for StoreError {
             {
                 StoreError::Full
             }
+            DbError::NoRoom(_) => StoreError::Full,
             DbError::Sql(other) => StoreError::Unavailable(other.to_string()),
             DbError::Json(other) => StoreError::Corrupt(other.to_string()),
             DbError::Corrupt(text) => StoreError::Corrupt(text),
