@@ -1,6 +1,6 @@
-//! Notifications across processes: every write transaction that commits events sends, right
+//! Notifications across processes: every write transaction that commits events queues, right
 //! after its commit, one `NOTIFY` per task on [`CHANNEL`] (so nothing is announced before it is
-//! durable); each store keeps one connection that `LISTEN`s and tells its [`StoreListener`] what
+//! durable), which the [`Notifier`] sends, gathered; each store keeps one connection that `LISTEN`s and tells its [`StoreListener`] what
 //! *other* stores committed. When that connection drops, a
 //! supervisor reconnects it; news sent meanwhile is lost, which the app's polling covers.
 
@@ -25,34 +25,80 @@ const CANCEL_FLAG: &str = "c";
 /// The flag of a notification that carries events only.
 const EVENTS_FLAG: &str = "-";
 
-/// Sends, once a transaction has committed, one notification per task of its `events`:
+/// The notifications of one committed transaction, one per task of its `events`:
 /// `origin task_id last_sequence_number flag`, the flag saying whether the transaction was a
-/// cancel. All of them go in one statement, outside any transaction. A notification that cannot
-/// be sent is only logged: the write it reports is committed (reporting an error would have it
-/// written twice), and the other instances' polling finds it.
-pub async fn send(db: &Client, origin: &str, events: &[Event], cancel: bool) {
+/// cancel.
+pub fn payloads(origin: &str, events: &[Event], cancel: bool) -> Vec<String> {
     let mut last: BTreeMap<TaskId, u64> = BTreeMap::new();
     for event in events {
         let seen = last.entry(event.task_id).or_insert(0);
         *seen = (*seen).max(event.sequence_number);
     }
-    if last.is_empty() {
-        return;
-    }
     let flag = if cancel { CANCEL_FLAG } else { EVENTS_FLAG };
-    let payloads: Vec<String> = last
-        .into_iter()
+    last.into_iter()
         .map(|(task_id, sequence)| format!("{origin} {task_id} {sequence} {flag}"))
-        .collect();
-    if let Err(error) = db
-        .execute(
-            "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload",
-            &[&CHANNEL, &payloads],
-        )
-        .await
-    {
-        tracing::warn!(%error, "a notification to the other instances was lost");
+        .collect()
+}
+
+/// The sending side: committed writes hand their notifications to [`Notifier::send`], which
+/// never waits; one task sends whatever has gathered in one transaction at a time.
+///
+/// PostgreSQL serializes notifying transactions (a global lock held through their commit), so a
+/// notification sent by each write on its own connection would cap the whole service at one
+/// notifying commit at a time, and hold each caller through it. Gathered, a busy service sends
+/// one notifying transaction per round trip instead of one per write, and nobody waits for it.
+/// The sending transaction commits with `synchronous_commit` off: it writes nothing that must
+/// survive a crash (notifications are not kept across one anyway).
+#[derive(Debug, Clone)]
+pub struct Notifier {
+    queue: tokio::sync::mpsc::UnboundedSender<Vec<String>>,
+}
+
+impl Notifier {
+    /// Starts the sending task on `pool`; it ends once every [`Notifier`] is dropped and what
+    /// was queued is sent.
+    pub fn start(pool: deadpool_postgres::Pool) -> Notifier {
+        let (queue, mut pending) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
+        tokio::spawn(async move {
+            while let Some(first) = pending.recv().await {
+                let mut batch = first;
+                while let Ok(more) = pending.try_recv() {
+                    batch.extend(more);
+                }
+                if let Err(error) = send_batch(&pool, &batch).await {
+                    // The writes it reports are committed (reporting an error would have them
+                    // written twice); the other instances' polling finds them.
+                    tracing::warn!(%error, lost = batch.len(), "notifications to the other instances were lost");
+                }
+            }
+        });
+        Notifier { queue }
     }
+
+    /// Queues the notifications of a committed transaction's `events` (nothing when it has
+    /// none).
+    pub fn send(&self, origin: &str, events: &[Event], cancel: bool) {
+        let payloads = payloads(origin, events, cancel);
+        if !payloads.is_empty() {
+            // Fails only once the sending task has ended (the store is closing).
+            let _ = self.queue.send(payloads);
+        }
+    }
+}
+
+/// Sends `payloads` in one transaction.
+async fn send_batch(pool: &deadpool_postgres::Pool, payloads: &[String]) -> Result<(), DbError> {
+    let mut conn = pool.get().await?;
+    let tx = crate::pg_mut(&mut conn).transaction().await?;
+    tx.batch_execute("SET LOCAL synchronous_commit TO OFF")
+        .await?;
+    tx.execute(
+        "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload",
+        &[&CHANNEL, &payloads],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Tells `listener` what one notification says, unless this store sent it.

@@ -1,0 +1,564 @@
+//! The storage ports of `lmsp_domain::ports` implemented by [`PostgresStore`]: each method one
+//! transaction (or one read) on a pooled connection, its events published after the commit.
+
+use crate::error::DbError;
+use crate::{no_events, ops, pg, pg_mut, PostgresStore, LEADER_LOCK};
+use async_trait::async_trait;
+use lmsp_domain::auth::{Client, Pairing, SecretHash};
+use lmsp_domain::event::Event;
+use lmsp_domain::idempotency::{
+    IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
+};
+use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
+use lmsp_domain::ports::{
+    CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome, IdempotencyStore, Initialized,
+    InstanceInfo, InstanceStore, KeyedInsert, ModelStore, Page, PurgeReport, RecoveryReport,
+    Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError,
+    TaskFilter, TaskStore,
+};
+use lmsp_domain::status::TaskStatus;
+use lmsp_domain::task::{Response, Task};
+use lmsp_domain::time::Timestamp;
+use lmsp_domain::transition::Step;
+use tokio_postgres::{IsolationLevel, NoTls};
+
+#[async_trait]
+impl TaskStore for PostgresStore {
+    async fn create_task(
+        &self,
+        task: Task,
+        idempotency: Option<IdempotencyRecord>,
+    ) -> Result<CreateOutcome, StoreError> {
+        let at = task.created_at;
+        self.write(false, move |tx| {
+            let (task, idempotency) = (task.clone(), idempotency.clone());
+            Box::pin(
+                async move { ops::tasks::create_task(tx, &task, idempotency.as_ref(), at).await },
+            )
+        })
+        .await
+    }
+
+    async fn append(
+        &self,
+        task_id: TaskId,
+        by: InstanceId,
+        expected_last_sequence: u64,
+        steps: Vec<Step>,
+        snapshot: Option<Snapshot>,
+        at: Timestamp,
+    ) -> Result<StepOutcome, StoreError> {
+        self.write(false, move |tx| {
+            let (steps, snapshot) = (steps.clone(), snapshot.clone());
+            Box::pin(async move {
+                ops::tasks::append(
+                    tx,
+                    task_id,
+                    by,
+                    Some(expected_last_sequence),
+                    &steps,
+                    snapshot.as_ref(),
+                    at,
+                )
+                .await
+            })
+        })
+        .await
+    }
+
+    async fn finish(
+        &self,
+        task_id: TaskId,
+        by: InstanceId,
+        step: Step,
+        at: Timestamp,
+    ) -> Result<StepOutcome, StoreError> {
+        self.write(false, move |tx| {
+            let step = step.clone();
+            Box::pin(async move {
+                ops::tasks::append(tx, task_id, by, None, std::slice::from_ref(&step), None, at)
+                    .await
+            })
+        })
+        .await
+    }
+
+    async fn claim_next(&self, by: InstanceId, at: Timestamp) -> Result<Option<Task>, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move { ops::tasks::claim_next(tx, by, at).await })
+        })
+        .await
+    }
+
+    async fn cancel(
+        &self,
+        task_id: TaskId,
+        client_id: Option<ClientId>,
+        at: Timestamp,
+    ) -> Result<CancelOutcome, StoreError> {
+        self.write(true, move |tx| {
+            Box::pin(async move { ops::tasks::cancel(tx, task_id, client_id, at).await })
+        })
+        .await
+    }
+
+    async fn purge_finished(
+        &self,
+        cutoff: Timestamp,
+        batch: usize,
+    ) -> Result<PurgeReport, StoreError> {
+        let max_events = self.options.purge_max_events.max(1);
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::purge::purge_finished(tx, cutoff, batch, max_events)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn delete_finished(
+        &self,
+        task_id: TaskId,
+        client_id: Option<ClientId>,
+    ) -> Result<DeleteOutcome, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::tasks::delete_finished(tx, task_id, client_id)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn task(&self, task_id: TaskId) -> Result<Option<Task>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::load_task(pg(&conn), task_id).await?)
+    }
+
+    async fn task_by_response(&self, response_id: ResponseId) -> Result<Option<Task>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::tasks::task_by_response(pg(&conn), response_id).await?)
+    }
+
+    async fn list_tasks(&self, filter: TaskFilter) -> Result<Page<Task>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::tasks::list_tasks(pg(&conn), &filter).await?)
+    }
+
+    async fn events(
+        &self,
+        task_id: TaskId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Page<Event>, StoreError> {
+        let mut conn = self.conn().await?;
+        // One snapshot: the events and the task and response they are rebuilt from agree even
+        // while a purge or a writer runs.
+        let tx = pg_mut(&mut conn)
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(DbError::from)?;
+        let page = ops::events::events_in(&tx, task_id, after, limit).await?;
+        tx.commit().await.map_err(DbError::from)?;
+        Ok(page)
+    }
+
+    async fn response(&self, task_id: TaskId) -> Result<Option<Response>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::tasks::response(pg(&conn), task_id).await?)
+    }
+
+    async fn snapshot(&self, task_id: TaskId) -> Result<Option<Snapshot>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::tasks::snapshot(pg(&conn), task_id).await?)
+    }
+
+    async fn count_by_status(&self) -> Result<Vec<(TaskStatus, u64)>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::tasks::count_by_status(pg(&conn)).await?)
+    }
+
+    async fn cancelling_tasks(&self, owner: InstanceId) -> Result<Vec<TaskId>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::tasks::cancelling_tasks(pg(&conn), owner).await?)
+    }
+}
+
+#[async_trait]
+impl ClientStore for PostgresStore {
+    async fn insert_client(&self, client: Client) -> Result<(), StoreError> {
+        self.write(false, move |tx| {
+            let client = client.clone();
+            Box::pin(async move {
+                ops::clients::insert_client(tx, &client)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn client_by_token_hash(&self, hash: SecretHash) -> Result<Option<Client>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::clients::client_by_token_hash(pg(&conn), &hash).await?)
+    }
+
+    async fn client(&self, client_id: ClientId) -> Result<Option<Client>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::clients::client(pg(&conn), client_id).await?)
+    }
+
+    async fn list_clients(&self) -> Result<Vec<Client>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::clients::list_clients(pg(&conn)).await?)
+    }
+
+    async fn revoke_client(&self, client_id: ClientId, at: Timestamp) -> Result<bool, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::clients::revoke_client(tx, client_id, at)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn insert_pairing(&self, pairing: Pairing) -> Result<(), StoreError> {
+        self.write(false, move |tx| {
+            let pairing = pairing.clone();
+            Box::pin(async move {
+                ops::clients::insert_pairing(tx, &pairing)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn redeem_pairing(
+        &self,
+        code_hash: SecretHash,
+        client: Client,
+        at: Timestamp,
+    ) -> Result<Redemption, StoreError> {
+        self.write(false, move |tx| {
+            let client = client.clone();
+            Box::pin(async move {
+                ops::clients::redeem_pairing(tx, &code_hash, &client, at)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl ModelStore for PostgresStore {
+    async fn insert_model(&self, model: ModelRecord) -> Result<bool, StoreError> {
+        self.write(false, move |tx| {
+            let model = model.clone();
+            Box::pin(async move { ops::models::insert_model(tx, &model).await.map(no_events) })
+        })
+        .await
+    }
+
+    async fn insert_found_model(&self, model: ModelRecord) -> Result<bool, StoreError> {
+        self.write(false, move |tx| {
+            let model = model.clone();
+            Box::pin(async move {
+                ops::models::insert_found_model(tx, &model)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn model(&self, model_id: &ModelId) -> Result<Option<ModelRecord>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::models::model(pg(&conn), model_id).await?)
+    }
+
+    async fn list_models(&self) -> Result<Vec<ModelRecord>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::models::list_models(pg(&conn)).await?)
+    }
+
+    async fn delete_model(&self, model_id: &ModelId) -> Result<bool, StoreError> {
+        let model_id = model_id.clone();
+        self.write(false, move |tx| {
+            let model_id = model_id.clone();
+            Box::pin(async move {
+                ops::models::delete_model(tx, &model_id)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn update_model_file(
+        &self,
+        model_id: &ModelId,
+        file: FileFingerprint,
+    ) -> Result<(), StoreError> {
+        let model_id = model_id.clone();
+        self.write(false, move |tx| {
+            let (model_id, file) = (model_id.clone(), file.clone());
+            Box::pin(async move {
+                ops::models::update_model_file(tx, &model_id, &file)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for PostgresStore {
+    async fn claim_key(&self, claim: &KeyClaim, now: Timestamp) -> Result<KeyDecision, StoreError> {
+        let claim = claim.clone();
+        self.write(false, move |tx| {
+            let claim = claim.clone();
+            Box::pin(async move {
+                ops::idempotency::claim_key(tx, &claim, now)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn insert_model_with_key(
+        &self,
+        model: ModelRecord,
+        record: IdempotencyRecord,
+    ) -> Result<KeyedInsert, StoreError> {
+        self.write(false, move |tx| {
+            let (model, record) = (model.clone(), record.clone());
+            Box::pin(async move {
+                ops::idempotency::insert_model_with_key(tx, &model, &record)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn settle_key(
+        &self,
+        scope: &IdempotencyScope,
+        key: &IdempotencyKey,
+        expected: &StoredReply,
+        reply: StoredReply,
+    ) -> Result<bool, StoreError> {
+        let (scope, key, expected) = (scope.clone(), key.clone(), expected.clone());
+        self.write(false, move |tx| {
+            let (scope, key) = (scope.clone(), key.clone());
+            let (expected, reply) = (expected.clone(), reply.clone());
+            Box::pin(async move {
+                ops::idempotency::settle_key(tx, &scope, &key, &expected, reply)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn release_key(
+        &self,
+        scope: &IdempotencyScope,
+        key: &IdempotencyKey,
+    ) -> Result<(), StoreError> {
+        let (scope, key) = (scope.clone(), key.clone());
+        self.write(false, move |tx| {
+            let (scope, key) = (scope.clone(), key.clone());
+            Box::pin(async move {
+                ops::idempotency::release_key(tx, &scope, &key)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn purge_idempotency(&self, at: Timestamp, batch: usize) -> Result<u64, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::idempotency::purge_idempotency(tx, at, batch)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl InstanceStore for PostgresStore {
+    async fn register_instance(&self, instance: InstanceInfo) -> Result<Registration, StoreError> {
+        self.write(false, move |tx| {
+            let instance = instance.clone();
+            Box::pin(async move { ops::instances::register(tx, &instance).await.map(no_events) })
+        })
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        instance: InstanceId,
+        lease_until: Timestamp,
+        at: Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::instances::renew(tx, instance, lease_until, at)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn retire_instance(&self, instance: InstanceId, at: Timestamp) -> Result<(), StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::instances::retire(tx, instance, at)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await?;
+        let mut leadership = self.leadership.lock().await;
+        if leadership.holder == Some(instance) {
+            // A retired instance leads nothing: closing its session frees the lock for another.
+            leadership.give_up();
+        }
+        Ok(())
+    }
+
+    async fn stopped_instances(
+        &self,
+        me: InstanceId,
+        at: Timestamp,
+    ) -> Result<Vec<InstanceId>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::instances::stopped(pg(&conn), me, at).await?)
+    }
+
+    async fn recover_instance(
+        &self,
+        stopped: InstanceId,
+        rescuer: InstanceId,
+        at: Timestamp,
+    ) -> Result<RecoveryReport, StoreError> {
+        let mut report = RecoveryReport::default();
+        let mut cursor = Some(ops::instances::RecoveryCursor::START);
+        let limit = self.options.recovery_batch.max(1);
+        while let Some(from) = cursor {
+            let (part, next) = self
+                .write(false, move |tx| {
+                    Box::pin(async move {
+                        ops::instances::recover_batch(tx, stopped, rescuer, at, from, limit).await
+                    })
+                })
+                .await?;
+            report.absorb(part);
+            cursor = next;
+        }
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::instances::mark_recovered(tx, stopped, at)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await?;
+        Ok(report)
+    }
+
+    async fn lead_maintenance(&self, instance: InstanceId) -> Result<bool, StoreError> {
+        let mut leadership = self.leadership.lock().await;
+        if leadership
+            .conn
+            .as_ref()
+            .is_some_and(|(client, _)| client.is_closed())
+        {
+            // The session that held the lock is gone, and the lock with it.
+            leadership.give_up();
+        }
+        if let Some(holder) = leadership.holder {
+            if holder != instance {
+                return Ok(false);
+            }
+            let alive = match &leadership.conn {
+                Some((client, _)) => client.simple_query("SELECT 1").await.is_ok(),
+                None => false,
+            };
+            if alive {
+                return Ok(true);
+            }
+            leadership.give_up();
+        }
+        if leadership.conn.is_none() {
+            let (client, connection) = self.config.connect(NoTls).await.map_err(DbError::from)?;
+            let driver = tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            leadership.conn = Some((client, driver));
+        }
+        let Some((client, _)) = &leadership.conn else {
+            return Ok(false);
+        };
+        let leads: bool = match client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&LEADER_LOCK])
+            .await
+        {
+            Ok(row) => row.try_get(0).map_err(DbError::from)?,
+            Err(error) => {
+                leadership.give_up();
+                return Err(DbError::from(error).into());
+            }
+        };
+        if leads {
+            leadership.holder = Some(instance);
+        }
+        Ok(leads)
+    }
+}
+
+#[async_trait]
+impl ServiceStore for PostgresStore {
+    async fn initialize(
+        &self,
+        candidate: ServiceIdentity,
+        admin: Client,
+    ) -> Result<Initialized, StoreError> {
+        self.write(false, move |tx| {
+            let (candidate, admin) = (candidate.clone(), admin.clone());
+            Box::pin(async move {
+                ops::service::initialize(tx, &candidate, &admin)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn check_writable(&self, at: Timestamp) -> Result<(), StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move { ops::service::probe(tx, at).await.map(no_events) })
+        })
+        .await
+    }
+}
