@@ -219,10 +219,13 @@ async fn a_stream_follows_a_task_of_another_instance_and_resumes_on_a_third() {
         &["--workers", "1", "--reference-token-delay", "20ms"],
     );
     let token = runner.admin_token.clone();
+    // The runner claims the task before the others exist, so it is surely another instance's
+    // task that they stream (started first, either of them could claim it and finish it at
+    // once, without the runner's token delay).
+    let id = runner.submit(prompt(5, 300, "fail")).await;
+    runner.wait_status(&id, "running").await;
     let watcher = instance(&database, "watcher", Some(&token), &["--workers", "1"]);
     let third = instance(&database, "third", Some(&token), &["--workers", "1"]);
-    let id = runner.submit(prompt(5, 60, "fail")).await;
-    runner.wait_status(&id, "running").await;
     let path = format!("/v1/tasks/{id}/events");
     let mut first = watcher.sse(&path, None).await;
     let mut seen = Vec::new();

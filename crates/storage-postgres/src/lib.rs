@@ -33,7 +33,7 @@ use lmsp_domain::event::Event;
 use lmsp_domain::ids::InstanceId;
 use lmsp_domain::ports::{CommitStats, StoreError, StoreListener};
 use tokio::task::JoinHandle;
-use tokio_postgres::{IsolationLevel, NoTls, Transaction};
+use tokio_postgres::{IsolationLevel, NoTls};
 
 use crate::error::DbError;
 use crate::ops::Res;
@@ -130,11 +130,13 @@ fn no_events<T>(value: T) -> (T, Vec<Event>) {
     (value, Vec::new())
 }
 
-fn pg(conn: &deadpool_postgres::Object) -> &tokio_postgres::Client {
+/// A pooled connection as the operations' [`ops::Db`] (with its statement cache).
+fn pg(conn: &deadpool_postgres::Object) -> &deadpool_postgres::ClientWrapper {
     conn
 }
 
-fn pg_mut(conn: &mut deadpool_postgres::Object) -> &mut tokio_postgres::Client {
+/// A pooled connection, to open a transaction on (whose statements share its cache).
+fn pg_mut(conn: &mut deadpool_postgres::Object) -> &mut deadpool_postgres::ClientWrapper {
     conn
 }
 
@@ -167,7 +169,7 @@ impl PostgresStore {
             .map_err(|e| StoreError::Unavailable(format!("cannot build the pool: {e}")))?;
         {
             let mut conn = pool.get().await.map_err(DbError::from)?;
-            schema::migrate(pg_mut(&mut conn)).await?;
+            schema::migrate(&mut conn).await?;
         }
         let origin: Arc<str> = Arc::from(ulid::Ulid::new().to_string());
         let first = notify::open(&config, Arc::clone(&listener), Arc::clone(&origin)).await?;
@@ -221,7 +223,9 @@ impl PostgresStore {
     async fn write<T, F>(&self, cancel: bool, op: F) -> Result<T, StoreError>
     where
         T: Send,
-        F: for<'t> Fn(&'t Transaction<'t>) -> BoxFuture<'t, Written<T>> + Send + Sync,
+        F: for<'t> Fn(&'t deadpool_postgres::Transaction<'t>) -> BoxFuture<'t, Written<T>>
+            + Send
+            + Sync,
     {
         let mut attempt = 0;
         loop {
@@ -256,7 +260,9 @@ impl PostgresStore {
     async fn attempt<T, F>(&self, cancel: bool, op: &F) -> Written<T>
     where
         T: Send,
-        F: for<'t> Fn(&'t Transaction<'t>) -> BoxFuture<'t, Written<T>> + Send + Sync,
+        F: for<'t> Fn(&'t deadpool_postgres::Transaction<'t>) -> BoxFuture<'t, Written<T>>
+            + Send
+            + Sync,
     {
         let mut conn = self.conn().await?;
         let tx = pg_mut(&mut conn)

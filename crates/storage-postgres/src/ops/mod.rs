@@ -14,6 +14,7 @@ pub mod purge;
 pub mod service;
 pub mod tasks;
 
+use async_trait::async_trait;
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::model::ModelId;
@@ -21,7 +22,8 @@ use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{OutputItems, Task};
 use lmsp_domain::time::Timestamp;
-use tokio_postgres::{GenericClient, Row};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
 use ulid::Ulid;
 
 use crate::codec;
@@ -30,10 +32,76 @@ use crate::error::DbError;
 /// The result type of the operations.
 pub type Res<T> = Result<T, DbError>;
 
-/// What an operation runs on: a pooled connection (reads) or a transaction (writes).
-pub trait Db: GenericClient + Sync {}
+/// What an operation runs on: a pooled connection (reads) or a transaction on one (writes).
+///
+/// Each statement is prepared once per connection and kept (deadpool's statement cache, keyed by
+/// the SQL text), so running it again is one round trip instead of a parse and then an execute.
+/// The SQL of the operations is fixed text (the task list's filters combine a handful of
+/// clauses), so the cache stays small.
+#[async_trait]
+pub trait Db: Sync {
+    /// Runs a statement; how many rows it changed.
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error>;
 
-impl<T: GenericClient + Sync> Db for T {}
+    /// Runs a query; its rows.
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error>;
+
+    /// Runs a query of at most one row.
+    async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error>;
+}
+
+/// Implements [`Db`] for a deadpool type that has `prepare_cached` and derefs to a
+/// `tokio_postgres` client or transaction.
+macro_rules! cached_db {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl Db for $ty {
+            async fn execute(
+                &self,
+                sql: &str,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<u64, tokio_postgres::Error> {
+                let statement = self.prepare_cached(sql).await?;
+                (**self).execute(&statement, params).await
+            }
+
+            async fn query(
+                &self,
+                sql: &str,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<Vec<Row>, tokio_postgres::Error> {
+                let statement = self.prepare_cached(sql).await?;
+                (**self).query(&statement, params).await
+            }
+
+            async fn query_opt(
+                &self,
+                sql: &str,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<Option<Row>, tokio_postgres::Error> {
+                let statement = self.prepare_cached(sql).await?;
+                (**self).query_opt(&statement, params).await
+            }
+        }
+    )*};
+}
+
+cached_db!(
+    deadpool_postgres::ClientWrapper,
+    deadpool_postgres::Transaction<'_>
+);
 
 /// The finished statuses, for `status IN …`.
 pub const FINISHED_SQL: &str = "('completed','failed','cancelled')";
