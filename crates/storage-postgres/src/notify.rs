@@ -28,7 +28,7 @@ const EVENTS_FLAG: &str = "-";
 /// The notifications of one committed transaction, one per task of its `events`:
 /// `origin task_id last_sequence_number flag`, the flag saying whether the transaction was a
 /// cancel.
-pub fn payloads(origin: &str, events: &[Event], cancel: bool) -> Vec<String> {
+fn payloads(origin: &str, events: &[Event], cancel: bool) -> Vec<String> {
     let mut last: BTreeMap<TaskId, u64> = BTreeMap::new();
     for event in events {
         let seen = last.entry(event.task_id).or_insert(0);

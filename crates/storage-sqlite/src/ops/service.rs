@@ -33,11 +33,11 @@ pub fn initialize(
 }
 
 /// The pages a probe wants left below the database's size cap: room for a few submits.
-pub const PROBE_ROOM_PAGES: i64 = 4;
+const PROBE_ROOM_PAGES: i64 = 4;
 
 /// The bytes a probe wants free on the data directory's file system: room for the WAL to grow
 /// and a checkpoint to extend the database file.
-pub const PROBE_ROOM_BYTES: u64 = 1 << 20;
+const PROBE_ROOM_BYTES: u64 = 1 << 20;
 
 /// Proves the store can take new work: there is room for it, and a tiny write commits.
 ///
