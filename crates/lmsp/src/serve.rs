@@ -328,4 +328,58 @@ mod tests {
         let unknown = fit_connections(500, None);
         assert_eq!(unknown.max_connections, 500);
     }
+
+    fn store_with_budget(dir: &tempfile::TempDir, restarts: u32) -> SqliteStore {
+        let options = SqliteOptions {
+            writer_restarts: lmsp_storage_sqlite::RestartBudget {
+                restarts,
+                window: Duration::from_secs(600),
+            },
+            ..SqliteOptions::default()
+        };
+        let path = dir.path().join("lmsp.db");
+        SqliteStore::open(&path, options, Arc::new(lmsp_storage_sqlite::NoListener)).unwrap()
+    }
+
+    /// A writer restarted within its budget keeps the server up: the watch that `serve` selects
+    /// on to exit does not resolve.
+    #[tokio::test]
+    async fn a_writer_restarted_within_its_budget_does_not_stop_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_budget(&dir, 1);
+        let mut status = store.writer_status();
+        let mut watched = tokio::spawn(watch_writer(store.writer_status()));
+
+        store.fail_writer_for_tests().unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            status.wait_for(|now| now.restarts == 1),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let still_serving = tokio::time::timeout(Duration::from_millis(200), &mut watched).await;
+
+        assert!(still_serving.is_err(), "the watch ended: {still_serving:?}");
+        watched.abort();
+    }
+
+    /// A writer that failed past its restart budget ends the watch with the writer's own reason,
+    /// which `serve` logs before it stops and exits non-zero (the process never serves behind a
+    /// dead writer).
+    #[tokio::test]
+    async fn a_writer_that_gave_up_ends_the_watch_with_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_budget(&dir, 0);
+        let watched = tokio::spawn(watch_writer(store.writer_status()));
+
+        store.fail_writer_for_tests().unwrap();
+        let reason = tokio::time::timeout(Duration::from_secs(10), watched)
+            .await
+            .unwrap()
+            .unwrap();
+
+        assert!(reason.contains("restarts allowed"), "{reason}");
+        assert!(reason.contains("on purpose"), "{reason}");
+    }
 }

@@ -55,9 +55,10 @@ async fn all_task_ids(server: &TestServer) -> BTreeSet<String> {
 }
 
 /// P-2, I-1: on a full disk, submits answer 503 `storage_unavailable` with `Retry-After` (never a
-/// 202 for a task that was not stored, never a 500), health answers 503; once space is freed,
-/// health recovers, every accepted task ends (none stranded `running` or `cancelling`), and after
-/// a restart every accepted task that was not deleted is there.
+/// 202 for a task that was not stored, never a 500), health answers 503 and stays so while the
+/// disk is full; as space is freed, health recovers, every accepted task ends (none stranded
+/// `running` or `cancelling`), and after a restart every accepted task that was not deleted is
+/// there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_answers_503_strands_nothing_and_loses_nothing_p2_i1() {
     let mut server = TestServer::start(&["--sqlite-max-pages", "160", "--workers", "2"]);
@@ -103,39 +104,61 @@ async fn a_full_disk_answers_503_strands_nothing_and_loses_nothing_p2_i1() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // Free space: delete finished tasks (a delete frees pages for SQLite to reuse).
+    // Free space as an operator would, while the disk is full: delete finished tasks (a delete
+    // frees pages for SQLite to reuse). Tasks still queued when the disk filled run once there is
+    // room, and may fill it again, so freeing goes on while health says the store is full. Health
+    // must recover, and every accepted task that is left must end: none stays stranded `running`
+    // or `cancelling`.
+    let deadline = Instant::now() + DEADLINE;
     let mut deleted = BTreeSet::new();
-    for id in &accepted {
-        let (status, task) = server.get(&format!("/v1/tasks/{id}")).await;
-        assert_eq!(status, 200, "I-1: an accepted task is stored: {task}");
-        if FINISHED.contains(&task["status"].as_str().unwrap()) && deleted.len() < 60 {
-            let response_id = id.replacen("task_", "resp_", 1);
-            let (status, _, body) = server.delete(&format!("/v1/responses/{response_id}")).await;
-            if status == 200 {
-                deleted.insert(id.clone());
-            } else {
-                assert_eq!(status, 503, "{body}");
+    loop {
+        let (health, _) = server.get("/v1/health").await;
+        let mut unfinished = 0;
+        let mut freed_now = 0;
+        let left: Vec<&String> = accepted
+            .iter()
+            .filter(|id| !deleted.contains(*id))
+            .collect();
+        for id in left {
+            let (status, task) = server.get(&format!("/v1/tasks/{id}")).await;
+            assert_eq!(status, 200, "I-1: an accepted task is stored: {task}");
+            let state = task["status"].as_str().unwrap();
+            if !FINISHED.contains(&state) {
+                unfinished += 1;
+                continue;
+            }
+            if state == "failed" {
+                let code = task["error"]["code"].as_str().unwrap();
+                assert!(
+                    ["storage_unavailable", "server_restarted"].contains(&code),
+                    "{task}"
+                );
+            }
+            if health == 503 && freed_now < 30 {
+                let response_id = id.replacen("task_", "resp_", 1);
+                let (status, _, body) =
+                    server.delete(&format!("/v1/responses/{response_id}")).await;
+                if status == 200 {
+                    deleted.insert(id.clone());
+                    freed_now += 1;
+                } else {
+                    assert_eq!(status, 503, "{body}");
+                }
             }
         }
-    }
-    assert!(!deleted.is_empty(), "no finished task could be deleted");
-    wait_health(&server, 200).await;
-
-    // Nothing stranded: every accepted task that is left ends.
-    for id in accepted.iter().filter(|id| !deleted.contains(*id)) {
-        let task = server
-            .wait_task(id, "finished", |t| {
-                FINISHED.contains(&t["status"].as_str().unwrap_or(""))
-            })
-            .await;
-        if task["status"] == "failed" {
-            let code = task["error"]["code"].as_str().unwrap();
-            assert!(
-                ["storage_unavailable", "server_restarted"].contains(&code),
-                "{task}"
-            );
+        if health == 200 && unfinished == 0 {
+            break;
         }
+        assert!(
+            Instant::now() < deadline,
+            "health {health}, {unfinished} accepted tasks unfinished, {} deleted",
+            deleted.len()
+        );
+        // After freeing, give the health probe (once a second while unhealthy) time to look.
+        let pause = if freed_now > 0 { 1_500 } else { 200 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
+    assert!(!deleted.is_empty(), "no finished task was deleted");
     let stored_before = all_task_ids(&server).await;
 
     // Nothing lost: after a restart without the cap every accepted, undeleted task is there.
