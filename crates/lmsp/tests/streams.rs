@@ -136,7 +136,8 @@ async fn a_streaming_request_sends_every_event_then_closes() {
     assert_eq!(last.data["response"]["output_text"], streamed.as_str());
 }
 
-/// SSE reconnect with `Last-Event-ID` receives every later event exactly once.
+/// SSE reconnect with `Last-Event-ID` receives every later event exactly once, each exactly as
+/// the task's log stores it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sse_reconnect_with_last_event_id_gets_every_later_event_exactly_once() {
     let server = TestServer::start(&["--reference-token-delay", "20ms"]);
@@ -161,6 +162,16 @@ async fn an_sse_reconnect_with_last_event_id_gets_every_later_event_exactly_once
     assert_eq!(
         task["last_sequence_number"].as_u64(),
         Some(ids.len() as u64)
+    );
+    // What the stream showed live is what is stored, to the byte: the terminal event's
+    // response is the completed one (with its output and usage), not the task as it was when
+    // the stream opened.
+    let stored = server.all_events(&id).await;
+    let live: Vec<Value> = seen.iter().map(|m| m.data.clone()).collect();
+    assert_eq!(live, stored);
+    assert_eq!(
+        live.last().unwrap()["data"]["response"]["status"],
+        "completed"
     );
     // `?stream=true&after=N` is the same stream as `Last-Event-ID: N`.
     let by_query = server

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use lmsp_domain::{ClosedItem, Event, EventPayload, ItemId, Task, TaskError};
+use lmsp_domain::{ClosedItem, Event, EventPayload, ItemId, Task, TaskError, TaskStatus};
 
 use crate::openapi as schema;
 use crate::wire::openai::{self, ResponseObject};
@@ -263,8 +263,8 @@ pub enum EventBody {
     Cancelled(EmptyData),
 }
 
-/// An event's `type` and `data`; `task` is the event's task as it is now (for the response of
-/// `response.completed`).
+/// An event's `type` and `data`; `task` is the event's task (for the response of
+/// `response.completed`, whose status, output and usage come from the event itself).
 pub fn event_body(payload: &EventPayload, task: &Task) -> EventBody {
     match payload {
         EventPayload::Created { task: created } => EventBody::Created(CreatedData {
@@ -293,8 +293,10 @@ pub fn event_body(payload: &EventPayload, task: &Task) -> EventBody {
         } => EventBody::Resumed(ResumedData {
             from_sequence_number: *from_sequence_number,
         }),
+        // The response as the event completed it, whatever the status of `task` (a live stream
+        // holds the task as it was when the stream opened).
         EventPayload::Completed { response } => EventBody::Completed(CompletedData {
-            response: openai::response(task, Some(response)),
+            response: openai::response_in(task, TaskStatus::Completed, Some(response), None),
         }),
         EventPayload::Failed { error } => EventBody::Failed(FailedData {
             error: TaskErrorObject::of(error),
