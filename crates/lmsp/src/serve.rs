@@ -314,6 +314,7 @@ fn host_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lmsp_storage_sqlite::{NoListener, RestartBudget};
 
     #[test]
     fn the_connection_limit_leaves_room_for_the_databases_descriptors() {
@@ -331,14 +332,14 @@ mod tests {
 
     fn store_with_budget(dir: &tempfile::TempDir, restarts: u32) -> SqliteStore {
         let options = SqliteOptions {
-            writer_restarts: lmsp_storage_sqlite::RestartBudget {
+            writer_restarts: RestartBudget {
                 restarts,
                 window: Duration::from_secs(600),
             },
             ..SqliteOptions::default()
         };
         let path = dir.path().join("lmsp.db");
-        SqliteStore::open(&path, options, Arc::new(lmsp_storage_sqlite::NoListener)).unwrap()
+        SqliteStore::open(&path, options, Arc::new(NoListener)).unwrap()
     }
 
     /// A writer restarted within its budget keeps the server up: the watch that `serve` selects

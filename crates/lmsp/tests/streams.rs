@@ -136,8 +136,8 @@ async fn a_streaming_request_sends_every_event_then_closes() {
     assert_eq!(last.data["response"]["output_text"], streamed.as_str());
 }
 
-/// SSE reconnect with `Last-Event-ID` receives every later event exactly once, each exactly as
-/// the task's log stores it.
+/// I-2: SSE reconnect with `Last-Event-ID` receives every later event exactly once, each exactly
+/// as the task's log stores it (the terminal event's response has the status that event implies).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sse_reconnect_with_last_event_id_gets_every_later_event_exactly_once() {
     let server = TestServer::start(&["--reference-token-delay", "20ms"]);
