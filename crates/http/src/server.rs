@@ -466,21 +466,47 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ServerLimits, 
     drop(graceful.shutdown());
 }
 
-/// Answers a connection past the limit with 503 and closes it, reading what it sent for a
-/// moment first so that the client reads the reply instead of a reset.
+/// How long a refused connection's request head is waited for before the refusal is written
+/// anyway, and for how long what it sends after the refusal is read.
+const REFUSAL_WAIT: Duration = Duration::from_secs(1);
+
+/// The most of a refused connection's request head read before the refusal is written.
+const REFUSAL_HEAD_BYTES: usize = 16 * 1024;
+
+/// Answers a connection past the limit with 503 and closes it. The request head is read first
+/// (for at most [`REFUSAL_WAIT`]): an HTTP client that gets a reply before it has sent its
+/// request reports a broken connection instead of the 503 and its `Retry-After`. What the
+/// client sends after the reply is read for a moment too, so that it reads the reply instead of
+/// a reset.
 async fn refuse(mut stream: TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let read_head = async {
+        while !head.windows(4).any(|window| window == b"\r\n\r\n")
+            && head.len() < REFUSAL_HEAD_BYTES
+        {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(read) => head.extend_from_slice(&chunk[..read]),
+            }
+        }
+        true
+    };
+    if let Ok(false) = tokio::time::timeout(REFUSAL_WAIT, read_head).await {
+        // The client went away before its request was complete: nobody to answer.
+        return;
+    }
     let _ = stream.write_all(&too_many_connections_reply()).await;
     let _ = stream.shutdown().await;
-    let mut sink = [0u8; 4096];
     let drain = async {
-        while let Ok(read) = stream.read(&mut sink).await {
+        while let Ok(read) = stream.read(&mut chunk).await {
             if read == 0 {
                 break;
             }
         }
     };
-    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+    let _ = tokio::time::timeout(REFUSAL_WAIT, drain).await;
 }
 
 /// Whether an error a request body read ended with is a stalled body.

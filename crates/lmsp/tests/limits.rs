@@ -358,7 +358,8 @@ async fn a_request_too_slow_is_answered_408_with_the_envelope() {
 }
 
 /// docs/api.md: past the connection limit, a new connection gets 503 `service_unavailable` with
-/// `Retry-After`; once a connection closes, new ones are served again.
+/// `Retry-After` (raw, and through an HTTP client library); once a connection closes, new ones
+/// are served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_connection_limit_a_connection_gets_503() {
     let server = TestServer::start(&["--max-connections", "2"]);
@@ -391,16 +392,36 @@ async fn past_the_connection_limit_a_connection_gets_503() {
     let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
     let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
     assert_envelope(503, &body, "service_unavailable", "503");
+    // An HTTP client library, which sends its whole request before it reads, gets the same
+    // refusal as a reply (not a broken connection), a submit with a body included.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let refused = fresh
+        .post(server.url("/v1/responses"))
+        .bearer_auth(&server.admin_token)
+        .json(&json!({"model": "reference", "input": "x", "background": true}))
+        .send()
+        .await
+        .expect("the refusal is a reply");
+    assert_eq!(refused.status().as_u16(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let body: Value = refused.json().await.unwrap();
+    assert_envelope(503, &body, "service_unavailable", "503");
     drop(held.pop());
+    // Once a connection closes a new one is served: the admin's task list, which also shows
+    // that the refused submit created nothing.
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let health = server.http.get(server.url("/v1/health")).send().await;
-        if health.is_ok_and(|r| r.status().as_u16() == 200) {
+        let (status, page) = server.get("/v1/tasks?limit=100").await;
+        if status == 200 {
+            assert_eq!(page["data"], json!([]), "a refused submit creates nothing");
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "a freed connection was never reused"
+            "a freed connection was never reused: {status} {page}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -467,9 +488,9 @@ async fn a_stalled_body_is_answered_408_and_creates_nothing_i9() {
 }
 
 /// Sends `request` (raw HTTP/1.1 with `Connection: close`) on a fresh connection until it is
-/// answered (any HTTP reply) or the deadline passes; the reply's status and JSON body. A refusal
-/// past the connection limit may be written before the request is read, so the reply is read
-/// even when writing the request failed (an HTTP client library reports that as an error).
+/// answered (any HTTP reply) or the deadline passes; the reply's status and JSON body. The reply
+/// is read even when writing the request failed: a connection closed at once past the bound on
+/// refusals may still have sent something.
 async fn answered_within(
     server: &TestServer,
     request: &str,
