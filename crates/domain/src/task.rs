@@ -6,6 +6,7 @@ use std::sync::Arc;
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::error_code::TaskErrorCode;
+use crate::event::EventPayload;
 use crate::ids::{ClientId, InstanceId, ItemId, ResponseId, TaskId};
 use crate::model::ModelId;
 use crate::recovery::RestartPolicy;
@@ -190,6 +191,14 @@ impl OutputItems {
     pub fn next_item(&self, task: TaskId) -> ItemId {
         ItemId::of(task, self.opened)
     }
+
+    /// Follows a log being replayed: counts the item `payload` is about (if any) as opened, so
+    /// that a rendering holding an older copy of the task names the item its last run produced.
+    pub fn follow(&mut self, payload: &EventPayload) {
+        if let Some(item) = payload.item() {
+            self.opened = self.opened.max(item.output_index() + 1);
+        }
+    }
 }
 
 /// A task: one unit of inference work and everything the service knows about it.
@@ -351,5 +360,40 @@ impl ItemStatus {
     /// The name, e.g. `completed`.
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::ClosedItem;
+    use ulid::Ulid;
+
+    #[test]
+    fn following_a_log_counts_each_item_it_names_once() {
+        let task = TaskId::from_ulid(Ulid::from_parts(1_700_000_000_000, 7));
+        let mut items = OutputItems::default();
+        items.follow(&EventPayload::InProgress);
+        assert_eq!(items.opened, 0, "an event about no item opens none");
+        items.follow(&EventPayload::OutputItemAdded {
+            item: ItemId::of(task, 0),
+        });
+        items.follow(&EventPayload::ContentPartAdded {
+            item: ItemId::of(task, 0),
+        });
+        assert_eq!(items.opened, 1, "events about one item count it once");
+        items.follow(&EventPayload::OutputItemAdded {
+            item: ItemId::of(task, 1),
+        });
+        assert_eq!(items.opened, 2);
+        items.follow(&EventPayload::OutputItemDone(ClosedItem {
+            item: ItemId::of(task, 0),
+            text: String::new(),
+            status: ItemStatus::Incomplete,
+        }));
+        assert_eq!(
+            items.opened, 2,
+            "a later event about an earlier item counts nothing"
+        );
     }
 }

@@ -40,9 +40,7 @@ pub fn native_stream(
     stopping: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Response {
     let frames = events.scan(task, |task, event| {
-        if let Some(item) = event.payload.item() {
-            task.items.opened = task.items.opened.max(item.output_index() + 1);
-        }
+        task.items.follow(&event.payload);
         let data = json_frame(&native::event(&event, task));
         let frame = SseEvent::default()
             .id(event.sequence_number.to_string())

@@ -291,9 +291,7 @@ pub async fn task_events(
         .items
         .iter()
         .map(|event| {
-            if let Some(item) = event.payload.item() {
-                view.items.opened = view.items.opened.max(item.output_index() + 1);
-            }
+            view.items.follow(&event.payload);
             native::event(event, &view)
         })
         .collect();

@@ -262,7 +262,8 @@ impl StreamRenderer {
 
     /// The OpenAI events of one log event (none for the events OpenAI has no type for).
     pub fn render(&mut self, event: &Event) -> Vec<StreamEvent> {
-        self.note(event);
+        // The completed response names the item the task's last run produced.
+        self.task.items.follow(&event.payload);
         let seq = event.sequence_number;
         let item_event = |kind: &'static str, data: ResponseStreamEvent| StreamEvent {
             kind,
@@ -383,14 +384,6 @@ impl StreamRenderer {
                 None,
                 None,
             )],
-        }
-    }
-
-    /// Notes an output item opened or closed, so that the completed response names the item
-    /// its last run produced.
-    fn note(&mut self, event: &Event) {
-        if let Some(item) = event.payload.item() {
-            self.task.items.opened = self.task.items.opened.max(item.output_index() + 1);
         }
     }
 }
