@@ -340,6 +340,12 @@ async fn raw_exchange(stream: &mut TcpStream, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&reply).into_owned()
 }
 
+/// The JSON body of a raw HTTP reply (`Null` when it has none).
+fn body_of(reply: &str) -> Value {
+    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
+    serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
 fn address(server: &TestServer) -> String {
     server.base.trim_start_matches("http://").to_owned()
 }
@@ -352,8 +358,7 @@ async fn a_request_too_slow_is_answered_408_with_the_envelope() {
     let mut stream = TcpStream::connect(address(&server)).await.unwrap();
     let reply = raw_exchange(&mut stream, b"GET /v1/health HTTP/1.1\r\nHost: x\r\n").await;
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
-    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
-    let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let body = body_of(&reply);
     assert_envelope(408, &body, "invalid_request", "408");
 }
 
@@ -389,8 +394,7 @@ async fn past_the_connection_limit_a_connection_gets_503() {
         reply.to_ascii_lowercase().contains("retry-after:"),
         "{reply}"
     );
-    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
-    let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let body = body_of(&reply);
     assert_envelope(503, &body, "service_unavailable", "503");
     // An HTTP client library, which sends its whole request before it reads, gets the same
     // refusal as a reply (not a broken connection), a submit with a body included.
@@ -449,8 +453,7 @@ async fn a_uri_or_headers_too_large_get_414_or_431_with_the_envelope() {
             reply.starts_with(&format!("HTTP/1.1 {status}")),
             "{name}: {reply}"
         );
-        let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
-        let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let body = body_of(&reply);
         assert_envelope(status.parse().unwrap(), &body, "invalid_request", name);
     }
 }
@@ -463,8 +466,7 @@ async fn a_malformed_request_line_gets_400_with_the_envelope() {
     let mut stream = TcpStream::connect(address(&server)).await.unwrap();
     let reply = raw_exchange(&mut stream, b"THIS IS NOT HTTP\r\n\r\n").await;
     assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
-    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
-    let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let body = body_of(&reply);
     assert_envelope(400, &body, "invalid_request", "400");
 }
 
@@ -481,16 +483,14 @@ async fn a_stalled_body_is_answered_408_and_creates_nothing_i9() {
     );
     let reply = raw_exchange(&mut stream, head.as_bytes()).await;
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
-    let body = reply.split("\r\n\r\n").nth(1).unwrap_or_default();
-    let body: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+    let body = body_of(&reply);
     assert_envelope(408, &body, "invalid_request", "408");
     assert_eq!(server.task_count().await, 0);
 }
 
 /// Sends `request` (raw HTTP/1.1 with `Connection: close`) on a fresh connection until it is
-/// answered (any HTTP reply) or the deadline passes; the reply's status and JSON body. The reply
-/// is read even when writing the request failed: a connection closed at once past the bound on
-/// refusals may still have sent something.
+/// answered (any HTTP reply) or the deadline passes; the reply's status and JSON body. A
+/// connection the server closes without a reply (past its bound on refusals) is tried again.
 async fn answered_within(
     server: &TestServer,
     request: &str,
@@ -506,12 +506,7 @@ async fn answered_within(
             let _ = stream.read_to_end(&mut reply).await;
             let reply = String::from_utf8_lossy(&reply).into_owned();
             let status: u16 = reply.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()?;
-            let body = reply
-                .split("\r\n\r\n")
-                .nth(1)
-                .and_then(|body| serde_json::from_str(body).ok())
-                .unwrap_or(Value::Null);
-            Some((status, body))
+            Some((status, body_of(&reply)))
         })
         .await;
         if let Ok(Some(answer)) = attempt {

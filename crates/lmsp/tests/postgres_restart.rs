@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use common::{prompt, TestServer};
 use serde_json::Value;
 
+/// P-2, I-1, I-2: across a database restart every 202 names a stored task (a submit the store
+/// cannot take answers 503 `storage_unavailable`), and every accepted task ends with a whole log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_restart_under_load_loses_nothing_acknowledged() {
     let base = std::env::var("LMSP_TEST_POSTGRES_URL").unwrap_or_else(|_| {

@@ -286,7 +286,8 @@ pub async fn task_events(
     let limit = parse_limit(query.limit.as_deref(), 100, 1000)?;
     let task = state.service.task(&caller, task_id).await?;
     let page = state.service.events(&caller, task_id, after, limit).await?;
-    let mut view = task.clone();
+    // The task as each event left it, for the items an event's rendering names.
+    let mut view = task;
     let events = page
         .items
         .iter()
