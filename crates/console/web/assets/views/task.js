@@ -1,7 +1,7 @@
 // One task: its details, the timeline of its events, its output growing live from the stream
 // (resumed by sequence number after a drop), its error, Cancel (after a confirmation), and its
 // response JSON.
-import { api, followEvents, isTerminal } from "../api.js";
+import { api, followEvents } from "../api.js";
 import { h, note, replace, time, badge } from "../dom.js";
 import { confirmDialog } from "../confirm.js";
 
@@ -65,13 +65,26 @@ export function taskPanel(container, ctx, taskId) {
     }
   }
 
+  // One read of the task at a time. An event that arrives while a read is under way may be
+  // newer than what that read returns (a `cancelled` right after its `cancelling`), so it asks
+  // for one more read once the current one is done, instead of sharing the stale one.
   let refreshing = null;
+  let again = false;
   function refresh() {
-    if (refreshing) return refreshing;
+    if (refreshing) {
+      again = true;
+      return refreshing;
+    }
     refreshing = api(`/v1/tasks/${encodeURIComponent(taskId)}`, { signal: controller.signal })
       .then(showTask)
       .catch((error) => { if (!controller.signal.aborted) replace(messages, note("error", error.message)); })
-      .finally(() => { refreshing = null; });
+      .finally(() => {
+        refreshing = null;
+        if (again && !controller.signal.aborted) {
+          again = false;
+          refresh();
+        }
+      });
     return refreshing;
   }
 
@@ -101,7 +114,6 @@ export function taskPanel(container, ctx, taskId) {
         detail.length ? h("span", { class: "muted" }, ` — ${detail.join(", ")}`) : null));
       refresh();
     }
-    if (isTerminal(type)) refresh();
   }
 
   cancel.addEventListener("click", async () => {
