@@ -1,5 +1,5 @@
 // The web console in a real browser: Debian's /usr/bin/chromium driven by playwright-core
-// against a running `lmsp serve` (started by crates/lmsp/tests/console_browser.rs).
+// against a running `lmsp serve` (started by tests/console_browser.rs).
 //
 // Env: LMSP_BASE_URL (http://127.0.0.1:PORT), LMSP_ADMIN_TOKEN, optional LMSP_SCREENSHOTS (a
 // directory: one PNG per view). Exits 0 when every step passed; prints each step. Any console

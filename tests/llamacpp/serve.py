@@ -1,5 +1,5 @@
 """Serves a GGUF model with llama.cpp's HTTP server (the pinned `xllamacpp`), for the tests of
-crates/lmsp/tests/llamacpp_server.rs:
+tests/llamacpp_server.rs:
 
     serve.py MODEL.gguf PORT [--parallel N] [--ctx N] [--threads N] [--no-prefill]
 

@@ -2,7 +2,7 @@
 //! without `stream`, each a durable task like any other (listed, `Lmsp-Task-Id`, idempotency).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::time::{Duration, Instant};
 

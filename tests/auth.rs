@@ -2,7 +2,7 @@
 //! responses, and revocation that takes effect at once.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::process::Command;
 

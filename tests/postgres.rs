@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use lmsp_tests as common;
 
 use common::{prompt, TestServer};
 use serde_json::Value;

@@ -11,7 +11,7 @@
 //! never skips). `LMSP_CONSOLE_SCREENSHOTS=DIR` saves a PNG of each view there.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ use common::TestServer;
 const BROWSER_DEADLINE: Duration = Duration::from_secs(300);
 
 fn repository() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    common::workspace_root()
 }
 
 fn missing(what: &str) -> ! {

@@ -3,7 +3,7 @@
 //! only, `lmsp backup`, and a clean stop that leaves `lmsp.db` complete on its own.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;

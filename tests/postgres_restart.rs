@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::time::{Duration, Instant};
 
@@ -46,8 +46,7 @@ async fn a_database_restart_under_load_loses_nothing_acknowledged() {
         "5ms",
     ]);
 
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../scripts/postgres-test-cluster");
+    let script = common::workspace_root().join("scripts/postgres-test-cluster");
     let restart = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         let status = std::process::Command::new(script)

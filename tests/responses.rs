@@ -2,7 +2,7 @@
 //! and deleted by its `resp_` id, in every status of its task.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use common::{assert_envelope, joined_deltas, prompt, TestServer};
 use serde_json::{json, Value};

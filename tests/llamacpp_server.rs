@@ -1,7 +1,7 @@
 //! The upstream engine (`--engine openai`) against a real llama.cpp server: the pinned PyPI
 //! `xllamacpp` (installed into `target/llamacpp-venv` by `scripts/llamacpp-server-deps`) serving
 //! the tiny test model of `crates/engine-llama/tests/tiny` (written at test time, its greedy
-//! output known in advance) through `crates/lmsp/tests/llamacpp/serve.py`.
+//! output known in advance) through `tests/llamacpp/serve.py`.
 //!
 //! Covers streaming with exact text and llama.cpp's token counts, a kill -9 of the service and
 //! an exact resume with the budget kept (through the raw completion endpoint, on a server that
@@ -12,9 +12,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use lmsp_tests as common;
 
-#[path = "../../engine-llama/tests/tiny/mod.rs"]
+#[path = "../crates/engine-llama/tests/tiny/mod.rs"]
 mod tiny;
 
 use std::io::{BufRead, BufReader};
@@ -42,7 +42,7 @@ impl LlamaCppServer {
     /// Starts one on a free port; `extra` goes to serve.py (`--no-prefill`, `--ctx N`,
     /// `--parallel N`).
     fn start(extra: &[&str]) -> Self {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let root = common::workspace_root();
         let python = root.join("target/llamacpp-venv/bin/python");
         assert!(
             python.is_file(),
@@ -54,7 +54,7 @@ impl LlamaCppServer {
         tiny::write(&model, Some(tiny::CHATML));
         let port = free_port();
         let mut child = Command::new(&python)
-            .arg(root.join("crates/lmsp/tests/llamacpp/serve.py"))
+            .arg(root.join("tests/llamacpp/serve.py"))
             .arg(&model)
             .arg(port.to_string())
             .args(extra)

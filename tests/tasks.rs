@@ -2,7 +2,7 @@
 //! request and its failure replies, the cancel table, and retention.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::time::{Duration, Instant};
 

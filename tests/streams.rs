@@ -2,7 +2,7 @@
 //! task's log with `Last-Event-ID`, and OpenAI's stream of a response with `starting_after`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

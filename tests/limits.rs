@@ -4,7 +4,7 @@
 //! connection gets 503, and slow connections past the open-files limit cannot starve the service.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! crash, and the graceful stop on SIGTERM.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

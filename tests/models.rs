@@ -2,7 +2,7 @@
 //! metadata endpoints, the digest check at load, startup registration and the offline CLI.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::path::Path;
 use std::process::Command;

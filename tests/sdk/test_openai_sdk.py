@@ -16,10 +16,10 @@ Environment:
 
 The service must run the reference engine with a per-token delay (e.g.
 --reference-token-delay 10ms), so that a long response is still running when it is cancelled.
-crates/lmsp/tests/openai_sdk.rs starts such a service and runs this program; it exits 0 when
+tests/openai_sdk.rs starts such a service and runs this program; it exits 0 when
 every check passed.
 
-Run: target/openai-sdk-venv/bin/python crates/lmsp/tests/sdk/test_openai_sdk.py [-v]
+Run: target/openai-sdk-venv/bin/python tests/sdk/test_openai_sdk.py [-v]
 (the venv comes from scripts/openai-sdk-deps).
 """
 

@@ -2,7 +2,7 @@
 //! envelope and creates nothing; the client list never shows a secret.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use common::{assert_envelope, TestServer};
 use serde_json::{json, Value};

@@ -1,15 +1,19 @@
-//! The end-to-end harness shared by every test target of this crate: it starts the real `lmsp`
-//! binary — the one Cargo built for this very test run (`CARGO_BIN_EXE_lmsp`), so a stale binary
-//! is never tested — on port 0 with a temp data directory, and speaks HTTP and SSE to it as a
-//! client would.
+//! The end-to-end harness shared by every test target of the workspace's `tests/` package: it
+//! starts the real `lmsp` binary — built from the sources under test by `cargo build` the first
+//! time a test asks for it, so a stale binary is never tested — on port 0 with a temp data
+//! directory, and speaks HTTP and SSE to it as a client would.
 //!
 //! No sleep is an assertion: every wait polls with a deadline and fails with what it last saw.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_debug_implementations
+)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -18,9 +22,63 @@ use serde_json::{json, Value};
 /// How long any single wait of a test may take before it fails.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
-/// The `lmsp` binary of this build.
+/// The workspace root: the folder above this package's manifest.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .expect("the workspace root exists")
+}
+
+/// The `lmsp` binary of the sources under test.
+///
+/// `CARGO_BIN_EXE_*` names only a package's own binaries, and `lmsp` belongs to `crates/lmsp`, so
+/// the first call of each test binary asks cargo to build it in this test's profile. Cargo
+/// rebuilds what changed and does nothing when it is up to date, so a test never runs a binary
+/// left over from an earlier build.
 pub fn lmsp_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_lmsp"))
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(build_lmsp).clone()
+}
+
+fn build_lmsp() -> PathBuf {
+    // A test binary sits in <target>/<profile>/deps.
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("a test binary sits in <profile>/deps")
+        .to_path_buf();
+    let profile = match profile_dir.file_name().and_then(|name| name.to_str()) {
+        Some("debug") | None => "dev".to_owned(),
+        Some(name) => name.to_owned(),
+    };
+    let output = Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args([
+            "build",
+            "--locked",
+            "--profile",
+            &profile,
+            "-p",
+            "lmsp",
+            "--bin",
+            "lmsp",
+        ])
+        .env(
+            "CARGO_TARGET_DIR",
+            profile_dir.parent().expect("a target directory"),
+        )
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "cargo build -p lmsp failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let built = profile_dir.join("lmsp");
+    assert!(built.is_file(), "cargo built no {}", built.display());
+    built
 }
 
 /// A reply: status, headers and the JSON body (`null` when the body is not JSON).

@@ -1,6 +1,6 @@
 //! The official OpenAI Python SDK against the real binary: starts `lmsp serve` on a
 //! temp data directory and port 0, pairs an application client, and runs
-//! `crates/lmsp/tests/sdk/test_openai_sdk.py` with the venv's Python
+//! `tests/sdk/test_openai_sdk.py` with the venv's Python
 //! (`target/openai-sdk-venv`, made by `scripts/openai-sdk-deps`), its output streamed into this
 //! test's. The test fails when the program does not exit 0, and fails at once, saying what to
 //! run, when the venv is missing: it never skips.
@@ -28,15 +28,6 @@ const SLOW_FLAGS: [&str; 4] = ["--workers", "1", "--reference-cancel-delay", "3s
 /// How long the server may take to start, and the SDK program to run.
 const START_DEADLINE: Duration = Duration::from_secs(60);
 const RUN_DEADLINE: Duration = Duration::from_secs(600);
-
-/// The workspace root: two levels above this crate's manifest.
-fn workspace_root() -> PathBuf {
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .join("../..")
-        .canonicalize()
-        .expect("the workspace root exists")
-}
 
 /// A running `lmsp serve`, killed when dropped.
 struct Server {
@@ -70,7 +61,7 @@ impl Server {
         admin_token: Option<String>,
         extra: &[&str],
     ) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_lmsp"))
+        let mut child = Command::new(common::lmsp_binary())
             .arg("serve")
             .arg("--data-dir")
             .arg(data_dir)
@@ -193,9 +184,9 @@ fn forward(output: impl Read + Send + 'static, to_stderr: bool) -> std::thread::
 
 #[test]
 fn the_official_openai_python_sdk_works_against_the_service() {
-    let root = workspace_root();
+    let root = common::workspace_root();
     let python = root.join("target/openai-sdk-venv/bin/python");
-    let program = root.join("crates/lmsp/tests/sdk/test_openai_sdk.py");
+    let program = root.join("tests/sdk/test_openai_sdk.py");
     assert!(
         python.is_file(),
         "\n\n{} is missing: run `scripts/openai-sdk-deps` (from {}) to install the pinned \

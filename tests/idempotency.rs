@@ -2,7 +2,7 @@
 //! per client and path, canonical digests, expiry, and `POST /v1/models`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::time::{Duration, Instant};
 

@@ -5,9 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use lmsp_tests as common;
 
-#[path = "../../engine-llama/tests/tiny/mod.rs"]
+#[path = "../crates/engine-llama/tests/tiny/mod.rs"]
 mod tiny;
 
 use common::TestServer;

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};

@@ -3,7 +3,7 @@
 //! `revoke` needs, `clients list` has a header, and `--help` is written for the user.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use lmsp_tests as common;
 
 use std::process::{Command, Output};
 
