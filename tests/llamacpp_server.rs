@@ -18,7 +18,6 @@ use lmsp_tests as common;
 mod tiny;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use nix::sys::signal::{kill, Signal};

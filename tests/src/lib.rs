@@ -33,16 +33,19 @@ pub fn workspace_root() -> PathBuf {
 /// The `lmsp` binary of the sources under test.
 ///
 /// `CARGO_BIN_EXE_*` names only a package's own binaries, and `lmsp` belongs to `crates/lmsp`, so
-/// the first call of each test binary asks cargo to build it in this test's profile. Cargo
-/// rebuilds what changed and does nothing when it is up to date, so a test never runs a binary
-/// left over from an earlier build.
+/// the first call of each test binary asks cargo to build it (`cargo_built`).
 pub fn lmsp_binary() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(build_lmsp).clone()
+    BUILT
+        .get_or_init(|| cargo_built(&["-p", "lmsp", "--bin", "lmsp"], "lmsp"))
+        .clone()
 }
 
-fn build_lmsp() -> PathBuf {
-    // A test binary sits in <target>/<profile>/deps.
+/// Runs `cargo build ARGS` in the profile of the test that calls it (its binary sits in
+/// `<target>/<profile>/deps`) and returns `path`, relative to that profile's directory, which the
+/// build must have left there. Cargo rebuilds what changed and does nothing when it is up to
+/// date, so a test never runs a binary left over from an earlier build.
+pub fn cargo_built(args: &[&str], path: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
     let profile_dir = exe
         .parent()
@@ -55,16 +58,8 @@ fn build_lmsp() -> PathBuf {
     };
     let output = Command::new(env!("CARGO"))
         .current_dir(workspace_root())
-        .args([
-            "build",
-            "--locked",
-            "--profile",
-            &profile,
-            "-p",
-            "lmsp",
-            "--bin",
-            "lmsp",
-        ])
+        .args(["build", "--locked", "--profile", &profile])
+        .args(args)
         .env(
             "CARGO_TARGET_DIR",
             profile_dir.parent().expect("a target directory"),
@@ -73,10 +68,10 @@ fn build_lmsp() -> PathBuf {
         .expect("cargo runs");
     assert!(
         output.status.success(),
-        "cargo build -p lmsp failed:\n{}",
+        "cargo build {args:?} failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let built = profile_dir.join("lmsp");
+    let built = profile_dir.join(path);
     assert!(built.is_file(), "cargo built no {}", built.display());
     built
 }
