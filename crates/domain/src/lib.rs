@@ -15,11 +15,13 @@ pub mod ids;
 pub mod model;
 pub mod ports;
 pub mod recovery;
+pub mod resume;
 pub mod status;
 pub mod task;
 pub mod time;
 pub mod transition;
 pub mod validation;
+pub mod worker;
 
 pub use cancel::{decide_cancel, CancelDecision, CancelReply};
 pub use error_code::TaskErrorCode;

@@ -13,6 +13,7 @@
 
 mod contract;
 mod support;
+mod worker_decisions;
 
 use std::collections::BTreeSet;
 
