@@ -5,6 +5,19 @@
 //! domain field can never silently change what is on disk. Each stored document has a serde
 //! struct of its own whose field names are the stored names. The shapes are those the first
 //! release wrote (a test opens a database file it wrote), extended only with optional fields.
+//!
+//! Beside the documents: the event rows ([`events`]: the on-disk event codes and each event's
+//! stored data) and the task row ([`rows`]), which both adapters read and write column for
+//! column; only binding the values is theirs.
+
+pub mod events;
+pub mod rows;
+
+pub use events::{event_data, EventCode, EventRow, Needs, Sources};
+pub use rows::{
+    derived_response_id, error_text, from_i64, key_of, stored_response_id, to_i64, u32_of, ulid_of,
+    TaskRow, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
+};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

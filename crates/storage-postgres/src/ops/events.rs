@@ -1,223 +1,33 @@
-//! Events in their stored form, and back (the same rows as the SQLite adapter's).
-//!
-//! One row per event: `kind` a small code ([`EventCode`]), `data` the event's data in its
-//! shortest form (a delta's text as is), `item` the output index of the item the event is about.
-//! What another row already holds is not copied: the task of `response.created` is rebuilt from
-//! `tasks`/`task_specs`, and the response of `response.completed` and the text of a completed
-//! item from `responses`.
+//! Events in their stored form (`lmsp_storage_codec::events`: the same rows as the SQLite
+//! adapter's), written and read on PostgreSQL.
 
-use std::borrow::Cow;
-
-use serde::{Deserialize, Serialize};
-
-use lmsp_domain::event::{ClosedItem, Event, EventKind, EventPayload, QueueReason};
-use lmsp_domain::ids::{ItemId, TaskId};
-use lmsp_domain::model::ModelId;
+use lmsp_domain::event::{Event, EventKind};
+use lmsp_domain::ids::TaskId;
 use lmsp_domain::ports::Page;
-use lmsp_domain::task::{ItemStatus, Response, Task};
-use lmsp_domain::time::Timestamp;
+use lmsp_domain::task::Response;
 
-use crate::codec;
-use crate::ops::{corrupt, from_i64, key, load_task, to_i64, u32_of, Db, Res};
-
-/// The code of each event kind in `task_events.kind`. Stored on disk: never renumber.
-#[derive(Debug, Clone, Copy)]
-pub struct EventCode;
-
-impl EventCode {
-    const KINDS: [(EventKind, i64); 15] = [
-        (EventKind::Created, 1),
-        (EventKind::Loading, 2),
-        (EventKind::InProgress, 3),
-        (EventKind::OutputTextDelta, 4),
-        (EventKind::Cancelling, 5),
-        (EventKind::Queued, 6),
-        (EventKind::Resumed, 7),
-        (EventKind::Completed, 8),
-        (EventKind::Failed, 9),
-        (EventKind::Cancelled, 10),
-        (EventKind::OutputItemAdded, 11),
-        (EventKind::ContentPartAdded, 12),
-        (EventKind::OutputTextDone, 13),
-        (EventKind::ContentPartDone, 14),
-        (EventKind::OutputItemDone, 15),
-    ];
-
-    /// The code of a kind.
-    pub fn of(kind: EventKind) -> i64 {
-        Self::KINDS
-            .iter()
-            .find(|(known, _)| *known == kind)
-            .map_or(0, |(_, code)| *code)
-    }
-
-    /// The kind of a code.
-    pub fn kind(code: i64) -> Res<EventKind> {
-        Self::KINDS
-            .iter()
-            .find(|(_, known)| *known == code)
-            .map(|(kind, _)| *kind)
-            .ok_or_else(|| corrupt(format!("unknown event code {code}")))
-    }
-}
-
-/// The data of an item closed as incomplete: its text is nowhere else.
-#[derive(Debug, Serialize, Deserialize)]
-struct IncompleteItem {
-    text: String,
-}
-
-/// An event's data in its stored form.
-fn event_data(payload: &EventPayload) -> Res<Cow<'_, str>> {
-    Ok(match payload {
-        EventPayload::Created { .. }
-        | EventPayload::InProgress
-        | EventPayload::Cancelling
-        | EventPayload::Completed { .. }
-        | EventPayload::Cancelled
-        | EventPayload::OutputItemAdded { .. }
-        | EventPayload::ContentPartAdded { .. } => Cow::Borrowed(""),
-        EventPayload::OutputTextDone(closed)
-        | EventPayload::ContentPartDone(closed)
-        | EventPayload::OutputItemDone(closed) => match closed.status {
-            ItemStatus::Completed => Cow::Borrowed(""),
-            ItemStatus::Incomplete => Cow::Owned(serde_json::to_string(&IncompleteItem {
-                text: closed.text.clone(),
-            })?),
-        },
-        EventPayload::Loading { model } => Cow::Borrowed(model.as_str()),
-        EventPayload::OutputTextDelta { delta, .. } => Cow::Borrowed(delta.as_str()),
-        EventPayload::Queued { reason } => Cow::Owned(serde_json::to_string(reason.as_str())?),
-        EventPayload::Resumed {
-            from_sequence_number,
-        } => Cow::Owned(from_sequence_number.to_string()),
-        EventPayload::Failed { error } => Cow::Owned(codec::error_to_text(error)?),
-    })
-}
+use crate::codec::{self, EventCode, EventRow, Sources};
+use crate::ops::{key, load_task, to_i64, Db, Res};
 
 /// Appends events.
 pub async fn insert_events<C: Db>(db: &C, events: &[Event]) -> Res<()> {
     for event in events {
+        let row = EventRow::encode(event)?;
         db.execute(
             "INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
              VALUES ($1, $2, $3, $4, $5, $6)",
             &[
                 &key(event.task_id),
-                &to_i64(event.sequence_number)?,
-                &EventCode::of(event.kind()),
-                &event.created_at.as_millis(),
-                &event_data(&event.payload)?.as_ref(),
-                &event
-                    .payload
-                    .item()
-                    .map(|item| i64::from(item.output_index())),
+                &row.sequence_number,
+                &row.code,
+                &row.created_at,
+                &row.data.as_ref(),
+                &row.item,
             ],
         )
         .await?;
     }
     Ok(())
-}
-
-/// The lazily read rows an event may be rebuilt from.
-struct Sources<'c, C> {
-    db: &'c C,
-    task_id: TaskId,
-    task: Option<Task>,
-    response: Option<Response>,
-}
-
-impl<C: Db> Sources<'_, C> {
-    async fn task(&mut self) -> Res<&Task> {
-        if self.task.is_none() {
-            self.task = Some(
-                load_task(self.db, self.task_id)
-                    .await?
-                    .ok_or_else(|| corrupt(format!("events of no task {}", self.task_id)))?,
-            );
-        }
-        self.task.as_ref().ok_or_else(|| corrupt("a task vanished"))
-    }
-
-    async fn response(&mut self) -> Res<&Response> {
-        if self.response.is_none() {
-            self.response = Some(response_of_task(self.db, self.task_id).await?.ok_or_else(
-                || {
-                    corrupt(format!(
-                        "task {} completed without a response",
-                        self.task_id
-                    ))
-                },
-            )?);
-        }
-        self.response
-            .as_ref()
-            .ok_or_else(|| corrupt("a response vanished"))
-    }
-
-    async fn closed(&mut self, item: ItemId, data: &str) -> Res<ClosedItem> {
-        if data.is_empty() {
-            Ok(ClosedItem {
-                item,
-                text: self.response().await?.output_text.clone(),
-                status: ItemStatus::Completed,
-            })
-        } else {
-            let incomplete: IncompleteItem = serde_json::from_str(data)?;
-            Ok(ClosedItem {
-                item,
-                text: incomplete.text,
-                status: ItemStatus::Incomplete,
-            })
-        }
-    }
-
-    async fn payload(
-        &mut self,
-        kind: EventKind,
-        data: String,
-        item: Option<u32>,
-    ) -> Res<EventPayload> {
-        let item = ItemId::of(self.task_id, item.unwrap_or(0));
-        Ok(match kind {
-            EventKind::Created => EventPayload::Created {
-                task: Box::new(self.task().await?.as_created()),
-            },
-            EventKind::Loading => EventPayload::Loading {
-                model: ModelId::parse(&data).map_err(corrupt)?,
-            },
-            EventKind::InProgress => EventPayload::InProgress,
-            EventKind::OutputItemAdded => EventPayload::OutputItemAdded { item },
-            EventKind::ContentPartAdded => EventPayload::ContentPartAdded { item },
-            EventKind::OutputTextDelta => EventPayload::OutputTextDelta { item, delta: data },
-            EventKind::OutputTextDone => {
-                EventPayload::OutputTextDone(self.closed(item, &data).await?)
-            }
-            EventKind::ContentPartDone => {
-                EventPayload::ContentPartDone(self.closed(item, &data).await?)
-            }
-            EventKind::OutputItemDone => {
-                EventPayload::OutputItemDone(self.closed(item, &data).await?)
-            }
-            EventKind::Cancelling => EventPayload::Cancelling,
-            EventKind::Queued => {
-                let name: String = serde_json::from_str(&data)?;
-                let reason = name
-                    .parse::<QueueReason>()
-                    .map_err(|_| corrupt(format!("a queue reason `{name}`")))?;
-                EventPayload::Queued { reason }
-            }
-            EventKind::Resumed => EventPayload::Resumed {
-                from_sequence_number: data.parse().map_err(corrupt)?,
-            },
-            EventKind::Completed => EventPayload::Completed {
-                response: Box::new(self.response().await?.clone()),
-            },
-            EventKind::Failed => EventPayload::Failed {
-                error: codec::error_from_text(&data)?,
-            },
-            EventKind::Cancelled => EventPayload::Cancelled,
-        })
-    }
 }
 
 /// The stored response of a task.
@@ -247,35 +57,47 @@ pub async fn events_in<C: Db>(
 ) -> Res<Page<Event>> {
     // Sequence numbers fit in i64; an `after` past that simply has nothing after it.
     let after_key = i64::try_from(after).unwrap_or(i64::MAX);
-    let rows = db
+    let found = db
         .query(
             "SELECT sequence_number, kind, created_at, data, item FROM task_events \
              WHERE task_id = $1 AND sequence_number > $2 ORDER BY sequence_number LIMIT $3",
             &[&key(task_id), &after_key, &to_i64(limit as u64 + 1)?],
         )
         .await?;
-    let has_more = rows.len() > limit;
-    let mut sources = Sources {
-        db,
-        task_id,
-        task: None,
-        response: None,
+    let has_more = found.len() > limit;
+    let rows = found
+        .iter()
+        .take(limit)
+        .map(|row| {
+            Ok(EventRow {
+                sequence_number: row.try_get(0)?,
+                code: row.try_get(1)?,
+                created_at: row.try_get(2)?,
+                data: row.try_get::<_, String>(3)?.into(),
+                item: row.try_get(4)?,
+            })
+        })
+        .collect::<Res<Vec<_>>>()?;
+    // Read the task and its response only when a row is rebuilt from them.
+    let needs = EventRow::needs_of(&rows);
+    let task = if needs.task {
+        load_task(db, task_id).await?
+    } else {
+        None
     };
-    let mut items = Vec::with_capacity(rows.len().min(limit));
-    for row in rows.iter().take(limit) {
-        let seq: i64 = row.try_get(0)?;
-        let code: i64 = row.try_get(1)?;
-        let created_at: i64 = row.try_get(2)?;
-        let data: String = row.try_get(3)?;
-        let item: Option<i64> = row.try_get(4)?;
-        let item = item.map(u32_of).transpose()?;
-        items.push(Event {
-            task_id,
-            sequence_number: from_i64(seq)?,
-            created_at: Timestamp::from_millis(created_at),
-            payload: sources.payload(EventCode::kind(code)?, data, item).await?,
-        });
-    }
+    let response = if needs.response {
+        response_of_task(db, task_id).await?
+    } else {
+        None
+    };
+    let sources = Sources {
+        task: task.as_ref(),
+        response: response.as_ref(),
+    };
+    let items = rows
+        .into_iter()
+        .map(|row| Ok(row.decode(task_id, sources)?))
+        .collect::<Res<Vec<_>>>()?;
     Ok(Page { items, has_more })
 }
 

@@ -16,11 +16,9 @@ pub mod tasks;
 
 use async_trait::async_trait;
 use lmsp_domain::event::Event;
-use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
-use lmsp_domain::model::ModelId;
-use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::status::TaskStatus;
-use lmsp_domain::task::{OutputItems, Task};
+use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
@@ -109,20 +107,7 @@ pub const FINISHED_SQL: &str = "('completed','failed','cancelled')";
 /// The unfinished statuses (P-7), in the order recovery looks at them.
 pub const LEFTOVER_STATUSES: [TaskStatus; 4] = TaskStatus::UNFINISHED;
 
-/// A `u64` as PostgreSQL's `bigint`.
-pub fn to_i64(value: u64) -> Res<i64> {
-    i64::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is out of range")))
-}
-
-/// A `bigint` as a `u64`.
-pub fn from_i64(value: i64) -> Res<u64> {
-    u64::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is negative")))
-}
-
-/// A `bigint` as a `u32`.
-pub fn u32_of(value: i64) -> Res<u32> {
-    u32::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is out of range")))
-}
+pub use codec::{from_i64, to_i64, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM};
 
 /// A stored row that makes no sense.
 pub fn corrupt(what: impl std::fmt::Display) -> DbError {
@@ -146,10 +131,7 @@ pub fn instance_key(id: InstanceId) -> Vec<u8> {
 
 /// A ULID from its stored 16 bytes.
 pub fn ulid_of(bytes: &[u8]) -> Res<Ulid> {
-    let bytes: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| corrupt(format!("an id of {} bytes", bytes.len())))?;
-    Ok(Ulid::from_bytes(bytes))
+    Ok(codec::ulid_of(bytes)?)
 }
 
 /// An instance id from its stored bytes.
@@ -157,77 +139,31 @@ pub fn instance_of(bytes: &[u8]) -> Res<InstanceId> {
     Ok(InstanceId::from_ulid(ulid_of(bytes)?))
 }
 
-/// The response id of a task whose row stores none: the task's own ULID.
-pub fn derived_response_id(task: TaskId) -> ResponseId {
-    ResponseId::from_ulid(task.ulid())
-}
-
-/// The columns [`decode_task`] reads, in order (`t` is `tasks`, `s` is `task_specs`).
-pub const TASK_COLUMNS: &str = "t.id, t.client_id, t.status, t.model, t.on_restart, \
-     t.created_at, t.started_at, t.finished_at, t.last_sequence_number, t.restarts, t.error, \
-     t.response_id, t.owner, t.background, t.items_opened, t.item_open, s.spec, s.metadata, \
-     s.accepted_by";
-
-/// How many columns [`TASK_COLUMNS`] names.
-pub const TASK_COLUMN_COUNT: usize = 19;
-
-/// `tasks` joined with its spec, for `SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE …`.
-pub const TASK_FROM: &str = "tasks t JOIN task_specs s ON s.task_id = t.id";
-
-/// Decodes a task row selected with [`TASK_COLUMNS`].
+/// Decodes a task row selected with [`TASK_COLUMNS`]; a row that stores no `accepted_by` was
+/// accepted by its owner.
 pub fn decode_task(row: &Row) -> Res<Task> {
-    let id_bytes: Vec<u8> = row.try_get(0)?;
-    let id = TaskId::from_ulid(ulid_of(&id_bytes)?);
-    let client: Vec<u8> = row.try_get(1)?;
-    let status: String = row.try_get(2)?;
-    let model: String = row.try_get(3)?;
-    let on_restart: String = row.try_get(4)?;
-    let created_at: i64 = row.try_get(5)?;
-    let started_at: Option<i64> = row.try_get(6)?;
-    let finished_at: Option<i64> = row.try_get(7)?;
-    let last: i64 = row.try_get(8)?;
-    let restarts: i64 = row.try_get(9)?;
-    let error: Option<String> = row.try_get(10)?;
-    let response_id: Option<String> = row.try_get(11)?;
-    let owner: Vec<u8> = row.try_get(12)?;
-    let background: bool = row.try_get(13)?;
-    let items_opened: i64 = row.try_get(14)?;
-    let item_open: bool = row.try_get(15)?;
-    let spec: String = row.try_get(16)?;
-    let metadata: String = row.try_get(17)?;
-    let accepted_by: Option<Vec<u8>> = row.try_get(18)?;
-    let owner = instance_of(&owner)?;
-    Ok(Task {
-        id,
-        response_id: match response_id {
-            Some(text) => ResponseId::parse(&text).map_err(corrupt)?,
-            None => derived_response_id(id),
-        },
-        client_id: ClientId::from_ulid(ulid_of(&client)?),
-        owner,
-        accepted_by: match accepted_by {
-            Some(bytes) => instance_of(&bytes)?,
-            None => owner,
-        },
-        status: TaskStatus::parse(&status).map_err(corrupt)?,
-        model: ModelId::parse(&model).map_err(corrupt)?,
-        on_restart: RestartPolicy::parse(&on_restart).map_err(corrupt)?,
-        background,
-        spec: codec::spec_from_text(&spec)?,
-        metadata: codec::metadata_from_text(&metadata)?,
-        created_at: Timestamp::from_millis(created_at),
-        started_at: started_at.map(Timestamp::from_millis),
-        finished_at: finished_at.map(Timestamp::from_millis),
-        last_sequence_number: from_i64(last)?,
-        restarts: u32::try_from(restarts).map_err(corrupt)?,
-        error: error
-            .map(|error| codec::error_from_text(&error))
-            .transpose()?,
-        items: OutputItems {
-            opened: u32_of(items_opened)?,
-            open: item_open,
-        },
-    })
+    Ok(codec::TaskRow {
+        id: row.try_get(0)?,
+        client_id: row.try_get(1)?,
+        status: row.try_get(2)?,
+        model: row.try_get(3)?,
+        on_restart: row.try_get(4)?,
+        created_at: row.try_get(5)?,
+        started_at: row.try_get(6)?,
+        finished_at: row.try_get(7)?,
+        last_sequence_number: row.try_get(8)?,
+        restarts: row.try_get(9)?,
+        error: row.try_get(10)?,
+        response_id: row.try_get(11)?,
+        owner: row.try_get(12)?,
+        background: row.try_get(13)?,
+        items_opened: row.try_get(14)?,
+        item_open: row.try_get(15)?,
+        spec: row.try_get(16)?,
+        metadata: row.try_get(17)?,
+        accepted_by: row.try_get(18)?,
+    }
+    .decode(None)?)
 }
 
 /// Reads a task (no lock: a read).
@@ -251,19 +187,6 @@ pub async fn lock_task<C: Db>(db: &C, id: TaskId) -> Res<Option<Task>> {
         .transpose()
 }
 
-fn error_text(task: &Task) -> Res<Option<String>> {
-    task.error
-        .as_ref()
-        .map(codec::error_to_text)
-        .transpose()
-        .map_err(Into::into)
-}
-
-/// The response id as stored: `NULL` when it is the derived one.
-fn stored_response_id(task: &Task) -> Option<String> {
-    (task.response_id != derived_response_id(task.id)).then(|| task.response_id.to_string())
-}
-
 /// Inserts a new task's rows (`tasks` and `task_specs`).
 pub async fn insert_task_rows<C: Db>(db: &C, task: &Task) -> Res<()> {
     db.execute(
@@ -282,8 +205,8 @@ pub async fn insert_task_rows<C: Db>(db: &C, task: &Task) -> Res<()> {
             &task.finished_at.map(Timestamp::as_millis),
             &to_i64(task.last_sequence_number)?,
             &i64::from(task.restarts),
-            &error_text(task)?,
-            &stored_response_id(task),
+            &codec::error_text(task)?,
+            &codec::stored_response_id(task),
             &instance_key(task.owner),
             &task.background,
             &i64::from(task.items.opened),
@@ -319,7 +242,7 @@ pub async fn write_advanced<C: Db>(db: &C, old: &Task, new: &Task, events: &[Eve
                 &new.finished_at.map(Timestamp::as_millis),
                 &to_i64(new.last_sequence_number)?,
                 &i64::from(new.restarts),
-                &error_text(new)?,
+                &codec::error_text(new)?,
                 &instance_key(new.owner),
                 &i64::from(new.items.opened),
                 &new.items.open,

@@ -12,7 +12,8 @@ use lmsp_domain::EventKind;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 
 use crate::codec;
-use crate::ops::events::{self, EventCode};
+use crate::codec::{EventCode, EventRow};
+use crate::ops::events;
 use crate::ops::{corrupt, from_i64, instance_key, key, to_i64, ulid_of, Res, LEFTOVER_STATUSES};
 
 /// Registers `instance` and declares every other one stopped.
@@ -290,7 +291,7 @@ fn apply_cell(
     }
     let data = match event {
         EventKind::Resumed => None,
-        _ => Some(events::event_data(&payload)?.into_owned()),
+        _ => Some(codec::event_data(&payload)?.into_owned()),
     };
     let sql = format!(
         "INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
@@ -366,15 +367,14 @@ fn collect_returned(
     while let Some(row) = rows.next()? {
         let task_key: Vec<u8> = row.get(0)?;
         let task_id = TaskId::from_ulid(ulid_of(&task_key)?);
-        events.push(events::decode_event(
-            conn,
-            task_id,
-            row.get(1)?,
-            row.get(2)?,
-            row.get(3)?,
-            row.get(4)?,
-            row.get(5)?,
-        )?);
+        let stored = EventRow {
+            sequence_number: row.get(1)?,
+            code: row.get(2)?,
+            created_at: row.get(3)?,
+            data: row.get::<_, String>(4)?.into(),
+            item: row.get(5)?,
+        };
+        events.extend(events::decode_events(conn, task_id, vec![stored])?);
         written += 1;
     }
     Ok(written)

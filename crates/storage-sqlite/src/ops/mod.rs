@@ -15,11 +15,9 @@ pub mod service;
 pub mod tasks;
 
 use lmsp_domain::event::Event;
-use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
-use lmsp_domain::model::ModelId;
-use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::status::TaskStatus;
-use lmsp_domain::task::{OutputItems, Task};
+use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension, Row, Statement};
 use ulid::Ulid;
@@ -36,15 +34,7 @@ pub const FINISHED_SQL: &str = "('completed','failed','cancelled')";
 /// The unfinished statuses (P-7), in the order recovery looks at them.
 pub const LEFTOVER_STATUSES: [TaskStatus; 4] = TaskStatus::UNFINISHED;
 
-/// A `u64` as SQLite's integer.
-pub fn to_i64(value: u64) -> Res<i64> {
-    i64::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is out of range")))
-}
-
-/// SQLite's integer as a `u64`.
-pub fn from_i64(value: i64) -> Res<u64> {
-    u64::try_from(value).map_err(|_| DbError::Corrupt(format!("{value} is negative")))
-}
+pub use codec::{from_i64, to_i64, TASK_COLUMNS, TASK_FROM};
 
 /// A stored row that makes no sense.
 pub fn corrupt(what: impl std::fmt::Display) -> DbError {
@@ -68,55 +58,18 @@ pub fn instance_key(id: InstanceId) -> [u8; 16] {
 
 /// A ULID from its stored 16 bytes.
 pub fn ulid_of(bytes: &[u8]) -> Res<Ulid> {
-    let bytes: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| corrupt(format!("an id of {} bytes", bytes.len())))?;
-    Ok(Ulid::from_bytes(bytes))
+    Ok(codec::ulid_of(bytes)?)
 }
 
 /// The owner of every task the first release wrote (see the v2 migration).
 const LEGACY_OWNER: [u8; 16] = crate::schema::LEGACY_INSTANCE;
 
-/// The response id of a task whose row stores none: the task's own ULID.
-pub fn derived_response_id(task: TaskId) -> ResponseId {
-    ResponseId::from_ulid(task.ulid())
-}
-
-/// The columns [`raw_task`] reads, in order (`t` is `tasks`, `s` is `task_specs`).
-pub const TASK_COLUMNS: &str = "t.id, t.client_id, t.status, t.model, t.on_restart, \
-     t.created_at, t.started_at, t.finished_at, t.last_sequence_number, t.restarts, t.error, \
-     t.response_id, t.owner, t.background, t.items_opened, t.item_open, s.spec, s.metadata, \
-     s.accepted_by";
-
-/// `tasks` joined with its spec, for `SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE …`.
-pub const TASK_FROM: &str = "tasks t JOIN task_specs s ON s.task_id = t.id";
-
 /// A task row as SQLite hands it over; [`RawTask::decode`] checks and converts it.
-pub struct RawTask {
-    id: Vec<u8>,
-    client_id: Vec<u8>,
-    status: String,
-    model: String,
-    on_restart: String,
-    created_at: i64,
-    started_at: Option<i64>,
-    finished_at: Option<i64>,
-    last_sequence_number: i64,
-    restarts: i64,
-    error: Option<String>,
-    response_id: Option<String>,
-    owner: Vec<u8>,
-    background: bool,
-    items_opened: i64,
-    item_open: bool,
-    spec: String,
-    metadata: String,
-    accepted_by: Option<Vec<u8>>,
-}
+pub struct RawTask(codec::TaskRow);
 
 /// Reads a task row selected with [`TASK_COLUMNS`].
 pub fn raw_task(row: &Row<'_>) -> rusqlite::Result<RawTask> {
-    Ok(RawTask {
+    Ok(RawTask(codec::TaskRow {
         id: row.get(0)?,
         client_id: row.get(1)?,
         status: row.get(2)?,
@@ -136,44 +89,14 @@ pub fn raw_task(row: &Row<'_>) -> rusqlite::Result<RawTask> {
         spec: row.get(16)?,
         metadata: row.get(17)?,
         accepted_by: row.get(18)?,
-    })
+    }))
 }
 
 impl RawTask {
-    /// The domain task.
+    /// The domain task; a row of the first release, which stores no `accepted_by`, was accepted
+    /// by the legacy instance.
     pub fn decode(self) -> Res<Task> {
-        let id = TaskId::from_ulid(ulid_of(&self.id)?);
-        Ok(Task {
-            id,
-            response_id: match self.response_id {
-                Some(text) => ResponseId::parse(&text).map_err(corrupt)?,
-                None => derived_response_id(id),
-            },
-            client_id: ClientId::from_ulid(ulid_of(&self.client_id)?),
-            owner: InstanceId::from_ulid(ulid_of(&self.owner)?),
-            accepted_by: InstanceId::from_ulid(ulid_of(
-                self.accepted_by.as_deref().unwrap_or(&LEGACY_OWNER),
-            )?),
-            status: TaskStatus::parse(&self.status).map_err(corrupt)?,
-            model: ModelId::parse(&self.model).map_err(corrupt)?,
-            on_restart: RestartPolicy::parse(&self.on_restart).map_err(corrupt)?,
-            background: self.background,
-            spec: codec::spec_from_text(&self.spec)?,
-            metadata: codec::metadata_from_text(&self.metadata)?,
-            created_at: Timestamp::from_millis(self.created_at),
-            started_at: self.started_at.map(Timestamp::from_millis),
-            finished_at: self.finished_at.map(Timestamp::from_millis),
-            last_sequence_number: from_i64(self.last_sequence_number)?,
-            restarts: u32::try_from(self.restarts).map_err(corrupt)?,
-            error: self
-                .error
-                .map(|error| codec::error_from_text(&error))
-                .transpose()?,
-            items: OutputItems {
-                opened: u32::try_from(self.items_opened).map_err(corrupt)?,
-                open: self.item_open,
-            },
-        })
+        Ok(self.0.decode(Some(&LEGACY_OWNER))?)
     }
 }
 
@@ -185,19 +108,6 @@ pub fn load_task(conn: &Connection, id: TaskId) -> Res<Option<Task>> {
         .optional()?
         .map(RawTask::decode)
         .transpose()
-}
-
-fn error_text(task: &Task) -> Res<Option<String>> {
-    task.error
-        .as_ref()
-        .map(codec::error_to_text)
-        .transpose()
-        .map_err(Into::into)
-}
-
-/// The response id as stored: `NULL` when it is the derived one.
-fn stored_response_id(task: &Task) -> Option<String> {
-    (task.response_id != derived_response_id(task.id)).then(|| task.response_id.to_string())
 }
 
 /// Inserts a new task's rows (`tasks` and `task_specs`).
@@ -219,8 +129,8 @@ pub fn insert_task_rows(conn: &Connection, task: &Task) -> Res<()> {
         task.finished_at.map(Timestamp::as_millis),
         to_i64(task.last_sequence_number)?,
         task.restarts,
-        error_text(task)?,
-        stored_response_id(task),
+        codec::error_text(task)?,
+        codec::stored_response_id(task),
         instance_key(task.owner),
         task.background,
         task.items.opened,
@@ -252,7 +162,7 @@ pub fn update_task(stmt: &mut Statement<'_>, old: &Task, new: &Task) -> Res<usiz
         new.finished_at.map(Timestamp::as_millis),
         to_i64(new.last_sequence_number)?,
         new.restarts,
-        error_text(new)?,
+        codec::error_text(new)?,
         instance_key(new.owner),
         new.items.opened,
         new.items.open,

@@ -1,0 +1,273 @@
+//! Events in their stored form, and back: the same rows in both adapters.
+//!
+//! One row per event: `kind` a small code ([`EventCode`]), `data` the event's data in its
+//! shortest form (a delta's text as is), `item` the output index of the item the event is about.
+//! What another row already holds is not copied: the task of `response.created` is rebuilt from
+//! `tasks`/`task_specs`, and the response of `response.completed` and the text of a completed
+//! item from `responses`. [`EventRow::needs`] says which of those rows a stored event is rebuilt
+//! from, so an adapter reads them only when a row needs them.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+
+use lmsp_domain::event::{ClosedItem, Event, EventKind, EventPayload, QueueReason};
+use lmsp_domain::ids::{ItemId, TaskId};
+use lmsp_domain::model::ModelId;
+use lmsp_domain::task::{ItemStatus, Response, Task};
+use lmsp_domain::time::Timestamp;
+
+use crate::{corrupt, error_from_text, error_to_text, from_i64, to_i64, DbError};
+
+/// The code of each event kind in `task_events.kind`. Stored on disk: never renumber.
+#[derive(Debug, Clone, Copy)]
+pub struct EventCode;
+
+impl EventCode {
+    const KINDS: [(EventKind, i64); 15] = [
+        (EventKind::Created, 1),
+        (EventKind::Loading, 2),
+        (EventKind::InProgress, 3),
+        (EventKind::OutputTextDelta, 4),
+        (EventKind::Cancelling, 5),
+        (EventKind::Queued, 6),
+        (EventKind::Resumed, 7),
+        (EventKind::Completed, 8),
+        (EventKind::Failed, 9),
+        (EventKind::Cancelled, 10),
+        (EventKind::OutputItemAdded, 11),
+        (EventKind::ContentPartAdded, 12),
+        (EventKind::OutputTextDone, 13),
+        (EventKind::ContentPartDone, 14),
+        (EventKind::OutputItemDone, 15),
+    ];
+
+    /// The code of a kind.
+    pub fn of(kind: EventKind) -> i64 {
+        Self::KINDS
+            .iter()
+            .find(|(known, _)| *known == kind)
+            .map_or(0, |(_, code)| *code)
+    }
+
+    /// The kind of a code.
+    pub fn kind(code: i64) -> Result<EventKind, DbError> {
+        Self::KINDS
+            .iter()
+            .find(|(_, known)| *known == code)
+            .map(|(kind, _)| *kind)
+            .ok_or_else(|| corrupt(format!("unknown event code {code}")))
+    }
+}
+
+/// The data of an item closed as incomplete: its text is nowhere else.
+#[derive(Debug, Serialize, Deserialize)]
+struct IncompleteItem {
+    text: String,
+}
+
+/// An event's data in its stored form.
+pub fn event_data(payload: &EventPayload) -> Result<Cow<'_, str>, DbError> {
+    Ok(match payload {
+        EventPayload::Created { .. }
+        | EventPayload::InProgress
+        | EventPayload::Cancelling
+        | EventPayload::Completed { .. }
+        | EventPayload::Cancelled
+        | EventPayload::OutputItemAdded { .. }
+        | EventPayload::ContentPartAdded { .. } => Cow::Borrowed(""),
+        EventPayload::OutputTextDone(closed)
+        | EventPayload::ContentPartDone(closed)
+        | EventPayload::OutputItemDone(closed) => match closed.status {
+            ItemStatus::Completed => Cow::Borrowed(""),
+            ItemStatus::Incomplete => Cow::Owned(serde_json::to_string(&IncompleteItem {
+                text: closed.text.clone(),
+            })?),
+        },
+        EventPayload::Loading { model } => Cow::Borrowed(model.as_str()),
+        EventPayload::OutputTextDelta { delta, .. } => Cow::Borrowed(delta.as_str()),
+        EventPayload::Queued { reason } => Cow::Owned(serde_json::to_string(reason.as_str())?),
+        EventPayload::Resumed {
+            from_sequence_number,
+        } => Cow::Owned(from_sequence_number.to_string()),
+        EventPayload::Failed { error } => Cow::Owned(error_to_text(error)?),
+    })
+}
+
+/// The columns of one `task_events` row of a task, but for its key (each adapter stores keys in
+/// its own way): what is written, and what is read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRow<'a> {
+    /// `sequence_number`.
+    pub sequence_number: i64,
+    /// `kind`: the [`EventCode`].
+    pub code: i64,
+    /// `created_at`, in milliseconds.
+    pub created_at: i64,
+    /// `data`: [`event_data`].
+    pub data: Cow<'a, str>,
+    /// `item`: the output index of the item the event is about.
+    pub item: Option<i64>,
+}
+
+/// Which other rows a stored event is rebuilt from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Needs {
+    /// The task (`response.created` carries it).
+    pub task: bool,
+    /// The task's stored response (`response.completed`, and a completed item's text).
+    pub response: bool,
+}
+
+impl Needs {
+    /// What either needs.
+    pub fn or(self, other: Needs) -> Needs {
+        Needs {
+            task: self.task || other.task,
+            response: self.response || other.response,
+        }
+    }
+}
+
+/// The rows stored events are rebuilt from, as read by the adapter (`None`: not read, or there
+/// is none).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sources<'s> {
+    /// The task of the events.
+    pub task: Option<&'s Task>,
+    /// Its stored response.
+    pub response: Option<&'s Response>,
+}
+
+impl<'a> EventRow<'a> {
+    /// The row of an event.
+    pub fn encode(event: &'a Event) -> Result<Self, DbError> {
+        Ok(EventRow {
+            sequence_number: to_i64(event.sequence_number)?,
+            code: EventCode::of(event.kind()),
+            created_at: event.created_at.as_millis(),
+            data: event_data(&event.payload)?,
+            item: event
+                .payload
+                .item()
+                .map(|item| i64::from(item.output_index())),
+        })
+    }
+
+    /// Which other rows this one is rebuilt from.
+    pub fn needs(&self) -> Needs {
+        let closed = [
+            EventCode::of(EventKind::OutputTextDone),
+            EventCode::of(EventKind::ContentPartDone),
+            EventCode::of(EventKind::OutputItemDone),
+        ];
+        Needs {
+            task: self.code == EventCode::of(EventKind::Created),
+            response: self.code == EventCode::of(EventKind::Completed)
+                || (closed.contains(&self.code) && self.data.is_empty()),
+        }
+    }
+
+    /// Which other rows any of `rows` is rebuilt from.
+    pub fn needs_of(rows: &[EventRow<'_>]) -> Needs {
+        rows.iter()
+            .fold(Needs::default(), |needs, row| needs.or(row.needs()))
+    }
+
+    /// The domain's event of task `task_id`, rebuilt with `sources` (which hold what
+    /// [`EventRow::needs`] says).
+    pub fn decode(self, task_id: TaskId, sources: Sources<'_>) -> Result<Event, DbError> {
+        let index = self
+            .item
+            .map(u32::try_from)
+            .transpose()
+            .map_err(corrupt)?
+            .unwrap_or(0);
+        let item = ItemId::of(task_id, index);
+        let data = self.data.into_owned();
+        let task = || {
+            sources
+                .task
+                .ok_or_else(|| corrupt(format!("events of no task {task_id}")))
+        };
+        let response = || {
+            sources
+                .response
+                .ok_or_else(|| corrupt(format!("task {task_id} completed without a response")))
+        };
+        let closed = |data: &str| -> Result<ClosedItem, DbError> {
+            if data.is_empty() {
+                Ok(ClosedItem {
+                    item,
+                    text: response()?.output_text.clone(),
+                    status: ItemStatus::Completed,
+                })
+            } else {
+                let incomplete: IncompleteItem = serde_json::from_str(data)?;
+                Ok(ClosedItem {
+                    item,
+                    text: incomplete.text,
+                    status: ItemStatus::Incomplete,
+                })
+            }
+        };
+        let payload = match EventCode::kind(self.code)? {
+            EventKind::Created => EventPayload::Created {
+                task: Box::new(task()?.as_created()),
+            },
+            EventKind::Loading => EventPayload::Loading {
+                model: ModelId::parse(&data).map_err(corrupt)?,
+            },
+            EventKind::InProgress => EventPayload::InProgress,
+            EventKind::OutputItemAdded => EventPayload::OutputItemAdded { item },
+            EventKind::ContentPartAdded => EventPayload::ContentPartAdded { item },
+            EventKind::OutputTextDelta => EventPayload::OutputTextDelta { item, delta: data },
+            EventKind::OutputTextDone => EventPayload::OutputTextDone(closed(&data)?),
+            EventKind::ContentPartDone => EventPayload::ContentPartDone(closed(&data)?),
+            EventKind::OutputItemDone => EventPayload::OutputItemDone(closed(&data)?),
+            EventKind::Cancelling => EventPayload::Cancelling,
+            EventKind::Queued => {
+                let name: String = serde_json::from_str(&data)?;
+                let reason = name
+                    .parse::<QueueReason>()
+                    .map_err(|_| corrupt(format!("a queue reason `{name}`")))?;
+                EventPayload::Queued { reason }
+            }
+            EventKind::Resumed => EventPayload::Resumed {
+                from_sequence_number: data.parse().map_err(corrupt)?,
+            },
+            EventKind::Completed => EventPayload::Completed {
+                response: Box::new(response()?.clone()),
+            },
+            EventKind::Failed => EventPayload::Failed {
+                error: error_from_text(&data)?,
+            },
+            EventKind::Cancelled => EventPayload::Cancelled,
+        };
+        Ok(Event {
+            task_id,
+            sequence_number: from_i64(self.sequence_number)?,
+            created_at: Timestamp::from_millis(self.created_at),
+            payload,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The codes are on disk: each kind keeps its number, and every number names one kind.
+    #[test]
+    fn every_kind_keeps_its_stored_code_and_no_code_is_shared() {
+        for (kind, code) in EventCode::KINDS {
+            assert_eq!(EventCode::of(kind), code);
+            assert_eq!(EventCode::kind(code).unwrap(), kind);
+        }
+        assert_eq!(EventCode::of(EventKind::OutputItemDone), 15);
+        assert!(EventCode::kind(0).is_err());
+        assert!(EventCode::kind(16).is_err());
+    }
+}
