@@ -1,7 +1,13 @@
 //! The cancel decision (P-4): what a cancel request does to a task in each status.
 
 use crate::event::EventPayload;
+use crate::ids::ClientId;
+use crate::ports::CancelOutcome;
 use crate::status::TaskStatus;
+use crate::task::Task;
+use crate::time::Timestamp;
+use crate::transition::{advance, Refusal, Step};
+use crate::writes::TaskWrite;
 
 /// What a cancel request does to a task in a given status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,6 +89,52 @@ pub const fn decide_cancel(status: TaskStatus) -> CancelDecision {
         TaskStatus::Cancelled => CancelDecision::AlreadyCancelled,
         TaskStatus::Completed | TaskStatus::Failed => CancelDecision::NotCancellable,
     }
+}
+
+/// A decided cancel: how it is answered, and what it writes (`None`: nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelPlan {
+    /// The answer: the decision with the task as it is after the cancel, or `NotFound`.
+    pub outcome: CancelOutcome,
+    /// The task's new row with the cancel's event, and its snapshot dropped when the cancel
+    /// finished it; written as a compare-and-set on the task as read.
+    pub write: Option<TaskWrite<'static>>,
+}
+
+/// P-4, I-3, I-7: a cancel request by `client` (`None`: the service itself) on the task as read
+/// at `at`. Another client's task is not found; the [`decide_cancel`] cells that write nothing
+/// answer with the task as read; the others advance it by [`Step::RequestCancel`] on behalf of
+/// its owner. A refusal of that step would contradict the cancel table: the adapter reports it
+/// as a store that makes no sense.
+pub fn plan_cancel(
+    task: &Task,
+    client: Option<ClientId>,
+    at: Timestamp,
+) -> Result<CancelPlan, Refusal> {
+    if !task.visible_to(client) {
+        return Ok(CancelPlan {
+            outcome: CancelOutcome::NotFound,
+            write: None,
+        });
+    }
+    let decision = decide_cancel(task.status);
+    if decision.event().is_none() {
+        return Ok(CancelPlan {
+            outcome: CancelOutcome::Decided {
+                decision,
+                task: task.clone(),
+            },
+            write: None,
+        });
+    }
+    let write = TaskWrite::from_advanced(advance(task, &Step::RequestCancel, task.owner, at)?);
+    Ok(CancelPlan {
+        outcome: CancelOutcome::Decided {
+            decision,
+            task: write.task.clone(),
+        },
+        write: Some(write),
+    })
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ pub mod time;
 pub mod transition;
 pub mod validation;
 pub mod worker;
+pub mod writes;
 
 pub use cancel::{decide_cancel, CancelDecision, CancelReply};
 pub use error_code::TaskErrorCode;

@@ -53,6 +53,13 @@ impl TaskStatus {
         TaskStatus::Cancelling,
     ];
 
+    /// The finished statuses, never left again (what a purge may remove, P-6).
+    pub const FINISHED: [TaskStatus; 3] = [
+        TaskStatus::Completed,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+    ];
+
     /// Whether the task is finished: `completed`, `failed` or `cancelled`, never left again.
     pub const fn is_finished(self) -> bool {
         matches!(

@@ -292,6 +292,12 @@ impl Task {
         }
     }
 
+    /// Whether the task exists for `client` (I-7): every task exists for the service itself
+    /// (`None`), a client's own tasks for the client, no other.
+    pub fn visible_to(&self, client: Option<ClientId>) -> bool {
+        client.is_none_or(|client| client == self.client_id)
+    }
+
     /// The task as it was when it was created: the data of its `response.created` event.
     ///
     /// Only fields that never change are kept; every other field is at its initial value. So a

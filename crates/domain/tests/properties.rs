@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod contract;
+mod store_writes;
 mod support;
 mod worker_decisions;
 

@@ -11,12 +11,12 @@ use lmsp_domain::ports::{InstanceInfo, RecoveryReport, Registration};
 use lmsp_domain::recovery::{needs_open_item_text, recover};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::EventKind;
+use lmsp_domain::writes::{tally, TaskWrite};
 
+use crate::ops::tasks::write_task;
 use crate::ops::{
-    decode_task, delete_snapshot, events, from_i64, instance_key, instance_of, key, to_i64,
-    ulid_of, write_advanced, Db, Res, LEFTOVER_STATUSES, TASK_COLUMNS, TASK_COLUMN_COUNT,
-    TASK_FROM,
+    decode_task, events, from_i64, instance_key, instance_of, key, to_i64, ulid_of, Db, Res,
+    LEFTOVER_STATUSES, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
 };
 
 /// Registers `instance` unless another incarnation of its name holds a lease that has not run
@@ -234,24 +234,12 @@ pub async fn recover_batch<C: Db>(
         } else {
             None
         };
-        match recover(&task, rescuer, covers, item_text, at) {
-            None => report.untouched += 1,
-            Some(advanced) => {
-                write_advanced(db, &task, &advanced.task, &advanced.events).await?;
-                if advanced.task.status.is_finished() {
-                    delete_snapshot(db, task.id).await?;
-                }
-                if advanced
-                    .events
-                    .iter()
-                    .any(|event| event.kind() == EventKind::Resumed)
-                {
-                    report.resumed.push(task.id);
-                }
-                report.moved += 1;
-                all_events.extend(advanced.events);
-            }
+        let write = recover(&task, rescuer, covers, item_text, at).map(TaskWrite::from_advanced);
+        if let Some(write) = &write {
+            write_task(db, &task, write).await?;
+            all_events.extend(write.events.iter().cloned());
         }
+        tally(&mut report, task.id, write.as_ref());
     }
     let next = if full {
         RecoveryCursor {

@@ -101,9 +101,6 @@ cached_db!(
     deadpool_postgres::Transaction<'_>
 );
 
-/// The finished statuses, for `status IN …`.
-pub const FINISHED_SQL: &str = "('completed','failed','cancelled')";
-
 /// The unfinished statuses (P-7), in the order recovery looks at them.
 pub const LEFTOVER_STATUSES: [TaskStatus; 4] = TaskStatus::UNFINISHED;
 

@@ -1,6 +1,6 @@
 //! Tasks: creation, the worker's steps, claims, cancels, deletion, and the reads.
 
-use lmsp_domain::cancel::decide_cancel;
+use lmsp_domain::cancel::plan_cancel;
 use lmsp_domain::event::{Event, EventPayload};
 use lmsp_domain::idempotency::{IdempotencyRecord, KeyState};
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
@@ -10,7 +10,8 @@ use lmsp_domain::ports::{
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::transition::{advance, advance_all, Step};
+use lmsp_domain::transition::Step;
+use lmsp_domain::writes::{decide_delete, plan_append, plan_claim, SnapshotChange, TaskWrite};
 use tokio_postgres::types::ToSql;
 
 use crate::codec;
@@ -84,6 +85,20 @@ async fn put_snapshot<C: Db>(db: &C, task_id: TaskId, snapshot: &Snapshot) -> Re
     Ok(())
 }
 
+/// Writes what the domain decided for a task read (and locked) as `old`: its row as a
+/// compare-and-set with its events, the responses, the snapshot change.
+pub async fn write_task<C: Db>(db: &C, old: &Task, write: &TaskWrite<'_>) -> Res<()> {
+    write_advanced(db, old, &write.task, &write.events).await?;
+    for response in &write.responses {
+        insert_response(db, response).await?;
+    }
+    match write.snapshot {
+        SnapshotChange::Keep => Ok(()),
+        SnapshotChange::Drop => delete_snapshot(db, old.id).await,
+        SnapshotChange::Put(snapshot) => put_snapshot(db, old.id, snapshot).await,
+    }
+}
+
 /// P-3, I-2: folds a worker's steps through the domain, all or nothing.
 pub async fn append<C: Db>(
     db: &C,
@@ -97,29 +112,13 @@ pub async fn append<C: Db>(
     let Some(old) = lock_task(db, task_id).await? else {
         return Ok((StepOutcome::NotFound, Vec::new()));
     };
-    let advanced = match advance_all(&old, steps, by, expected, at) {
-        Ok(advanced) => advanced,
-        Err(refusal) => return Ok((StepOutcome::Refused { task: old, refusal }, Vec::new())),
-    };
-    write_advanced(db, &old, &advanced.task, &advanced.events).await?;
-    for step in steps {
-        if let Step::Complete { response } = step {
-            insert_response(db, response).await?;
+    match plan_append(&old, steps, by, expected, snapshot, at) {
+        Ok(write) => {
+            write_task(db, &old, &write).await?;
+            Ok(write.applied())
         }
+        Err(refusal) => Ok((StepOutcome::Refused { task: old, refusal }, Vec::new())),
     }
-    if advanced.task.status.is_finished() {
-        delete_snapshot(db, task_id).await?;
-    } else if let Some(snapshot) = snapshot {
-        put_snapshot(db, task_id, snapshot).await?;
-    }
-    let events = advanced.events.clone();
-    Ok((
-        StepOutcome::Applied {
-            task: advanced.task,
-            events: advanced.events,
-        },
-        events,
-    ))
 }
 
 /// Claims the oldest queued task for `by`: the row is locked with `SKIP LOCKED`, so concurrent
@@ -137,14 +136,10 @@ pub async fn claim_next<C: Db>(
         return Ok((None, Vec::new()));
     };
     let old = decode_task(&row)?;
-    let step = Step::Claim {
-        model: old.model.clone(),
-    };
-    let advanced = advance(&old, &step, by, at)
+    let write = plan_claim(&old, by, at)
         .map_err(|refusal| corrupt(format!("a queued task refused a claim: {refusal}")))?;
-    write_advanced(db, &old, &advanced.task, &advanced.events).await?;
-    delete_snapshot(db, old.id).await?;
-    Ok((Some(advanced.task), advanced.events))
+    write_task(db, &old, &write).await?;
+    Ok((Some(write.task), write.events))
 }
 
 /// P-4, I-3: decides and applies a cancel.
@@ -157,32 +152,13 @@ pub async fn cancel<C: Db>(
     let Some(old) = lock_task(db, task_id).await? else {
         return Ok((CancelOutcome::NotFound, Vec::new()));
     };
-    if client_id.is_some_and(|client| client != old.client_id) {
-        return Ok((CancelOutcome::NotFound, Vec::new()));
-    }
-    let decision = decide_cancel(old.status);
-    if decision.event().is_none() {
-        return Ok((
-            CancelOutcome::Decided {
-                decision,
-                task: old,
-            },
-            Vec::new(),
-        ));
-    }
-    let advanced = advance(&old, &Step::RequestCancel, old.owner, at)
+    let plan = plan_cancel(&old, client_id, at)
         .map_err(|refusal| corrupt(format!("a cancel was refused: {refusal}")))?;
-    write_advanced(db, &old, &advanced.task, &advanced.events).await?;
-    if advanced.task.status.is_finished() {
-        delete_snapshot(db, task_id).await?;
-    }
-    Ok((
-        CancelOutcome::Decided {
-            decision,
-            task: advanced.task,
-        },
-        advanced.events,
-    ))
+    let Some(write) = plan.write else {
+        return Ok((plan.outcome, Vec::new()));
+    };
+    write_task(db, &old, &write).await?;
+    Ok((plan.outcome, write.events))
 }
 
 /// Removes one task's rows; its idempotency records stay, pointing at nothing (a key outlives
@@ -212,14 +188,11 @@ pub async fn delete_finished<C: Db>(
     let Some(task) = lock_task(db, task_id).await? else {
         return Ok(DeleteOutcome::NotFound);
     };
-    if client_id.is_some_and(|client| client != task.client_id) {
-        return Ok(DeleteOutcome::NotFound);
+    let outcome = decide_delete(&task, client_id);
+    if outcome == DeleteOutcome::Deleted {
+        delete_task_rows(db, &key(task_id)).await?;
     }
-    if !task.status.is_finished() {
-        return Ok(DeleteOutcome::Unfinished);
-    }
-    delete_task_rows(db, &key(task_id)).await?;
-    Ok(DeleteOutcome::Deleted)
+    Ok(outcome)
 }
 
 /// The task whose response has this id: a task's own response id is its ULID, unless another

@@ -28,9 +28,6 @@ use crate::error::DbError;
 /// The result type of the operations.
 pub type Res<T> = Result<T, DbError>;
 
-/// The finished statuses, for `status IN …`.
-pub const FINISHED_SQL: &str = "('completed','failed','cancelled')";
-
 /// The unfinished statuses (P-7), in the order recovery looks at them.
 pub const LEFTOVER_STATUSES: [TaskStatus; 4] = TaskStatus::UNFINISHED;
 

@@ -1,6 +1,6 @@
 //! Tasks: creation, the worker's steps, claims, cancels, deletion, and the reads.
 
-use lmsp_domain::cancel::decide_cancel;
+use lmsp_domain::cancel::plan_cancel;
 use lmsp_domain::event::{Event, EventPayload};
 use lmsp_domain::idempotency::IdempotencyRecord;
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
@@ -10,7 +10,7 @@ use lmsp_domain::ports::{
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::transition::{advance, advance_all, Step};
+use lmsp_domain::writes::{decide_delete, plan_append, plan_claim, SnapshotChange, TaskWrite};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -20,6 +20,7 @@ use crate::ops::{
     client_key, corrupt, delete_snapshot, events, from_i64, insert_task_rows, instance_key, key,
     load_task, raw_task, to_i64, write_advanced, RawTask, Res, TASK_COLUMNS, TASK_FROM,
 };
+use lmsp_domain::transition::Step;
 
 /// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record.
 pub fn create_task(
@@ -78,6 +79,20 @@ fn put_snapshot(conn: &Connection, task_id: TaskId, snapshot: &Snapshot) -> Res<
     Ok(())
 }
 
+/// Writes what the domain decided for a task read as `old`: its row as a compare-and-set with
+/// its events, the responses, the snapshot change.
+pub fn write_task(conn: &Connection, old: &Task, write: &TaskWrite<'_>) -> Res<()> {
+    write_advanced(conn, old, &write.task, &write.events)?;
+    for response in &write.responses {
+        insert_response(conn, response)?;
+    }
+    match write.snapshot {
+        SnapshotChange::Keep => Ok(()),
+        SnapshotChange::Drop => delete_snapshot(conn, old.id),
+        SnapshotChange::Put(snapshot) => put_snapshot(conn, old.id, snapshot),
+    }
+}
+
 /// P-3, I-2: folds a worker's steps through the domain, all or nothing.
 pub fn append(
     conn: &Connection,
@@ -91,29 +106,13 @@ pub fn append(
     let Some(old) = load_task(conn, task_id)? else {
         return Ok((StepOutcome::NotFound, Vec::new()));
     };
-    let advanced = match advance_all(&old, steps, by, expected, at) {
-        Ok(advanced) => advanced,
-        Err(refusal) => return Ok((StepOutcome::Refused { task: old, refusal }, Vec::new())),
-    };
-    write_advanced(conn, &old, &advanced.task, &advanced.events)?;
-    for step in steps {
-        if let Step::Complete { response } = step {
-            insert_response(conn, response)?;
+    match plan_append(&old, steps, by, expected, snapshot, at) {
+        Ok(write) => {
+            write_task(conn, &old, &write)?;
+            Ok(write.applied())
         }
+        Err(refusal) => Ok((StepOutcome::Refused { task: old, refusal }, Vec::new())),
     }
-    if advanced.task.status.is_finished() {
-        delete_snapshot(conn, task_id)?;
-    } else if let Some(snapshot) = snapshot {
-        put_snapshot(conn, task_id, snapshot)?;
-    }
-    let events = advanced.events.clone();
-    Ok((
-        StepOutcome::Applied {
-            task: advanced.task,
-            events: advanced.events,
-        },
-        events,
-    ))
 }
 
 /// Claims the oldest queued task for `by`.
@@ -133,14 +132,10 @@ pub fn claim_next(
         return Ok((None, Vec::new()));
     };
     let old = raw.decode()?;
-    let step = Step::Claim {
-        model: old.model.clone(),
-    };
-    let advanced = advance(&old, &step, by, at)
+    let write = plan_claim(&old, by, at)
         .map_err(|refusal| corrupt(format!("a queued task refused a claim: {refusal}")))?;
-    write_advanced(conn, &old, &advanced.task, &advanced.events)?;
-    delete_snapshot(conn, old.id)?;
-    Ok((Some(advanced.task), advanced.events))
+    write_task(conn, &old, &write)?;
+    Ok((Some(write.task), write.events))
 }
 
 /// P-4, I-3: decides and applies a cancel.
@@ -153,32 +148,13 @@ pub fn cancel(
     let Some(old) = load_task(conn, task_id)? else {
         return Ok((CancelOutcome::NotFound, Vec::new()));
     };
-    if client_id.is_some_and(|client| client != old.client_id) {
-        return Ok((CancelOutcome::NotFound, Vec::new()));
-    }
-    let decision = decide_cancel(old.status);
-    if decision.event().is_none() {
-        return Ok((
-            CancelOutcome::Decided {
-                decision,
-                task: old,
-            },
-            Vec::new(),
-        ));
-    }
-    let advanced = advance(&old, &Step::RequestCancel, old.owner, at)
+    let plan = plan_cancel(&old, client_id, at)
         .map_err(|refusal| corrupt(format!("a cancel was refused: {refusal}")))?;
-    write_advanced(conn, &old, &advanced.task, &advanced.events)?;
-    if advanced.task.status.is_finished() {
-        delete_snapshot(conn, task_id)?;
-    }
-    Ok((
-        CancelOutcome::Decided {
-            decision,
-            task: advanced.task,
-        },
-        advanced.events,
-    ))
+    let Some(write) = plan.write else {
+        return Ok((plan.outcome, Vec::new()));
+    };
+    write_task(conn, &old, &write)?;
+    Ok((plan.outcome, write.events))
 }
 
 /// Removes one task's rows; its idempotency records stay, pointing at nothing (a key outlives
@@ -208,14 +184,11 @@ pub fn delete_finished(
     let Some(task) = load_task(conn, task_id)? else {
         return Ok(DeleteOutcome::NotFound);
     };
-    if client_id.is_some_and(|client| client != task.client_id) {
-        return Ok(DeleteOutcome::NotFound);
+    let outcome = decide_delete(&task, client_id);
+    if outcome == DeleteOutcome::Deleted {
+        delete_task_rows(conn, &key(task_id))?;
     }
-    if !task.status.is_finished() {
-        return Ok(DeleteOutcome::Unfinished);
-    }
-    delete_task_rows(conn, &key(task_id))?;
-    Ok(DeleteOutcome::Deleted)
+    Ok(outcome)
 }
 
 /// The task whose response has this id: a task's own response id is its ULID, unless the first
