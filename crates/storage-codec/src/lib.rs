@@ -7,13 +7,19 @@
 //! release wrote (a test opens a database file it wrote), extended only with optional fields.
 //!
 //! Beside the documents: the event rows ([`events`]: the on-disk event codes and each event's
-//! stored data) and the task row ([`rows`]), which both adapters read and write column for
-//! column; only binding the values is theirs.
+//! stored data), the task row ([`rows`]) and the rows of clients, models and idempotency records
+//! ([`records`]), which both adapters read and write column for column; only binding the values
+//! is theirs.
 
 pub mod events;
+pub mod records;
 pub mod rows;
 
 pub use events::{event_data, EventCode, EventRow, Needs, Sources};
+pub use records::{
+    hash_from_text, ClientRow, IdempotencyRow, ModelRow, CLIENT_COLUMNS, IDEMPOTENCY_COLUMNS,
+    MODEL_COLUMNS,
+};
 pub use rows::{
     derived_response_id, error_text, from_i64, key_of, stored_response_id, to_i64, u32_of, ulid_of,
     TaskRow, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,

@@ -8,42 +8,34 @@ use lmsp_domain::time::Timestamp;
 use tokio_postgres::Row;
 
 use crate::codec;
-use crate::ops::{config_value, corrupt, set_config_value, Db, Res};
-
-fn parse_hash(text: &str) -> Res<SecretHash> {
-    SecretHash::from_hex(text).ok_or_else(|| corrupt("a stored hash is not 64 hex digits"))
-}
+use crate::codec::{ClientRow, CLIENT_COLUMNS};
+use crate::ops::{config_value, set_config_value, Db, Res};
 
 fn build_client(row: &Row) -> Res<Client> {
-    let id: String = row.try_get(0)?;
-    let hash: String = row.try_get(2)?;
-    let scopes: String = row.try_get(3)?;
-    let created_at: i64 = row.try_get(4)?;
-    let revoked_at: Option<i64> = row.try_get(5)?;
-    Ok(Client {
-        id: ClientId::parse(&id).map_err(corrupt)?,
+    Ok(ClientRow {
+        id: row.try_get(0)?,
         name: row.try_get(1)?,
-        scopes: codec::scopes_from_text(&scopes)?,
-        token_hash: parse_hash(&hash)?,
-        created_at: Timestamp::from_millis(created_at),
-        revoked_at: revoked_at.map(Timestamp::from_millis),
-    })
+        token_hash: row.try_get(2)?,
+        scopes: row.try_get(3)?,
+        created_at: row.try_get(4)?,
+        revoked_at: row.try_get(5)?,
+    }
+    .decode()?)
 }
-
-const CLIENT_COLUMNS: &str = "id, name, token_hash, scopes, created_at, revoked_at";
 
 /// Stores a client.
 pub async fn insert_client<C: Db>(db: &C, client: &Client) -> Res<()> {
+    let row = ClientRow::encode(client)?;
     db.execute(
         "INSERT INTO clients (id, name, token_hash, scopes, created_at, revoked_at) \
          VALUES ($1, $2, $3, $4, $5, $6)",
         &[
-            &client.id.to_string(),
-            &client.name,
-            &client.token_hash.to_hex(),
-            &codec::scopes_to_text(&client.scopes)?,
-            &client.created_at.as_millis(),
-            &client.revoked_at.map(Timestamp::as_millis),
+            &row.id,
+            &row.name,
+            &row.token_hash,
+            &row.scopes,
+            &row.created_at,
+            &row.revoked_at,
         ],
     )
     .await?;

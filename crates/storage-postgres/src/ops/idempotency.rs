@@ -5,16 +5,17 @@
 
 use lmsp_domain::idempotency::{
     decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
-    KeyState, RequestDigest, StoredReply,
+    KeyState, StoredReply,
 };
-use lmsp_domain::ids::{InstanceId, TaskId};
+use lmsp_domain::ids::InstanceId;
 use lmsp_domain::model::ModelRecord;
 use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
 
+use crate::codec::{IdempotencyRow, IDEMPOTENCY_COLUMNS};
 use crate::error::DbError;
 use crate::ops::models::insert_model;
-use crate::ops::{client_key, corrupt, instance_key, instance_of, key, to_i64, ulid_of, Db, Res};
+use crate::ops::{client_key, instance_key, to_i64, Db, Res};
 
 /// The record stored under a key, expired or not, its row locked until the transaction ends.
 pub async fn locked_record<C: Db>(
@@ -22,11 +23,13 @@ pub async fn locked_record<C: Db>(
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
 ) -> Res<Option<IdempotencyRecord>> {
+    let sql = format!(
+        "SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency_keys \
+         WHERE client_id = $1 AND operation = $2 AND key = $3 FOR UPDATE"
+    );
     let Some(row) = db
         .query_opt(
-            "SELECT digest, reply, reply_task, held_until, held_by, created_at, expires_at \
-             FROM idempotency_keys WHERE client_id = $1 AND operation = $2 AND key = $3 \
-             FOR UPDATE",
+            &sql,
             &[
                 &client_key(scope.client_id),
                 &scope.operation.as_str(),
@@ -37,45 +40,25 @@ pub async fn locked_record<C: Db>(
     else {
         return Ok(None);
     };
-    let digest: Vec<u8> = row.try_get(0)?;
-    let reply: Option<Vec<u8>> = row.try_get(1)?;
-    let reply_task: Option<Vec<u8>> = row.try_get(2)?;
-    let held_until: Option<i64> = row.try_get(3)?;
-    let held_by: Option<Vec<u8>> = row.try_get(4)?;
-    let created_at: i64 = row.try_get(5)?;
-    let expires_at: i64 = row.try_get(6)?;
-    let digest: [u8; 32] = digest
-        .try_into()
-        .map_err(|_| corrupt("an idempotency digest is not 32 bytes"))?;
-    let state = match reply {
-        None => KeyState::Pending,
-        Some(body) => KeyState::Answered(StoredReply {
-            task_id: reply_task
-                .map(|id| Ok::<_, DbError>(TaskId::from_ulid(ulid_of(&id)?)))
-                .transpose()?,
-            body,
-        }),
-    };
-    Ok(Some(IdempotencyRecord {
-        scope: scope.clone(),
-        key: key_text.clone(),
-        digest: RequestDigest(digest),
-        state,
-        held_until: held_until.map(Timestamp::from_millis),
-        held_by: held_by.map(|id| instance_of(&id)).transpose()?,
-        created_at: Timestamp::from_millis(created_at),
-        expires_at: Timestamp::from_millis(expires_at),
-    }))
+    Ok(Some(
+        IdempotencyRow {
+            digest: row.try_get(0)?,
+            reply: row.try_get(1)?,
+            reply_task: row.try_get(2)?,
+            held_until: row.try_get(3)?,
+            held_by: row.try_get(4)?,
+            created_at: row.try_get(5)?,
+            expires_at: row.try_get(6)?,
+        }
+        .decode(scope, key_text)?,
+    ))
 }
 
 /// Writes a record. When the transaction found (and locked) a record under the key, it is
 /// replaced; when it found none and a concurrent transaction inserted one meanwhile, the
 /// transaction runs again ([`DbError::Retry`]) to decide on that record.
 pub async fn put_record<C: Db>(db: &C, record: &IdempotencyRecord, existed: bool) -> Res<()> {
-    let (reply, reply_task) = match &record.state {
-        KeyState::Pending => (None, None),
-        KeyState::Answered(reply) => (Some(reply.body.clone()), reply.task_id.map(key)),
-    };
+    let row = IdempotencyRow::encode(record);
     let conflict = if existed {
         "ON CONFLICT (client_id, operation, key) DO UPDATE SET digest = EXCLUDED.digest, \
          reply = EXCLUDED.reply, reply_task = EXCLUDED.reply_task, \
@@ -96,13 +79,13 @@ pub async fn put_record<C: Db>(db: &C, record: &IdempotencyRecord, existed: bool
                 &client_key(record.scope.client_id),
                 &record.scope.operation.as_str(),
                 &record.key.as_str(),
-                &record.digest.0.as_slice(),
-                &reply,
-                &reply_task,
-                &record.held_until.map(Timestamp::as_millis),
-                &record.held_by.map(instance_key),
-                &record.created_at.as_millis(),
-                &record.expires_at.as_millis(),
+                &row.digest,
+                &row.reply,
+                &row.reply_task,
+                &row.held_until,
+                &row.held_by,
+                &row.created_at,
+                &row.expires_at,
             ],
         )
         .await?;

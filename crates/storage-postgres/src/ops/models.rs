@@ -1,78 +1,47 @@
 //! Registered models: metadata only (P-1), and the files whose models a user deleted.
 
-use lmsp_domain::model::{Digest, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource};
-use lmsp_domain::time::Timestamp;
+use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use tokio_postgres::Row;
 
-use crate::ops::{corrupt, from_i64, to_i64, Db, Res};
+use crate::codec::{ModelRow, MODEL_COLUMNS};
+use crate::ops::{to_i64, Db, Res};
 
 fn build_model(row: &Row) -> Res<ModelRecord> {
-    let id: String = row.try_get(0)?;
-    let format: String = row.try_get(1)?;
-    let path: Option<String> = row.try_get(2)?;
-    let size: Option<i64> = row.try_get(3)?;
-    let mtime: Option<i64> = row.try_get(4)?;
-    let digest: Option<String> = row.try_get(5)?;
-    let upstream: Option<String> = row.try_get(6)?;
-    let created_at: i64 = row.try_get(7)?;
-    let source = match (upstream, path, size, mtime, digest) {
-        (Some(name), _, _, _, _) => ModelSource::Upstream { name },
-        (None, Some(path), Some(size), Some(mtime), Some(digest)) => ModelSource::File {
-            format: ModelFormat::parse(&format),
-            file: FileFingerprint {
-                path,
-                size_bytes: from_i64(size)?,
-                modified_millis: mtime,
-                digest: Digest::parse(&digest).map_err(corrupt)?,
-            },
-        },
-        _ => {
-            return Err(corrupt(format!(
-                "model {id} has neither a file nor an upstream"
-            )))
-        }
-    };
-    Ok(ModelRecord {
-        id: ModelId::parse(&id).map_err(corrupt)?,
-        source,
-        created_at: Timestamp::from_millis(created_at),
-    })
+    Ok(ModelRow {
+        id: row.try_get(0)?,
+        format: row.try_get(1)?,
+        path: row.try_get(2)?,
+        size_bytes: row.try_get(3)?,
+        modified_millis: row.try_get(4)?,
+        digest: row.try_get(5)?,
+        upstream_model: row.try_get(6)?,
+        created_at: row.try_get(7)?,
+    }
+    .decode()?)
 }
-
-const MODEL_COLUMNS: &str =
-    "id, format, path, size_bytes, modified_millis, digest, upstream_model, created_at";
 
 /// Stores a model unless the id exists.
 pub async fn insert_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool> {
-    let (path, size, mtime, digest, upstream) = match &model.source {
-        ModelSource::File { file, .. } => (
-            Some(file.path.as_str()),
-            Some(to_i64(file.size_bytes)?),
-            Some(file.modified_millis),
-            Some(file.digest.as_str()),
-            None,
-        ),
-        ModelSource::Upstream { name } => (None, None, None, None, Some(name.as_str())),
-    };
+    let row = ModelRow::encode(model)?;
     let changed = db
         .execute(
             "INSERT INTO models (id, format, path, size_bytes, modified_millis, digest, \
              upstream_model, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
              ON CONFLICT (id) DO NOTHING",
             &[
-                &model.id.as_str(),
-                &model.format_name(),
-                &path,
-                &size,
-                &mtime,
-                &digest,
-                &upstream,
-                &model.created_at.as_millis(),
+                &row.id,
+                &row.format,
+                &row.path,
+                &row.size_bytes,
+                &row.modified_millis,
+                &row.digest,
+                &row.upstream_model,
+                &row.created_at,
             ],
         )
         .await?;
     if changed == 1 {
-        if let Some(path) = path {
+        if let Some(path) = &row.path {
             db.execute("DELETE FROM removed_model_files WHERE path = $1", &[&path])
                 .await?;
         }

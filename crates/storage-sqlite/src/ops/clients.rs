@@ -7,52 +7,39 @@ use lmsp_domain::time::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec;
-use crate::ops::{config_value, corrupt, set_config_value, Res};
+use crate::ops::{config_value, set_config_value, Res};
 
-type ClientRow = (String, String, String, String, i64, Option<i64>);
+use crate::codec::{ClientRow, CLIENT_COLUMNS};
 
 fn client_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ClientRow> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-        row.get(5)?,
-    ))
-}
-
-fn parse_hash(text: &str) -> Res<SecretHash> {
-    SecretHash::from_hex(text).ok_or_else(|| corrupt("a stored hash is not 64 hex digits"))
-}
-
-fn build_client(fields: ClientRow) -> Res<Client> {
-    let (id, name, hash, scopes, created_at, revoked_at) = fields;
-    Ok(Client {
-        id: ClientId::parse(&id).map_err(corrupt)?,
-        name,
-        scopes: codec::scopes_from_text(&scopes)?,
-        token_hash: parse_hash(&hash)?,
-        created_at: Timestamp::from_millis(created_at),
-        revoked_at: revoked_at.map(Timestamp::from_millis),
+    Ok(ClientRow {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        token_hash: row.get(2)?,
+        scopes: row.get(3)?,
+        created_at: row.get(4)?,
+        revoked_at: row.get(5)?,
     })
 }
 
-const CLIENT_COLUMNS: &str = "id, name, token_hash, scopes, created_at, revoked_at";
+fn build_client(row: ClientRow) -> Res<Client> {
+    Ok(row.decode()?)
+}
 
 /// Stores a client.
 pub fn insert_client(conn: &Connection, client: &Client) -> Res<()> {
+    let row = ClientRow::encode(client)?;
     conn.prepare_cached(
         "INSERT INTO clients (id, name, token_hash, scopes, created_at, revoked_at) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
     .execute(params![
-        client.id.to_string(),
-        client.name,
-        client.token_hash.to_hex(),
-        codec::scopes_to_text(&client.scopes)?,
-        client.created_at.as_millis(),
-        client.revoked_at.map(Timestamp::as_millis),
+        row.id,
+        row.name,
+        row.token_hash,
+        row.scopes,
+        row.created_at,
+        row.revoked_at,
     ])?;
     Ok(())
 }

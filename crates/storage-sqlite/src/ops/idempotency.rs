@@ -3,26 +3,17 @@
 
 use lmsp_domain::idempotency::{
     decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
-    KeyState, RequestDigest, StoredReply,
+    KeyState, StoredReply,
 };
-use lmsp_domain::ids::{InstanceId, TaskId};
+use lmsp_domain::ids::InstanceId;
 use lmsp_domain::model::ModelRecord;
 use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::codec::{IdempotencyRow, IDEMPOTENCY_COLUMNS};
 use crate::ops::models::insert_model;
-use crate::ops::{client_key, corrupt, instance_key, key, to_i64, ulid_of, Res};
-
-type Row = (
-    Vec<u8>,
-    Option<Vec<u8>>,
-    Option<Vec<u8>>,
-    Option<i64>,
-    Option<Vec<u8>>,
-    i64,
-    i64,
-);
+use crate::ops::{client_key, instance_key, to_i64, Res};
 
 /// The record stored under a key, expired or not.
 fn stored_record(
@@ -30,11 +21,12 @@ fn stored_record(
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
 ) -> Res<Option<IdempotencyRecord>> {
-    let row: Option<Row> = conn
-        .prepare_cached(
-            "SELECT digest, reply, reply_task, held_until, held_by, created_at, expires_at \
-             FROM idempotency_keys WHERE client_id = ?1 AND operation = ?2 AND key = ?3",
-        )?
+    let sql = format!(
+        "SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency_keys \
+         WHERE client_id = ?1 AND operation = ?2 AND key = ?3"
+    );
+    let row = conn
+        .prepare_cached(&sql)?
         .query_row(
             params![
                 client_key(scope.client_id),
@@ -42,45 +34,19 @@ fn stored_record(
                 key_text.as_str()
             ],
             |row| {
-                Ok((
-                    row.get(0)?,
-                    row.get(1)?,
-                    row.get(2)?,
-                    row.get(3)?,
-                    row.get(4)?,
-                    row.get(5)?,
-                    row.get(6)?,
-                ))
+                Ok(IdempotencyRow {
+                    digest: row.get(0)?,
+                    reply: row.get(1)?,
+                    reply_task: row.get(2)?,
+                    held_until: row.get(3)?,
+                    held_by: row.get(4)?,
+                    created_at: row.get(5)?,
+                    expires_at: row.get(6)?,
+                })
             },
         )
         .optional()?;
-    let Some((digest, reply, reply_task, held_until, held_by, created_at, expires_at)) = row else {
-        return Ok(None);
-    };
-    let digest: [u8; 32] = digest
-        .try_into()
-        .map_err(|_| corrupt("an idempotency digest is not 32 bytes"))?;
-    let state = match reply {
-        None => KeyState::Pending,
-        Some(body) => KeyState::Answered(StoredReply {
-            task_id: reply_task
-                .map(|id| Ok::<_, crate::error::DbError>(TaskId::from_ulid(ulid_of(&id)?)))
-                .transpose()?,
-            body,
-        }),
-    };
-    Ok(Some(IdempotencyRecord {
-        scope: scope.clone(),
-        key: key_text.clone(),
-        digest: RequestDigest(digest),
-        state,
-        held_until: held_until.map(Timestamp::from_millis),
-        held_by: held_by
-            .map(|id| Ok::<_, crate::error::DbError>(InstanceId::from_ulid(ulid_of(&id)?)))
-            .transpose()?,
-        created_at: Timestamp::from_millis(created_at),
-        expires_at: Timestamp::from_millis(expires_at),
-    }))
+    Ok(row.map(|row| row.decode(scope, key_text)).transpose()?)
 }
 
 /// The record under a key unless it expired at `at`.
@@ -95,10 +61,7 @@ pub fn live_record(
 
 /// Writes a record, replacing whatever was stored under its key.
 pub fn put_record(conn: &Connection, record: &IdempotencyRecord) -> Res<()> {
-    let (reply, reply_task) = match &record.state {
-        KeyState::Pending => (None, None),
-        KeyState::Answered(reply) => (Some(reply.body.as_slice()), reply.task_id.map(key)),
-    };
+    let row = IdempotencyRow::encode(record);
     conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency_keys (client_id, operation, key, digest, reply, \
          reply_task, held_until, held_by, created_at, expires_at) \
@@ -108,17 +71,13 @@ pub fn put_record(conn: &Connection, record: &IdempotencyRecord) -> Res<()> {
         client_key(record.scope.client_id),
         record.scope.operation.as_str(),
         record.key.as_str(),
-        record.digest.0.as_slice(),
-        reply,
-        reply_task.as_ref().map(|bytes| bytes.as_slice()),
-        record.held_until.map(Timestamp::as_millis),
-        record
-            .held_by
-            .map(instance_key)
-            .as_ref()
-            .map(|bytes| bytes.as_slice()),
-        record.created_at.as_millis(),
-        record.expires_at.as_millis(),
+        row.digest,
+        row.reply,
+        row.reply_task,
+        row.held_until,
+        row.held_by,
+        row.created_at,
+        row.expires_at,
     ])?;
     Ok(())
 }

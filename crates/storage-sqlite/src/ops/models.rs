@@ -1,93 +1,48 @@
 //! Registered models: metadata only (P-1), and the files whose models a user deleted.
 
-use lmsp_domain::model::{Digest, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource};
-use lmsp_domain::time::Timestamp;
+use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::ops::{corrupt, from_i64, to_i64, Res};
-
-type ModelRow = (
-    String,
-    String,
-    Option<String>,
-    Option<i64>,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    i64,
-);
+use crate::codec::{ModelRow, MODEL_COLUMNS};
+use crate::ops::{to_i64, Res};
 
 fn model_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ModelRow> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-        row.get(5)?,
-        row.get(6)?,
-        row.get(7)?,
-    ))
-}
-
-fn build_model(fields: ModelRow) -> Res<ModelRecord> {
-    let (id, format, path, size, mtime, digest, upstream, created_at) = fields;
-    let source = match (upstream, path, size, mtime, digest) {
-        (Some(name), _, _, _, _) => ModelSource::Upstream { name },
-        (None, Some(path), Some(size), Some(mtime), Some(digest)) => ModelSource::File {
-            format: ModelFormat::parse(&format),
-            file: FileFingerprint {
-                path,
-                size_bytes: from_i64(size)?,
-                modified_millis: mtime,
-                digest: Digest::parse(&digest).map_err(corrupt)?,
-            },
-        },
-        _ => {
-            return Err(corrupt(format!(
-                "model {id} has neither a file nor an upstream"
-            )))
-        }
-    };
-    Ok(ModelRecord {
-        id: ModelId::parse(&id).map_err(corrupt)?,
-        source,
-        created_at: Timestamp::from_millis(created_at),
+    Ok(ModelRow {
+        id: row.get(0)?,
+        format: row.get(1)?,
+        path: row.get(2)?,
+        size_bytes: row.get(3)?,
+        modified_millis: row.get(4)?,
+        digest: row.get(5)?,
+        upstream_model: row.get(6)?,
+        created_at: row.get(7)?,
     })
 }
 
-const MODEL_COLUMNS: &str =
-    "id, format, path, size_bytes, modified_millis, digest, upstream_model, created_at";
+fn build_model(row: ModelRow) -> Res<ModelRecord> {
+    Ok(row.decode()?)
+}
 
 /// Stores a model unless the id exists.
 pub fn insert_model(conn: &Connection, model: &ModelRecord) -> Res<bool> {
-    let (path, size, mtime, digest, upstream) = match &model.source {
-        ModelSource::File { file, .. } => (
-            Some(file.path.as_str()),
-            Some(to_i64(file.size_bytes)?),
-            Some(file.modified_millis),
-            Some(file.digest.as_str()),
-            None,
-        ),
-        ModelSource::Upstream { name } => (None, None, None, None, Some(name.as_str())),
-    };
+    let row = ModelRow::encode(model)?;
     let changed = conn
         .prepare_cached(
             "INSERT OR IGNORE INTO models (id, format, path, size_bytes, modified_millis, digest, \
              upstream_model, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )?
         .execute(params![
-            model.id.as_str(),
-            model.format_name(),
-            path,
-            size,
-            mtime,
-            digest,
-            upstream,
-            model.created_at.as_millis(),
+            row.id,
+            row.format,
+            row.path,
+            row.size_bytes,
+            row.modified_millis,
+            row.digest,
+            row.upstream_model,
+            row.created_at,
         ])?;
     if changed == 1 {
-        if let Some(path) = path {
+        if let Some(path) = &row.path {
             conn.prepare_cached("DELETE FROM removed_model_files WHERE path = ?1")?
                 .execute([path])?;
         }
