@@ -1,48 +1,13 @@
 //! Callers and clients: bearer tokens checked against their stored hashes (I-7), scopes, the
 //! client list and revocation.
 
-use lmsp_domain::auth::{looks_like_token, Client, Scope, Scopes, Secret};
-use lmsp_domain::{ClientId, Task};
+use lmsp_domain::auth::{looks_like_token, Client, Scope, Secret};
+use lmsp_domain::ClientId;
 
+use crate::caller::Caller;
 use crate::credentials::new_client;
 use crate::error::AppError;
 use crate::service::Service;
-
-/// Who is calling: an authenticated client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    /// The client.
-    pub client_id: ClientId,
-    /// Its scopes.
-    pub scopes: Scopes,
-}
-
-impl Caller {
-    /// `Ok` when the caller has `scope` (admin has all), else `Forbidden`.
-    pub fn require(&self, scope: Scope) -> Result<(), AppError> {
-        if self.scopes.allows(scope) {
-            Ok(())
-        } else {
-            Err(AppError::Forbidden(scope.as_str()))
-        }
-    }
-
-    /// Whether the caller has `scope`.
-    pub fn has(&self, scope: Scope) -> bool {
-        self.scopes.allows(scope)
-    }
-
-    /// The client whose tasks this caller may see; `None` for admin (all of them).
-    pub fn visibility(&self) -> Option<ClientId> {
-        (!self.scopes.allows(Scope::Admin)).then_some(self.client_id)
-    }
-
-    /// Whether the caller may see `task` (its own, or any for admin).
-    pub fn may_see(&self, task: &Task) -> bool {
-        self.visibility()
-            .is_none_or(|client| client == task.client_id)
-    }
-}
 
 /// A new client and its token, shown once.
 #[derive(Debug)]
@@ -60,7 +25,7 @@ impl Service {
             return Err(AppError::Unauthorized);
         }
         let hash = Secret::new(token).hash();
-        match self.inner.store.client_by_token_hash(hash).await? {
+        match self.inner.core.store.client_by_token_hash(hash).await? {
             Some(client) if client.revoked_at.is_none() => Ok(Caller {
                 client_id: client.id,
                 scopes: client.scopes,
@@ -72,14 +37,14 @@ impl Service {
     /// Every client (admin).
     pub async fn clients(&self, caller: &Caller) -> Result<Vec<Client>, AppError> {
         caller.require(Scope::Admin)?;
-        Ok(self.inner.store.list_clients().await?)
+        Ok(self.inner.core.store.list_clients().await?)
     }
 
     /// The metrics in the Prometheus text format (admin), with tasks by status as stored now.
     pub async fn metrics_text(&self, caller: &Caller) -> Result<String, AppError> {
         caller.require(Scope::Admin)?;
-        let counts = self.inner.store.count_by_status().await?;
-        Ok(self.inner.listener.metrics.render(&counts))
+        let counts = self.inner.core.store.count_by_status().await?;
+        Ok(self.inner.core.listener.metrics.render(&counts))
     }
 
     /// Revokes a client (admin); its token stops working at once.
@@ -91,6 +56,7 @@ impl Service {
         caller.require(Scope::Admin)?;
         if self
             .inner
+            .core
             .store
             .revoke_client(client_id, self.now())
             .await?

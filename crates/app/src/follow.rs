@@ -13,7 +13,7 @@ use lmsp_domain::auth::Scope;
 use lmsp_domain::ports::Store;
 use lmsp_domain::{Event, TaskId};
 
-use crate::clients::Caller;
+use crate::caller::Caller;
 use crate::error::AppError;
 use crate::listener::Listener;
 use crate::live::Live;
@@ -38,11 +38,11 @@ impl Service {
         self.visible_task(caller, task_id).await?;
         let inner = &self.inner;
         let follower = Follower {
-            store: Arc::clone(&inner.store),
+            store: Arc::clone(&inner.core.store),
             // Subscribed before the first read: an event committed in between is read or heard.
-            live: inner.listener.live.subscribe(task_id),
-            listener: Arc::clone(&inner.listener),
-            poll: inner.settings.poll_fallback,
+            live: inner.core.listener.live.subscribe(task_id),
+            listener: Arc::clone(&inner.core.listener),
+            poll: inner.core.settings.poll_fallback,
             task_id,
             last: after,
             pending: VecDeque::new(),

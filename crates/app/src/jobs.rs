@@ -2,33 +2,70 @@
 //! stopped instances, the store's health probe, and (for a shared store) the poll for cancels a
 //! lost notification would otherwise leave unheard.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::service::Service;
+use lmsp_domain::ports::RecoveryReport;
+use lmsp_domain::InstanceId;
+
+use crate::error::AppError;
+use crate::lifecycle::Lifecycle;
+use crate::shared::Core;
+use crate::worker::Workers;
+
+/// Recovers one stopped instance's leftover tasks (P-7…P-11); its resumed tasks go to this
+/// instance's workers first.
+pub(crate) async fn recover(
+    core: &Core,
+    workers: &Workers,
+    stopped: InstanceId,
+) -> Result<RecoveryReport, AppError> {
+    let report = core
+        .store
+        .recover_instance(stopped, core.instance, core.now())
+        .await?;
+    workers.resume(&report.resumed);
+    Ok(report)
+}
+
+/// Recovers every instance the store knows to have stopped.
+pub(crate) async fn recover_stopped_instances(
+    core: &Core,
+    workers: &Workers,
+) -> Result<RecoveryReport, AppError> {
+    let stopped = core
+        .store
+        .stopped_instances(core.instance, core.now())
+        .await?;
+    let mut report = RecoveryReport::default();
+    for instance in stopped {
+        report.absorb(recover(core, workers, instance).await?);
+    }
+    Ok(report)
+}
 
 /// Renews this instance's lease three times per lease. A lost lease (another instance declared
 /// this one stopped and recovered its tasks) is fatal: the process must start afresh.
-pub(crate) async fn run_lease(service: Service) {
-    let inner = &service.inner;
-    let every = inner.settings.lease / 3;
+pub(crate) async fn run_lease(core: Arc<Core>, life: Arc<Lifecycle>) {
+    let every = core.settings.lease / 3;
     loop {
         tokio::select! {
-            () = inner.stop_now.cancelled() => return,
+            () = life.stop_now.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        let until = service.after(inner.settings.lease);
-        match inner
+        let until = core.after(core.settings.lease);
+        match core
             .store
-            .renew_lease(inner.instance, until, service.now())
+            .renew_lease(core.instance, until, core.now())
             .await
         {
             Ok(true) => {}
             Ok(false) => {
                 tracing::error!(
-                    instance = %inner.instance,
+                    instance = %core.instance,
                     "this instance's lease was lost: another instance recovered its tasks"
                 );
-                inner.fatal.cancel();
+                life.fatal.cancel();
                 return;
             }
             Err(error) => tracing::warn!(%error, "could not renew this instance's lease"),
@@ -37,17 +74,16 @@ pub(crate) async fn run_lease(service: Service) {
 }
 
 /// Looks for stopped instances twice per lease and recovers their tasks (P-7…P-11).
-pub(crate) async fn run_rescuer(service: Service) {
-    let inner = &service.inner;
-    let every = (inner.settings.lease / 2).max(Duration::from_millis(100));
+pub(crate) async fn run_rescuer(core: Arc<Core>, life: Arc<Lifecycle>, workers: Workers) {
+    let every = (core.settings.lease / 2).max(Duration::from_millis(100));
     loop {
         tokio::select! {
-            () = inner.stop_taking_work.cancelled() => return,
+            () = life.stop_taking_work.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        match service.recover_stopped_instances().await {
+        match recover_stopped_instances(&core, &workers).await {
             Ok(report) if report.moved > 0 || report.untouched > 0 => {
-                inner.listener.metrics.record_recovery(&report);
+                core.listener.metrics.record_recovery(&report);
                 tracing::info!(
                     moved = report.moved - report.resumed.len() as u64,
                     resumed = report.resumed.len(),
@@ -73,20 +109,20 @@ pub(crate) const PROBE_WHILE_UNHEALTHY: Duration = Duration::from_secs(1);
 /// Tries a tiny commit now and then — every [`PROBE_WHILE_HEALTHY`] while the store is healthy,
 /// every [`PROBE_WHILE_UNHEALTHY`] while it is not — and records the outcome as the store's
 /// health.
-pub(crate) async fn run_health_probe(service: Service) {
-    let inner = &service.inner;
+pub(crate) async fn run_health_probe(core: Arc<Core>, life: Arc<Lifecycle>) {
+    let health = &core.listener.health;
     loop {
-        let every = if inner.listener.health.is_healthy() {
+        let every = if health.is_healthy() {
             PROBE_WHILE_HEALTHY
         } else {
             PROBE_WHILE_UNHEALTHY
         };
         tokio::select! {
-            () = inner.stop_now.cancelled() => return,
+            () = life.stop_now.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        let was_healthy = inner.listener.health.is_healthy();
-        let probed = inner.store.check_writable(service.now()).await;
+        let was_healthy = health.is_healthy();
+        let probed = core.store.check_writable(core.now()).await;
         match &probed {
             Err(error) if was_healthy => {
                 tracing::warn!(%error, "the store cannot commit: health answers 503");
@@ -94,23 +130,22 @@ pub(crate) async fn run_health_probe(service: Service) {
             Ok(()) if !was_healthy => tracing::info!("the store commits again: health answers 200"),
             _ => {}
         }
-        inner.listener.health.record_probe(probed.is_ok());
+        health.record_probe(probed.is_ok());
     }
 }
 
 /// For a shared store: every `every`, raises the cancel of each `cancelling` task this instance
 /// runs, in case the notice of the cancel was lost.
-pub(crate) async fn run_cancel_poll(service: Service, every: Duration) {
-    let inner = &service.inner;
+pub(crate) async fn run_cancel_poll(core: Arc<Core>, life: Arc<Lifecycle>, every: Duration) {
     loop {
         tokio::select! {
-            () = inner.stop_now.cancelled() => return,
+            () = life.stop_now.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        match inner.store.cancelling_tasks(inner.instance).await {
+        match core.store.cancelling_tasks(core.instance).await {
             Ok(tasks) => {
                 for task in tasks {
-                    inner.listener.running.cancel(task);
+                    core.listener.running.cancel(task);
                 }
             }
             Err(error) => tracing::debug!(%error, "could not poll for cancels"),

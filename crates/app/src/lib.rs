@@ -5,12 +5,14 @@
 //! The app knows the ports of `lmsp-domain`, never an adapter: the `lmsp` binary builds the
 //! adapters and hands them in as `Arc<dyn …>` ([`Adapters`]).
 
+mod caller;
 mod clients;
 mod credentials;
 mod error;
 mod follow;
 mod idempotency;
 mod jobs;
+mod lifecycle;
 mod listener;
 mod live;
 mod metrics;
@@ -19,22 +21,27 @@ mod pairing;
 pub mod purge;
 pub mod retry;
 mod service;
+mod settings;
+mod shared;
+mod submit;
 mod tasks;
 mod worker;
 
-pub use clients::{offline as clients_offline, Caller, NewClient};
+pub use caller::Caller;
+pub use clients::{offline as clients_offline, NewClient};
 pub use credentials::{generate_pairing_code, generate_token, new_client};
 pub use error::{AppError, STORAGE_RETRY_AFTER_SECONDS};
-pub use idempotency::{
-    Delivery, FromTask, IdempotentRequest, KeptReply, Keyed, TaskAnswer, TaskReplies, TaskReply,
-};
+pub use idempotency::{IdempotentRequest, Keyed};
 pub use listener::{Listener, RunningTasks, StoreHealth};
 pub use live::{Live, LiveEvents};
 pub use metrics::{DroppedLines, Metrics};
 pub use models::{offline as models_offline, ModelOrigin};
 pub use pairing::{NewPairing, Paired};
-pub use service::{Adapters, Engines, Service, Settings, Started};
-pub use tasks::TaskQuery;
+pub use service::{Adapters, Service, Started};
+pub use settings::Settings;
+pub use submit::{Delivery, FromTask, KeptReply, TaskAnswer, TaskReplies, TaskReply};
+pub use tasks::{Cancel, CancelState, TaskQuery};
+pub use worker::Engines;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

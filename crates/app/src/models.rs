@@ -1,19 +1,44 @@
 //! Models: registration (a file inside the models directory, hashed as a stream; or an upstream
 //! model name; under an idempotency key, committed with the key's reply), the list, deletion (a
-//! deletion sticks: the file is not registered again at startup), and the models a start
-//! registers by itself.
+//! deletion sticks: the file is not registered again at startup), the models a start registers
+//! by itself, and a task's model prepared for its engine (its file checked against its digest).
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
 
 use lmsp_domain::auth::Scope;
-use lmsp_domain::idempotency::{decide, KeyDecision, Operation, StoredReply};
-use lmsp_domain::ports::{KeyedInsert, ModelFiles, Progress, Store};
-use lmsp_domain::{FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource};
+use lmsp_domain::idempotency::{Operation, StoredReply};
+use lmsp_domain::ports::{Clock, KeyedInsert, ModelFileError, ModelFiles, Progress, Store};
+use lmsp_domain::{
+    FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource, ModelToLoad, Task, TaskError,
+    TaskErrorCode,
+};
 
-use crate::clients::Caller;
+use crate::caller::Caller;
 use crate::error::AppError;
-use crate::idempotency::{Claim, IdempotentRequest, KeyHold, Keyed};
-use crate::service::Service;
+use crate::idempotency::{idempotent, IdempotentRequest, KeyHold, Keyed, Ran};
+use crate::retry::{retry, Abandoned};
+use crate::shared::Core;
 use crate::SystemClock;
-use lmsp_domain::ports::Clock;
+
+/// The registered models and the model files: the model use cases, and the preparation of a
+/// task's model for the worker that runs it.
+#[derive(Clone)]
+pub(crate) struct Models {
+    core: Arc<Core>,
+    files: Arc<dyn ModelFiles>,
+}
+
+/// Why a task's model is not ready for its engine.
+pub(crate) enum Unready {
+    /// The task fails with this error (no such model, its file is gone or changed).
+    Failed(TaskError),
+    /// The process is stopping: leave the task for recovery.
+    Stopping,
+    /// The store could not be read: the run is given up.
+    StoreGaveUp,
+}
 
 /// What a model is registered from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,21 +59,29 @@ fn file_record(id: ModelId, file: FileFingerprint, at: lmsp_domain::Timestamp) -
     }
 }
 
-impl Service {
+impl Models {
+    pub(crate) fn new(core: Arc<Core>, files: Arc<dyn ModelFiles>) -> Self {
+        Self { core, files }
+    }
+
+    fn now(&self) -> lmsp_domain::Timestamp {
+        self.core.now()
+    }
+
     /// The registered models.
-    pub async fn models(&self, caller: &Caller) -> Result<Vec<ModelRecord>, AppError> {
+    pub(crate) async fn list(&self, caller: &Caller) -> Result<Vec<ModelRecord>, AppError> {
         caller.require(Scope::ModelsRead)?;
-        Ok(self.inner.store.list_models().await?)
+        Ok(self.core.store.list_models().await?)
     }
 
     /// A registered model.
-    pub async fn model(
+    pub(crate) async fn get(
         &self,
         caller: &Caller,
         model_id: &ModelId,
     ) -> Result<ModelRecord, AppError> {
         caller.require(Scope::ModelsRead)?;
-        self.inner
+        self.core
             .store
             .model(model_id)
             .await?
@@ -60,7 +93,7 @@ impl Service {
     /// Under the request's idempotency key, if it has one, the model and the reply a retry is to
     /// get (`reply` encodes it from the model) commit in one transaction, and a retry gets that
     /// reply again.
-    pub async fn register_model(
+    pub(crate) async fn register(
         &self,
         caller: &Caller,
         model_id: ModelId,
@@ -69,18 +102,11 @@ impl Service {
         reply: &(dyn Fn(&ModelRecord) -> StoredReply + Sync),
     ) -> Result<Keyed<ModelRecord>, AppError> {
         caller.require(Scope::ModelsWrite)?;
-        let hold = match self.claim(caller, Operation::RegisterModel, key).await? {
-            Claim::Unkeyed => None,
-            Claim::Held(hold) => Some(hold),
-            Claim::Replay(_, kept) => return Ok(Keyed::Replay(kept)),
-        };
-        let registered = self
-            .register_held(model_id, origin, hold.as_ref(), reply)
-            .await;
-        if let Some(hold) = hold {
-            hold.release().await;
+        let act = |hold| self.register_held(model_id, origin, hold, reply);
+        match idempotent(&self.core, caller, Operation::RegisterModel, key, act).await? {
+            Ran::Answered(registered) => Ok(registered),
+            Ran::Replay(_, kept) => Ok(Keyed::Replay(kept)),
         }
-        registered
     }
 
     /// Registers the model while the request holds its key (if it has one).
@@ -88,10 +114,10 @@ impl Service {
         &self,
         model_id: ModelId,
         origin: ModelOrigin,
-        hold: Option<&KeyHold>,
+        hold: Option<KeyHold>,
         reply: &(dyn Fn(&ModelRecord) -> StoredReply + Sync),
     ) -> Result<Keyed<ModelRecord>, AppError> {
-        let store = &self.inner.store;
+        let store = &self.core.store;
         let record = self.model_record(model_id, origin).await?;
         let Some(hold) = hold else {
             return if store.insert_model(record.clone()).await? {
@@ -100,7 +126,7 @@ impl Service {
                 Err(AppError::AlreadyExists(record.id.to_string()))
             };
         };
-        let answered = hold.answered_record(reply(&record), self.now());
+        let answered = hold.answered_record(reply(&record));
         match store
             .insert_model_with_key(record.clone(), answered)
             .await?
@@ -108,13 +134,7 @@ impl Service {
             KeyedInsert::Inserted => Ok(Keyed::Fresh(record)),
             KeyedInsert::Taken => Err(AppError::AlreadyExists(record.id.to_string())),
             // This request's hold ran out and another one answered under the key meanwhile.
-            KeyedInsert::KeyAnswered(other) => {
-                match decide(Some(&other), &hold.digest(), self.now()) {
-                    KeyDecision::Replay(kept) => Ok(Keyed::Replay(kept)),
-                    KeyDecision::InUse => Err(AppError::KeyInUse),
-                    _ => Err(AppError::KeyReused),
-                }
-            }
+            KeyedInsert::KeyAnswered(other) => hold.answered_elsewhere(&other).map(Keyed::Replay),
         }
     }
 
@@ -126,13 +146,13 @@ impl Service {
         model_id: ModelId,
         origin: ModelOrigin,
     ) -> Result<ModelRecord, AppError> {
-        let inner = &self.inner;
-        if inner.store.model(&model_id).await?.is_some() {
+        let core = &self.core;
+        if core.store.model(&model_id).await?.is_some() {
             return Err(AppError::AlreadyExists(model_id.to_string()));
         }
         match origin {
             ModelOrigin::File(path) => {
-                let file = inner.model_files.fingerprint(&path).await?;
+                let file = self.files.fingerprint(&path).await?;
                 if ModelFormat::of_path(&file.path).is_none() {
                     return Err(AppError::Invalid(
                         lmsp_domain::validation::ValidationError::new(
@@ -152,9 +172,9 @@ impl Service {
     }
 
     /// Forgets a model; its file is never touched (P-1), and is not registered again at startup.
-    pub async fn delete_model(&self, caller: &Caller, model_id: &ModelId) -> Result<(), AppError> {
+    pub(crate) async fn delete(&self, caller: &Caller, model_id: &ModelId) -> Result<(), AppError> {
         caller.require(Scope::ModelsWrite)?;
-        if self.inner.store.delete_model(model_id).await? {
+        if self.core.store.delete_model(model_id).await? {
             Ok(())
         } else {
             Err(AppError::NotFound)
@@ -165,17 +185,16 @@ impl Service {
     /// model `reference`, and every model file of the models directory not yet registered (by
     /// file stem), unless a user deleted its model. Failures are logged: a start never fails
     /// over a model file.
-    pub(crate) async fn register_builtin_models(&self) {
-        let inner = &self.inner;
-        let files = inner.model_files.as_ref();
+    pub(crate) async fn register_builtin(&self) {
+        let store = &self.core.store;
+        let files = self.files.as_ref();
         let reference = async {
             let path = files.install_reference_corpus().await?;
             let file = files.fingerprint(&path).await?;
             let id = ModelId::parse(ModelId::REFERENCE)
                 .map_err(|e| AppError::ModelNotFound(e.to_string()))?;
-            if inner.store.model(&id).await?.is_none() {
-                inner
-                    .store
+            if store.model(&id).await?.is_none() {
+                store
                     .insert_model(file_record(id, file, self.now()))
                     .await?;
             }
@@ -199,17 +218,71 @@ impl Service {
             else {
                 continue;
             };
-            if matches!(inner.store.model(&id).await, Ok(Some(_))) {
+            if matches!(store.model(&id).await, Ok(Some(_))) {
                 continue;
             }
             match files.fingerprint(&path).await {
                 Ok(file) => {
                     let record = file_record(id.clone(), file, self.now());
-                    if let Err(error) = inner.store.insert_found_model(record).await {
+                    if let Err(error) = store.insert_found_model(record).await {
                         tracing::warn!(model = %id, %error, "a model file could not be registered");
                     }
                 }
                 Err(error) => tracing::warn!(%path, %error, "a model file was skipped"),
+            }
+        }
+    }
+
+    /// The task's model, checked against its file's digest, ready for its engine.
+    pub(crate) async fn prepare(
+        &self,
+        task: &Task,
+        stop_now: &CancellationToken,
+    ) -> Result<ModelToLoad, Unready> {
+        let core = &self.core;
+        let found = retry(core.settings.store_retry, stop_now, || {
+            core.store.model(&task.model)
+        })
+        .await;
+        let mut record = match found {
+            Ok(Some(record)) => record,
+            Ok(None) => {
+                return Err(Unready::Failed(TaskError::new(
+                    TaskErrorCode::ModelNotFound,
+                    format!("model `{}` is not registered", task.model),
+                )))
+            }
+            Err(Abandoned::Stopped) => return Err(Unready::Stopping),
+            Err(_) => return Err(Unready::StoreGaveUp),
+        };
+        let Some(file) = record.file().cloned() else {
+            return Ok(ModelToLoad { record, path: None });
+        };
+        match self.files.verify(&file).await {
+            Ok(verified) => {
+                if let Some(rehashed) = verified.rehashed {
+                    if let Err(error) = core
+                        .store
+                        .update_model_file(&record.id, rehashed.clone())
+                        .await
+                    {
+                        tracing::warn!(model = %record.id, %error, "a re-hashed model file was not recorded");
+                    }
+                    if let lmsp_domain::ModelSource::File { file, .. } = &mut record.source {
+                        *file = rehashed;
+                    }
+                }
+                Ok(ModelToLoad {
+                    record,
+                    path: Some(verified.path),
+                })
+            }
+            Err(error) => {
+                let code = match error {
+                    ModelFileError::DigestMismatch => TaskErrorCode::ModelDigestMismatch,
+                    _ => TaskErrorCode::ModelUnavailable,
+                };
+                Err(Unready::Failed(TaskError::new(code, error.to_string())))
             }
         }
     }

@@ -10,7 +10,7 @@ use lmsp_domain::auth::{Client, Pairing, Scope, Scopes, Secret, PAIRING_TTL_MILL
 use lmsp_domain::ports::Redemption;
 use lmsp_domain::Timestamp;
 
-use crate::clients::Caller;
+use crate::caller::Caller;
 use crate::credentials::{generate_pairing_code, new_client};
 use crate::error::AppError;
 use crate::service::Service;
@@ -52,7 +52,7 @@ impl Service {
             expires_at: now.plus_millis(PAIRING_TTL_MILLIS),
         };
         let expires_at = pairing.expires_at;
-        self.inner.store.insert_pairing(pairing).await?;
+        self.inner.core.store.insert_pairing(pairing).await?;
         Ok(NewPairing {
             code,
             expires_at,
@@ -66,6 +66,7 @@ impl Service {
         let (client, token) = new_client(name, scopes, now);
         let redeemed = self
             .inner
+            .core
             .store
             .redeem_pairing(Secret::new(code).hash(), client.clone(), now)
             .await?;

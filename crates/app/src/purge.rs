@@ -8,13 +8,15 @@
 //! [`MIN_REST`]), so the purge holds the single writer a small share of the time and writers'
 //! commits never queue behind a run of purge transactions.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lmsp_domain::ports::{Store, StoreError};
 use lmsp_domain::Timestamp;
 
+use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
-use crate::service::Service;
+use crate::shared::Core;
 
 /// Finished tasks asked for per purge transaction (the store may take fewer: it also bounds the
 /// events one transaction removes).
@@ -77,14 +79,13 @@ async fn rest_after(batch_began: Instant) {
 }
 
 /// The job: a pass every `purge_interval` until the service stops, when this instance leads.
-pub(crate) async fn run_purge(service: Service) {
-    let inner = &service.inner;
+pub(crate) async fn run_purge(core: Arc<Core>, life: Arc<Lifecycle>) {
     loop {
         tokio::select! {
-            () = tokio::time::sleep(inner.settings.purge_interval) => {}
-            () = inner.stop_taking_work.cancelled() => return,
+            () = tokio::time::sleep(core.settings.purge_interval) => {}
+            () = life.stop_taking_work.cancelled() => return,
         }
-        match inner.store.lead_maintenance(inner.instance).await {
+        match core.store.lead_maintenance(core.instance).await {
             Ok(true) => {}
             Ok(false) => continue,
             Err(error) => {
@@ -92,10 +93,10 @@ pub(crate) async fn run_purge(service: Service) {
                 continue;
             }
         }
-        let retention = i64::try_from(inner.settings.retention.as_millis()).unwrap_or(i64::MAX);
-        let now = service.now();
+        let retention = i64::try_from(core.settings.retention.as_millis()).unwrap_or(i64::MAX);
+        let now = core.now();
         let cutoff = Timestamp::from_millis(now.as_millis().saturating_sub(retention));
-        match purge_pass(inner.store.as_ref(), cutoff, now, &inner.listener.metrics).await {
+        match purge_pass(core.store.as_ref(), cutoff, now, &core.listener.metrics).await {
             Ok(totals) if totals.tasks > 0 || totals.idempotency_keys > 0 => tracing::info!(
                 tasks = totals.tasks,
                 events = totals.events,

@@ -1,124 +1,30 @@
-//! The running service: its settings, its adapters, startup (initialize, register the instance,
-//! recover, models), the background jobs, and shutdown.
+//! The running service: its adapters, startup (initialize, register the instance, recover,
+//! models), the workers and background jobs, shutdown, and the model use cases it hands on to
+//! [`Models`]. The other use cases are `impl Service` blocks of their own modules (tasks,
+//! submitting, following, clients, pairing), which read the parts held here.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-
 use lmsp_domain::auth::{Scope, Scopes, Secret};
+use lmsp_domain::idempotency::StoredReply;
 use lmsp_domain::ports::{
-    Clock, Engine, EngineHealth, InstanceInfo, ModelFiles, RecoveryReport, Registration,
-    ServiceIdentity, Store,
+    Clock, EngineHealth, InstanceInfo, ModelFiles, RecoveryReport, Registration, ServiceIdentity,
+    Store,
 };
-use lmsp_domain::{EngineKind, InstanceId, RestartPolicy, ServiceId, TaskId, Timestamp};
+use lmsp_domain::{EngineKind, InstanceId, ModelId, ModelRecord, ServiceId, Timestamp};
 
+use crate::caller::Caller;
 use crate::credentials::new_client;
 use crate::error::AppError;
+use crate::idempotency::{IdempotentRequest, Keyed};
+use crate::jobs;
+use crate::lifecycle::Lifecycle;
 use crate::listener::Listener;
-use crate::retry::RetryPolicy;
-
-/// How the service behaves; built by the binary from flags and environment.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Tasks run at once (at least 1).
-    pub workers: usize,
-    /// How long finished tasks are kept.
-    pub retention: Duration,
-    /// How often the purge job runs.
-    pub purge_interval: Duration,
-    /// How long idempotency keys are kept.
-    pub idempotency_ttl: Duration,
-    /// How long a request may hold its idempotency key at most (it is released when the request
-    /// is answered, and when its instance stops).
-    pub idempotency_hold: Duration,
-    /// The policy of tasks whose request names none.
-    pub default_on_restart: RestartPolicy,
-    /// The version string shown by `GET /v1/service`.
-    pub version: String,
-    /// This instance's stable name (its incarnations share it).
-    pub instance_name: String,
-    /// How long an instance's lease runs without renewal.
-    pub lease: Duration,
-    /// For a store shared by several processes: how often to look for what notifications may
-    /// have missed (cancels, events); `None` for a single-process store, whose notices are exact.
-    pub poll_fallback: Option<Duration>,
-    /// How store writes of a running task are retried when the store cannot commit.
-    pub store_retry: RetryPolicy,
-    /// How long a worker waits, after a cancel, for its engine to stop before it drops it.
-    pub engine_stop_grace: Duration,
-}
-
-impl Settings {
-    /// Settings with the defaults of `lmsp serve`.
-    pub fn with_defaults(version: impl Into<String>) -> Self {
-        Self {
-            workers: 4,
-            retention: Duration::from_secs(7 * 24 * 3600),
-            purge_interval: Duration::from_secs(60),
-            idempotency_ttl: Duration::from_secs(24 * 3600),
-            idempotency_hold: Duration::from_secs(600),
-            default_on_restart: RestartPolicy::Fail,
-            version: version.into(),
-            instance_name: String::from("lmsp"),
-            lease: Duration::from_secs(10),
-            poll_fallback: None,
-            store_retry: RetryPolicy::default(),
-            engine_stop_grace: Duration::from_secs(30),
-        }
-    }
-}
-
-/// The engines, by the kind of model they run.
-#[derive(Clone, Default)]
-pub struct Engines {
-    by_kind: HashMap<EngineKind, Arc<dyn Engine>>,
-}
-
-impl std::fmt::Debug for Engines {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.by_kind.keys()).finish()
-    }
-}
-
-impl Engines {
-    /// No engine.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// With `engine` running the models of `kind`.
-    pub fn with(mut self, kind: EngineKind, engine: Arc<dyn Engine>) -> Self {
-        self.by_kind.insert(kind, engine);
-        self
-    }
-
-    /// The engine of `kind`, if this service has one.
-    pub fn get(&self, kind: EngineKind) -> Option<&Arc<dyn Engine>> {
-        self.by_kind.get(&kind)
-    }
-
-    /// Whether the service runs models of `kind`.
-    pub fn runs(&self, kind: EngineKind) -> bool {
-        self.by_kind.contains_key(&kind)
-    }
-
-    /// The engine the service was started for: the upstream or llama.cpp engine when it has
-    /// one (at most one of them runs beside the reference engine), else the reference engine.
-    pub fn primary(&self) -> Option<(EngineKind, &Arc<dyn Engine>)> {
-        [
-            EngineKind::Upstream,
-            EngineKind::Llama,
-            EngineKind::Reference,
-        ]
-        .into_iter()
-        .find_map(|kind| self.get(kind).map(|engine| (kind, engine)))
-    }
-}
+use crate::models::{ModelOrigin, Models};
+use crate::settings::Settings;
+use crate::shared::{millis, Core};
+use crate::worker::{Engines, Workers};
 
 /// The adapters the service runs on.
 #[derive(Clone)]
@@ -152,34 +58,23 @@ pub struct Started {
     pub recovery: RecoveryReport,
 }
 
+/// The parts of the running service, each owning what changes together.
 pub(crate) struct Inner {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) engines: Engines,
-    pub(crate) model_files: Arc<dyn ModelFiles>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) listener: Arc<Listener>,
-    pub(crate) settings: Settings,
+    /// The ports, the settings and this instance's id: what every part shares.
+    pub(crate) core: Arc<Core>,
+    /// When this process stops taking work, stops, or fails; and the jobs it waits for.
+    pub(crate) life: Arc<Lifecycle>,
+    /// The worker pool.
+    pub(crate) workers: Workers,
+    /// The registered models and the model files.
+    pub(crate) models: Models,
+    /// This service's identity.
     pub(crate) identity: ServiceIdentity,
-    pub(crate) instance: InstanceId,
+    /// When this process started.
     pub(crate) started_at: Timestamp,
-    pub(crate) work_available: Notify,
-    pub(crate) resumed: Mutex<VecDeque<TaskId>>,
-    pub(crate) shutting_down: AtomicBool,
-    /// Workers stop taking new work.
-    pub(crate) stop_taking_work: CancellationToken,
-    /// Everything stops now (the grace has passed): running tasks are left for recovery.
-    pub(crate) stop_now: CancellationToken,
-    /// Raised when the service cannot go on (its lease was lost): the process must exit.
-    pub(crate) fatal: CancellationToken,
-    /// The background jobs and the jobs of requests that outlive their request.
-    pub(crate) tracker: TaskTracker,
-    /// The workers (their supervisors). After `begin_shutdown` a worker ends as soon as it has
-    /// no task, so this process runs no task once they have all ended.
-    pub(crate) workers: TaskTracker,
-    ids: Mutex<ulid::Generator>,
 }
 
-/// The running service: cheap to clone, shared by every request handler and worker.
+/// The running service: cheap to clone, shared by every request handler.
 #[derive(Clone)]
 pub struct Service {
     pub(crate) inner: Arc<Inner>,
@@ -189,13 +84,9 @@ impl std::fmt::Debug for Service {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Service")
             .field("id", &self.inner.identity.id)
-            .field("instance", &self.inner.instance)
+            .field("instance", &self.inner.core.instance)
             .finish()
     }
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Service {
@@ -226,103 +117,78 @@ impl Service {
         let initialized = store.initialize(candidate, admin).await?;
         let instance = InstanceId::from_ulid(ulid::Ulid::new());
         let previous = register(store.as_ref(), clock.as_ref(), &settings, instance).await?;
-        let inner = Inner {
-            store,
+        let core = Arc::new(Core::new(store, clock, listener, settings, instance));
+        let life = Arc::new(Lifecycle::default());
+        let models = Models::new(Arc::clone(&core), model_files);
+        let workers = Workers::new(
+            Arc::clone(&core),
+            Arc::clone(&life),
             engines,
-            model_files,
-            clock,
-            listener,
-            settings,
-            identity: initialized.identity,
-            instance,
-            started_at: now,
-            work_available: Notify::new(),
-            resumed: Mutex::new(VecDeque::new()),
-            shutting_down: AtomicBool::new(false),
-            stop_taking_work: CancellationToken::new(),
-            stop_now: CancellationToken::new(),
-            fatal: CancellationToken::new(),
-            tracker: TaskTracker::new(),
-            workers: TaskTracker::new(),
-            ids: Mutex::new(ulid::Generator::new()),
-        };
-        let service = Self {
-            inner: Arc::new(inner),
-        };
+            models.clone(),
+        );
         let mut recovery = RecoveryReport::default();
         for stopped in previous {
-            recovery.absorb(service.recover(stopped).await?);
+            recovery.absorb(jobs::recover(&core, &workers, stopped).await?);
         }
-        recovery.absorb(service.recover_stopped_instances().await?);
+        recovery.absorb(jobs::recover_stopped_instances(&core, &workers).await?);
         tracing::info!(
             moved = recovery.moved - recovery.resumed.len() as u64,
             resumed = recovery.resumed.len(),
             untouched = recovery.untouched,
             "recovery finished"
         );
-        service.inner.listener.metrics.record_recovery(&recovery);
-        service.register_builtin_models().await;
+        core.listener.metrics.record_recovery(&recovery);
+        models.register_builtin().await;
+        let inner = Inner {
+            core,
+            life,
+            workers,
+            models,
+            identity: initialized.identity,
+            started_at: now,
+        };
         Ok(Started {
-            service,
+            service: Self {
+                inner: Arc::new(inner),
+            },
             admin_token: initialized.first_start.then_some(admin_token),
             recovery,
         })
     }
 
-    /// Recovers one stopped instance; its resumed tasks go to this instance's workers first.
-    pub(crate) async fn recover(&self, stopped: InstanceId) -> Result<RecoveryReport, AppError> {
-        let inner = &self.inner;
-        let report = inner
-            .store
-            .recover_instance(stopped, inner.instance, self.now())
-            .await?;
-        if !report.resumed.is_empty() {
-            inner
-                .resumed
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .extend(report.resumed.iter().copied());
-            inner.work_available.notify_waiters();
-        }
-        Ok(report)
-    }
-
-    /// Recovers every instance the store knows to have stopped.
-    pub(crate) async fn recover_stopped_instances(&self) -> Result<RecoveryReport, AppError> {
-        let stopped = self
-            .inner
-            .store
-            .stopped_instances(self.inner.instance, self.now())
-            .await?;
-        let mut report = RecoveryReport::default();
-        for instance in stopped {
-            report.absorb(self.recover(instance).await?);
-        }
-        Ok(report)
-    }
-
     /// Starts the workers and the background jobs: purge, lease renewal, the rescuer of stopped
     /// instances, the health probe and, for a shared store, the poll for missed cancels.
     pub fn spawn_background(&self) {
-        let tracker = &self.inner.tracker;
-        for _ in 0..self.inner.settings.workers.max(1) {
-            crate::worker::spawn_worker(self.clone());
-        }
-        tracker.spawn(crate::purge::run_purge(self.clone()));
-        tracker.spawn(crate::jobs::run_lease(self.clone()));
-        tracker.spawn(crate::jobs::run_rescuer(self.clone()));
-        tracker.spawn(crate::jobs::run_health_probe(self.clone()));
-        if let Some(every) = self.inner.settings.poll_fallback {
-            tracker.spawn(crate::jobs::run_cancel_poll(self.clone(), every));
+        let Inner {
+            core,
+            life,
+            workers,
+            ..
+        } = self.inner.as_ref();
+        workers.spawn(core.settings.workers);
+        let jobs = &life.jobs;
+        let (core, life) = (Arc::clone(core), Arc::clone(life));
+        jobs.spawn(crate::purge::run_purge(
+            Arc::clone(&core),
+            Arc::clone(&life),
+        ));
+        jobs.spawn(jobs::run_lease(Arc::clone(&core), Arc::clone(&life)));
+        jobs.spawn(jobs::run_rescuer(
+            Arc::clone(&core),
+            Arc::clone(&life),
+            workers.clone(),
+        ));
+        jobs.spawn(jobs::run_health_probe(Arc::clone(&core), Arc::clone(&life)));
+        if let Some(every) = core.settings.poll_fallback {
+            jobs.spawn(jobs::run_cancel_poll(core, life, every));
         }
     }
 
     /// Stops accepting work: new task requests get 503 and workers take no new task; reads and
     /// running tasks go on.
     pub fn begin_shutdown(&self) {
-        self.inner.shutting_down.store(true, Ordering::SeqCst);
-        self.inner.stop_taking_work.cancel();
-        self.inner.work_available.notify_waiters();
+        self.inner.life.stop_taking_work.cancel();
+        self.inner.workers.wake_all();
     }
 
     /// After [`Service::begin_shutdown`]: waits until no task runs here any more (every worker
@@ -330,27 +196,25 @@ impl Service {
     /// the last worker's end, not by polling. (Before `begin_shutdown` workers never end, and
     /// this waits out the grace.)
     pub async fn wait_until_idle(&self, grace: Duration) -> bool {
-        let workers = &self.inner.workers;
-        workers.close();
-        tokio::time::timeout(grace, workers.wait()).await.is_ok()
+        let ended = self.inner.workers.ended();
+        tokio::time::timeout(grace, ended).await.is_ok()
     }
 
     /// Stops everything: running tasks are left for recovery; then ends this instance's lease so
     /// that others (or the next start) recover what is left.
     pub async fn stop(&self) {
         self.begin_shutdown();
-        self.inner.stop_now.cancel();
-        let (workers, jobs) = (&self.inner.workers, &self.inner.tracker);
-        workers.close();
-        jobs.close();
-        let ended = async { tokio::join!(workers.wait(), jobs.wait()) };
+        let Inner {
+            core,
+            life,
+            workers,
+            ..
+        } = self.inner.as_ref();
+        life.stop_now.cancel();
+        life.jobs.close();
+        let ended = async { tokio::join!(workers.ended(), life.jobs.wait()) };
         let _ = tokio::time::timeout(Duration::from_secs(5), ended).await;
-        if let Err(error) = self
-            .inner
-            .store
-            .retire_instance(self.inner.instance, self.now())
-            .await
-        {
+        if let Err(error) = core.store.retire_instance(core.instance, core.now()).await {
             tracing::warn!(%error, "could not end this instance's lease");
         }
     }
@@ -358,23 +222,23 @@ impl Service {
     /// Resolves when the service stops for good (the shutdown grace has passed): waiting
     /// requests and open streams end then.
     pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.inner.stop_now.clone().cancelled_owned()
+        self.inner.life.stop_now.clone().cancelled_owned()
     }
 
     /// Resolves when the service cannot go on (its lease was lost to another instance): the
     /// process should exit non-zero so that a supervisor starts it afresh.
     pub async fn failed(&self) {
-        self.inner.fatal.cancelled().await;
+        self.inner.life.fatal.cancelled().await;
     }
 
     /// Whether shutdown has begun.
     pub fn is_shutting_down(&self) -> bool {
-        self.inner.shutting_down.load(Ordering::SeqCst)
+        self.inner.life.is_shutting_down()
     }
 
     /// Tasks being worked on by this process right now.
     pub fn tasks_in_flight(&self) -> usize {
-        self.inner.listener.running.count()
+        self.inner.core.listener.running.count()
     }
 
     /// This service's identity.
@@ -384,7 +248,7 @@ impl Service {
 
     /// This process's instance id.
     pub fn instance(&self) -> InstanceId {
-        self.inner.instance
+        self.inner.core.instance
     }
 
     /// When this process started.
@@ -394,45 +258,66 @@ impl Service {
 
     /// The settings.
     pub fn settings(&self) -> &Settings {
-        &self.inner.settings
+        &self.inner.core.settings
     }
 
     /// Whether the store accepts commits (health).
     pub fn store_is_healthy(&self) -> bool {
-        self.inner.listener.health.is_healthy()
+        self.inner.core.listener.health.is_healthy()
     }
 
     /// Whether this service runs models of `kind`.
     pub fn runs(&self, kind: EngineKind) -> bool {
-        self.inner.engines.runs(kind)
+        self.inner.workers.engines().runs(kind)
     }
 
     /// The primary engine (see [`Engines::primary`]) and whether it can take work now, or
     /// `None` for a service without engines. Bounded in time: an engine that asks another
     /// server caches its answer.
     pub async fn engine_health(&self) -> Option<(EngineKind, EngineHealth)> {
-        let (kind, engine) = self.inner.engines.primary()?;
+        let (kind, engine) = self.inner.workers.engines().primary()?;
         Some((kind, engine.health().await))
     }
 
     /// Now, by the service's clock.
     pub fn now(&self) -> Timestamp {
-        self.inner.clock.now()
+        self.inner.core.now()
     }
 
-    /// `now` plus `duration`.
-    pub(crate) fn after(&self, duration: Duration) -> Timestamp {
-        self.now().plus_millis(millis(duration))
+    /// The registered models.
+    pub async fn models(&self, caller: &Caller) -> Result<Vec<ModelRecord>, AppError> {
+        self.inner.models.list(caller).await
     }
 
-    /// The next id, monotonic within this process so creation order is id order.
-    pub(crate) fn next_ulid(&self) -> ulid::Ulid {
-        let mut ids = self
-            .inner
-            .ids
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        ids.generate().unwrap_or_else(|_| ulid::Ulid::new())
+    /// A registered model.
+    pub async fn model(
+        &self,
+        caller: &Caller,
+        model_id: &ModelId,
+    ) -> Result<ModelRecord, AppError> {
+        self.inner.models.get(caller, model_id).await
+    }
+
+    /// P-1, I-8: registers a model: a file inside the models directory (links followed), hashed
+    /// as a stream, of which only the metadata and digest are kept; or an upstream model's name.
+    /// Under the request's idempotency key, if it has one, the model and the reply a retry is to
+    /// get (`reply` encodes it from the model) commit in one transaction, and a retry gets that
+    /// reply again.
+    pub async fn register_model(
+        &self,
+        caller: &Caller,
+        model_id: ModelId,
+        origin: ModelOrigin,
+        key: Option<IdempotentRequest>,
+        reply: &(dyn Fn(&ModelRecord) -> StoredReply + Sync),
+    ) -> Result<Keyed<ModelRecord>, AppError> {
+        let models = &self.inner.models;
+        models.register(caller, model_id, origin, key, reply).await
+    }
+
+    /// Forgets a model; its file is never touched (P-1), and is not registered again at startup.
+    pub async fn delete_model(&self, caller: &Caller, model_id: &ModelId) -> Result<(), AppError> {
+        self.inner.models.delete(caller, model_id).await
     }
 }
 

@@ -1,41 +1,36 @@
-//! Tasks: submitting work, reading tasks, responses and events, cancelling, deleting.
+//! Tasks: reading tasks, responses and events, cancelling, deleting, waiting for a task to
+//! finish. (Creating them is `submit.rs`.)
 
 use std::time::Duration;
 
-use rand::RngCore;
-
 use lmsp_domain::auth::Scope;
-use lmsp_domain::idempotency::{decide, KeyDecision, StoredReply};
-use lmsp_domain::ports::{CancelOutcome, CreateOutcome, DeleteOutcome, Page, TaskFilter};
-use lmsp_domain::validation::SubmitRequest;
-use lmsp_domain::{
-    CancelDecision, Event, Input, Message, ModelId, NewTask, Response, ResponseId, Role, Task,
-    TaskId, TaskSpec, TaskStatus,
-};
+use lmsp_domain::ports::{CancelOutcome, DeleteOutcome, Page, TaskFilter};
+use lmsp_domain::{CancelDecision, Event, ModelId, Response, ResponseId, Task, TaskId, TaskStatus};
 
-use crate::clients::Caller;
+use crate::caller::Caller;
 use crate::error::AppError;
-use crate::idempotency::KeyHold;
 use crate::service::Service;
 
-/// What creating a task under a key produced.
-// `Task` is not boxed: the value is matched at once and returned once per request.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone)]
-pub(crate) enum Created {
-    /// A new task, committed with its first event and, under a key, the reply the key keeps.
-    Task {
-        /// The task as created.
-        task: Task,
-        /// The reply committed with it under the key.
-        kept: Option<StoredReply>,
-    },
-    /// Another request already answered under the idempotency key: its reply.
-    KeyAnswered(StoredReply),
+/// A cancel the task took (P-4); a finished task refuses it ([`AppError::NotCancellable`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cancel {
+    /// The task as the cancel left it.
+    pub task: Task,
+    /// Where the cancel left it.
+    pub state: CancelState,
+    /// Whether this request moved the task; `false` when it was cancelled or cancelling already
+    /// (the cancel changed nothing).
+    pub changed: bool,
 }
 
-/// How the reply a key keeps is encoded from the task a request created.
-pub(crate) type KeptFor<'a> = &'a (dyn Fn(&Task) -> StoredReply + Sync);
+/// Where an accepted cancel left its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CancelState {
+    /// `cancelled`: it was queued, or was cancelled before.
+    Cancelled,
+    /// `cancelling`: its worker stops, then acknowledges; it ends `cancelled`.
+    Cancelling,
+}
 
 /// Which tasks a caller lists.
 #[derive(Debug, Clone, Default)]
@@ -53,124 +48,6 @@ pub struct TaskQuery {
 }
 
 impl Service {
-    /// P-2: creates the task a request asks for, with its first event, in one transaction;
-    /// returns only after the commit. (A request with an idempotency key goes through
-    /// [`Service::request_task`].)
-    pub async fn submit(&self, caller: &Caller, request: &SubmitRequest) -> Result<Task, AppError> {
-        match self.create_task(caller, request, None).await? {
-            Created::Task { task, .. } => Ok(task),
-            Created::KeyAnswered(_) => Err(AppError::KeyInUse),
-        }
-    }
-
-    /// P-2, I-8: creates the task a request asks for with its first event and, when the request
-    /// holds an idempotency key, the key's record answered with `kept_for(task)` (the reply a
-    /// retry is to get), in one transaction; returns only after the commit.
-    pub(crate) async fn create_task(
-        &self,
-        caller: &Caller,
-        request: &SubmitRequest,
-        key: Option<(&KeyHold, KeptFor<'_>)>,
-    ) -> Result<Created, AppError> {
-        caller.require(Scope::ResponsesWrite)?;
-        if self.is_shutting_down() {
-            return Err(AppError::ShuttingDown);
-        }
-        let inner = &self.inner;
-        if inner.store.model(&request.model).await?.is_none() {
-            return Err(AppError::ModelNotFound(request.model.to_string()));
-        }
-        let input = match request.previous_response_id {
-            Some(previous) => {
-                self.continued_input(caller, previous, &request.input)
-                    .await?
-            }
-            None => request.input.clone(),
-        };
-        let seed = request.seed.unwrap_or_else(|| rand::rngs::OsRng.next_u64());
-        let task = Task::new_queued(NewTask {
-            id: TaskId::from_ulid(self.next_ulid()),
-            client_id: caller.client_id,
-            owner: inner.instance,
-            model: request.model.clone(),
-            on_restart: request
-                .on_restart
-                .unwrap_or(inner.settings.default_on_restart),
-            background: request.background,
-            spec: TaskSpec {
-                input,
-                instructions: request.instructions.clone(),
-                max_output_tokens: request.max_output_tokens,
-                seed,
-                temperature: request.temperature,
-                top_p: request.top_p,
-                previous_response_id: request.previous_response_id,
-            },
-            metadata: request.metadata.clone(),
-            created_at: self.now(),
-        });
-        let kept = key.map(|(_, kept_for)| kept_for(&task));
-        let record = key
-            .zip(kept.clone())
-            .map(|((held, _), kept)| held.answered_record(kept, self.now()));
-        match inner.store.create_task(task, record).await? {
-            CreateOutcome::Created(task) => {
-                inner.work_available.notify_one();
-                Ok(Created::Task { task, kept })
-            }
-            // Only when this request's hold ran out and another request answered under the key.
-            CreateOutcome::KeyAnswered(record) => {
-                let digest = key.map_or(record.digest, |(held, _)| held.digest());
-                match decide(Some(&record), &digest, self.now()) {
-                    KeyDecision::Replay(reply) => Ok(Created::KeyAnswered(reply)),
-                    KeyDecision::InUse => Err(AppError::KeyInUse),
-                    _ => Err(AppError::KeyReused),
-                }
-            }
-        }
-    }
-
-    /// The conversation of an earlier response (its input and output) followed by `input`.
-    async fn continued_input(
-        &self,
-        caller: &Caller,
-        previous: ResponseId,
-        input: &Input,
-    ) -> Result<Input, AppError> {
-        let unknown = || AppError::UnknownReference {
-            param: "previous_response_id",
-            message: format!("no response `{previous}`"),
-        };
-        let earlier = self
-            .inner
-            .store
-            .task_by_response(previous)
-            .await?
-            .filter(|task| caller.may_see(task))
-            .ok_or_else(unknown)?;
-        let response = self
-            .inner
-            .store
-            .response(earlier.id)
-            .await?
-            .ok_or_else(|| {
-                AppError::Invalid(lmsp_domain::validation::ValidationError::new(
-                    "previous_response_id",
-                    format!(
-                        "the response `{previous}` is {}, not completed",
-                        earlier.status
-                    ),
-                ))
-            })?;
-        let mut messages = earlier.spec.input.messages();
-        messages.push(Message {
-            role: Role::Assistant,
-            content: response.output_text,
-        });
-        messages.extend(input.messages());
-        Ok(Input::Messages(messages))
-    }
-
     /// A task the caller may see.
     pub async fn task(&self, caller: &Caller, task_id: TaskId) -> Result<Task, AppError> {
         caller.require(Scope::ResponsesRead)?;
@@ -182,7 +59,7 @@ impl Service {
         caller: &Caller,
         task_id: TaskId,
     ) -> Result<Task, AppError> {
-        match self.inner.store.task(task_id).await? {
+        match self.inner.core.store.task(task_id).await? {
             Some(task) if caller.may_see(&task) => Ok(task),
             _ => Err(AppError::NotFound),
         }
@@ -213,7 +90,7 @@ impl Service {
             before: query.before,
             limit: query.limit,
         };
-        Ok(self.inner.store.list_tasks(filter).await?)
+        Ok(self.inner.core.store.list_tasks(filter).await?)
     }
 
     /// Stored events of a task after `after`.
@@ -226,7 +103,7 @@ impl Service {
     ) -> Result<Page<Event>, AppError> {
         caller.require(Scope::ResponsesRead)?;
         self.visible_task(caller, task_id).await?;
-        Ok(self.inner.store.events(task_id, after, limit).await?)
+        Ok(self.inner.core.store.events(task_id, after, limit).await?)
     }
 
     /// A response in every status of its task: the task, and the stored response once it
@@ -239,7 +116,7 @@ impl Service {
         caller.require(Scope::ResponsesRead)?;
         let task = self.task_of_response(caller, response_id).await?;
         let response = if task.status == TaskStatus::Completed {
-            self.inner.store.response(task.id).await?
+            self.inner.core.store.response(task.id).await?
         } else {
             None
         };
@@ -252,7 +129,7 @@ impl Service {
         caller: &Caller,
         response_id: ResponseId,
     ) -> Result<Task, AppError> {
-        match self.inner.store.task_by_response(response_id).await? {
+        match self.inner.core.store.task_by_response(response_id).await? {
             Some(task) if caller.may_see(&task) => Ok(task),
             _ => Err(AppError::NotFound),
         }
@@ -266,6 +143,7 @@ impl Service {
     ) -> Result<Response, AppError> {
         self.visible_task(caller, task_id).await?;
         self.inner
+            .core
             .store
             .response(task_id)
             .await?
@@ -282,6 +160,7 @@ impl Service {
         let task = self.task_of_response(caller, response_id).await?;
         match self
             .inner
+            .core
             .store
             .delete_finished(task.id, caller.visibility())
             .await?
@@ -294,25 +173,30 @@ impl Service {
 
     /// P-4: cancels a task; its worker, wherever it runs, hears of it from the committed
     /// `response.cancelling`.
-    pub async fn cancel(
-        &self,
-        caller: &Caller,
-        task_id: TaskId,
-    ) -> Result<(CancelDecision, Task), AppError> {
+    pub async fn cancel(&self, caller: &Caller, task_id: TaskId) -> Result<Cancel, AppError> {
         caller.require(Scope::ResponsesWrite)?;
-        match self
-            .inner
-            .store
+        let store = &self.inner.core.store;
+        let (decision, task) = match store
             .cancel(task_id, caller.visibility(), self.now())
             .await?
         {
-            CancelOutcome::NotFound => Err(AppError::NotFound),
-            CancelOutcome::Decided {
-                decision: CancelDecision::NotCancellable,
-                task,
-            } => Err(AppError::NotCancellable(task.status.as_str())),
-            CancelOutcome::Decided { decision, task } => Ok((decision, task)),
-        }
+            CancelOutcome::NotFound => return Err(AppError::NotFound),
+            CancelOutcome::Decided { decision, task } => (decision, task),
+        };
+        let (state, changed) = match decision {
+            CancelDecision::CancelledNow => (CancelState::Cancelled, true),
+            CancelDecision::AlreadyCancelled => (CancelState::Cancelled, false),
+            CancelDecision::CancellingNow => (CancelState::Cancelling, true),
+            CancelDecision::AlreadyCancelling => (CancelState::Cancelling, false),
+            CancelDecision::NotCancellable => {
+                return Err(AppError::NotCancellable(task.status.as_str()))
+            }
+        };
+        Ok(Cancel {
+            task,
+            state,
+            changed,
+        })
     }
 
     /// Waits until a task is finished and returns it; `None` when `deadline` passes first (or
@@ -322,11 +206,11 @@ impl Service {
         task_id: TaskId,
         deadline: Option<Duration>,
     ) -> Result<Option<Task>, AppError> {
-        let inner = &self.inner;
+        let core = &self.inner.core;
         let until = deadline.map(|d| tokio::time::Instant::now() + d);
-        let mut live = inner.listener.live.subscribe(task_id);
+        let mut live = core.listener.live.subscribe(task_id);
         loop {
-            let task = inner.store.task(task_id).await?.ok_or(AppError::NotFound)?;
+            let task = core.store.task(task_id).await?.ok_or(AppError::NotFound)?;
             if task.status.is_finished() {
                 return Ok(Some(task));
             }
@@ -343,7 +227,7 @@ impl Service {
                 () = end => return Ok(None),
             }
             if live.is_closed() {
-                live = inner.listener.live.subscribe(task_id);
+                live = core.listener.live.subscribe(task_id);
             }
         }
     }

@@ -12,38 +12,168 @@
 //! it. A panicking worker is replaced, and the task it ran is failed. Only the end of the process
 //! leaves a task unfinished, for recovery.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use lmsp_domain::ports::{
-    EngineError, GenerationItem, GenerationJob, ModelFileError, ResumePoint, Snapshot, StepOutcome,
+    Engine, EngineError, GenerationItem, GenerationJob, ResumePoint, Snapshot, StepOutcome,
     StoreError,
 };
-use lmsp_domain::transition::{advance_all, Refusal};
+use lmsp_domain::resume::resume_point;
+use lmsp_domain::transition::advance_all;
+use lmsp_domain::worker::{after_refusal, resumed, AfterRefusal, Resumed};
 use lmsp_domain::{
-    EventPayload, ModelToLoad, Response, Step, Task, TaskError, TaskErrorCode, TaskId, TaskStatus,
-    Usage,
+    EngineKind, Event, Response, Step, Task, TaskError, TaskErrorCode, TaskId, Usage,
 };
 
+use crate::lifecycle::Lifecycle;
+use crate::models::{Models, Unready};
 use crate::retry::{retry, Abandoned};
-use crate::service::Service;
+use crate::shared::Core;
 
 /// The most deltas committed in one append.
 pub(crate) const MAX_BATCH: usize = 64;
 
-/// Starts a worker under a supervisor that replaces it when it panics.
-pub(crate) fn spawn_worker(service: Service) {
-    let workers = service.inner.workers.clone();
-    workers.spawn(supervise(service));
+/// The engines, by the kind of model they run.
+#[derive(Clone, Default)]
+pub struct Engines {
+    by_kind: HashMap<EngineKind, Arc<dyn Engine>>,
 }
 
-async fn supervise(service: Service) {
+impl std::fmt::Debug for Engines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.by_kind.keys()).finish()
+    }
+}
+
+impl Engines {
+    /// No engine.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With `engine` running the models of `kind`.
+    pub fn with(mut self, kind: EngineKind, engine: Arc<dyn Engine>) -> Self {
+        self.by_kind.insert(kind, engine);
+        self
+    }
+
+    /// The engine of `kind`, if this service has one.
+    pub fn get(&self, kind: EngineKind) -> Option<&Arc<dyn Engine>> {
+        self.by_kind.get(&kind)
+    }
+
+    /// Whether the service runs models of `kind`.
+    pub fn runs(&self, kind: EngineKind) -> bool {
+        self.by_kind.contains_key(&kind)
+    }
+
+    /// The engine the service was started for: the upstream or llama.cpp engine when it has
+    /// one (at most one of them runs beside the reference engine), else the reference engine.
+    pub fn primary(&self) -> Option<(EngineKind, &Arc<dyn Engine>)> {
+        [
+            EngineKind::Upstream,
+            EngineKind::Llama,
+            EngineKind::Reference,
+        ]
+        .into_iter()
+        .find_map(|kind| self.get(kind).map(|engine| (kind, engine)))
+    }
+}
+
+/// The worker pool of this process: what its workers share, and how work reaches them.
+#[derive(Clone)]
+pub(crate) struct Workers {
+    pool: Arc<Pool>,
+}
+
+struct Pool {
+    core: Arc<Core>,
+    life: Arc<Lifecycle>,
+    engines: Engines,
+    models: Models,
+    /// Raised when a task is queued here, or handed over by recovery, or shutdown begins.
+    work_available: Notify,
+    /// Tasks recovery handed to this instance to resume: taken before queued ones.
+    resumed: Mutex<VecDeque<TaskId>>,
+    /// The workers (their supervisors). After shutdown begins a worker ends as soon as it has no
+    /// task, so this process runs no task once they have all ended.
+    running: TaskTracker,
+}
+
+impl Workers {
+    pub(crate) fn new(
+        core: Arc<Core>,
+        life: Arc<Lifecycle>,
+        engines: Engines,
+        models: Models,
+    ) -> Self {
+        Self {
+            pool: Arc::new(Pool {
+                core,
+                life,
+                engines,
+                models,
+                work_available: Notify::new(),
+                resumed: Mutex::new(VecDeque::new()),
+                running: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// The engines the workers run tasks on.
+    pub(crate) fn engines(&self) -> &Engines {
+        &self.pool.engines
+    }
+
+    /// Starts `count` workers (at least one), each under a supervisor that replaces it when it
+    /// panics.
+    pub(crate) fn spawn(&self, count: usize) {
+        for _ in 0..count.max(1) {
+            self.pool.running.spawn(supervise(Arc::clone(&self.pool)));
+        }
+    }
+
+    /// A task was queued: one idle worker takes it.
+    pub(crate) fn work_arrived(&self) {
+        self.pool.work_available.notify_one();
+    }
+
+    /// Tasks recovery handed to this instance: its workers resume them first.
+    pub(crate) fn resume(&self, tasks: &[TaskId]) {
+        if tasks.is_empty() {
+            return;
+        }
+        self.pool
+            .resumed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(tasks.iter().copied());
+        self.pool.work_available.notify_waiters();
+    }
+
+    /// Wakes every idle worker (shutdown began: they end).
+    pub(crate) fn wake_all(&self) {
+        self.pool.work_available.notify_waiters();
+    }
+
+    /// Waits until every worker has ended. (Before shutdown begins workers never end.)
+    pub(crate) async fn ended(&self) {
+        let running = &self.pool.running;
+        running.close();
+        running.wait().await;
+    }
+}
+
+async fn supervise(pool: Arc<Pool>) {
     loop {
         let current: Arc<Mutex<Option<TaskId>>> = Arc::default();
-        let worker = tokio::spawn(run_worker(service.clone(), Arc::clone(&current)));
+        let worker = tokio::spawn(run_worker(Arc::clone(&pool), Arc::clone(&current)));
         match worker.await {
             Err(error) if error.is_panic() => {
                 let task = current
@@ -56,8 +186,8 @@ async fn supervise(service: Service) {
                         TaskErrorCode::EngineError,
                         "the worker running the task stopped unexpectedly",
                     );
-                    finish_for_sure(&service, task_id, Step::Fail { error }).await;
-                    service.inner.listener.running.end(task_id);
+                    finish_for_sure(&pool, task_id, Step::Fail { error }).await;
+                    pool.core.listener.running.end(task_id);
                 }
             }
             _ => return,
@@ -65,67 +195,67 @@ async fn supervise(service: Service) {
     }
 }
 
-async fn run_worker(service: Service, current: Arc<Mutex<Option<TaskId>>>) {
-    let inner = &service.inner;
+async fn run_worker(pool: Arc<Pool>, current: Arc<Mutex<Option<TaskId>>>) {
+    let stop_taking_work = &pool.life.stop_taking_work;
     loop {
         let next = tokio::select! {
             biased;
-            () = inner.stop_taking_work.cancelled() => return,
-            next = next_work(&service) => next,
+            () = stop_taking_work.cancelled() => return,
+            next = next_work(&pool) => next,
         };
         match next {
             Ok(Some((task, resumed))) => {
                 let task_id = task.id;
                 *current.lock().unwrap_or_else(PoisonError::into_inner) = Some(task_id);
-                run_task(&service, task, resumed).await;
+                run_task(&pool, task, resumed).await;
                 *current.lock().unwrap_or_else(PoisonError::into_inner) = None;
-                inner.listener.running.end(task_id);
+                pool.core.listener.running.end(task_id);
             }
             Ok(None) => {
                 tokio::select! {
-                    () = inner.work_available.notified() => {}
+                    () = pool.work_available.notified() => {}
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    () = inner.stop_taking_work.cancelled() => return,
+                    () = stop_taking_work.cancelled() => return,
                 }
             }
             Err(error) => {
                 tracing::warn!(%error, "a worker could not take work; trying again shortly");
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    () = inner.stop_taking_work.cancelled() => return,
+                    () = stop_taking_work.cancelled() => return,
                 }
             }
         }
     }
 }
 
-async fn next_work(service: &Service) -> Result<Option<(Task, bool)>, StoreError> {
-    let inner = &service.inner;
+async fn next_work(pool: &Pool) -> Result<Option<(Task, bool)>, StoreError> {
+    let core = &pool.core;
     loop {
-        let resumed = inner
+        let next = pool
             .resumed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop_front();
-        let Some(task_id) = resumed else { break };
-        match inner.store.task(task_id).await? {
-            Some(task) if task.status == TaskStatus::Running && task.owner == inner.instance => {
-                inner.listener.running.start(task.id);
+        let Some(task_id) = next else { break };
+        let Some(task) = core.store.task(task_id).await? else {
+            continue;
+        };
+        match resumed(&task, core.instance) {
+            Resumed::Run => {
+                core.listener.running.start(task.id);
                 return Ok(Some((task, true)));
             }
-            // Cancelled since recovery: acknowledge it (the cancel found no worker).
-            Some(task) if task.status == TaskStatus::Cancelling && task.owner == inner.instance => {
-                finish_for_sure(service, task.id, Step::AcknowledgeCancel).await;
+            // Cancelled since recovery: the cancel found no worker.
+            Resumed::Acknowledge => {
+                finish_for_sure(pool, task.id, Step::AcknowledgeCancel).await;
             }
-            _ => {}
+            Resumed::Skip => {}
         }
     }
-    let claimed = inner
-        .store
-        .claim_next(inner.instance, service.now())
-        .await?;
+    let claimed = core.store.claim_next(core.instance, core.now()).await?;
     Ok(claimed.map(|task| {
-        inner.listener.running.start(task.id);
+        core.listener.running.start(task.id);
         (task, false)
     }))
 }
@@ -162,25 +292,27 @@ fn storage_gave_up() -> TaskError {
 
 /// Finishes a task, retrying until the store takes it or the process stops; when a cancel won
 /// the race, acknowledges it instead (P-4).
-async fn finish_for_sure(service: &Service, task_id: TaskId, step: Step) {
-    let inner = &service.inner;
-    let policy = inner.settings.store_retry.forever();
+async fn finish_for_sure(pool: &Pool, task_id: TaskId, step: Step) {
+    let core = &pool.core;
+    let policy = core.settings.store_retry.forever();
     let mut step = step;
     loop {
-        let outcome = retry(policy, &inner.stop_now, || {
-            inner
-                .store
-                .finish(task_id, inner.instance, step.clone(), service.now())
+        let outcome = retry(policy, &pool.life.stop_now, || {
+            core.store
+                .finish(task_id, core.instance, step.clone(), core.now())
         })
         .await;
         match outcome {
-            Ok(StepOutcome::Refused {
-                refusal: Refusal::CancelPending { .. },
-                ..
-            }) => step = Step::AcknowledgeCancel,
             Ok(StepOutcome::Refused { task, refusal }) => {
-                tracing::debug!(%task_id, status = %task.status, %refusal, "finish refused");
-                return;
+                match after_refusal(refusal, &task, core.instance, None) {
+                    AfterRefusal::Acknowledge if step != Step::AcknowledgeCancel => {
+                        step = Step::AcknowledgeCancel;
+                    }
+                    _ => {
+                        tracing::debug!(%task_id, status = %task.status, %refusal, "finish refused");
+                        return;
+                    }
+                }
             }
             Ok(_) => return,
             Err(error) => {
@@ -192,9 +324,9 @@ async fn finish_for_sure(service: &Service, task_id: TaskId, step: Step) {
 }
 
 /// Runs a task to its end; see the module documentation.
-async fn run_task(service: &Service, task: Task, resumed: bool) {
+async fn run_task(pool: &Pool, task: Task, resumed: bool) {
     let task_id = task.id;
-    let ending = run(service, task, resumed).await;
+    let ending = run(pool, task, resumed).await;
     let step = match ending {
         Ending::Completed(_) | Ending::Leave => return,
         Ending::Failed(error) => Step::Fail { error },
@@ -203,7 +335,7 @@ async fn run_task(service: &Service, task: Task, resumed: bool) {
             error: storage_gave_up(),
         },
     };
-    finish_for_sure(service, task_id, step).await;
+    finish_for_sure(pool, task_id, step).await;
 }
 
 /// Waits for a task's cancel token (or the process's hard stop).
@@ -214,18 +346,20 @@ async fn cancelled_or_stopping(cancel: &CancellationToken, stop_now: &Cancellati
     }
 }
 
-async fn run(service: &Service, task: Task, resumed: bool) -> Ending {
-    let inner = &service.inner;
-    let cancel = inner.listener.running.start(task.id);
-    let stop_now = inner.stop_now.clone();
-    let model = match prepare_model(service, &task).await {
+async fn run(pool: &Pool, task: Task, resumed: bool) -> Ending {
+    let core = &pool.core;
+    let cancel = core.listener.running.start(task.id);
+    let stop_now = pool.life.stop_now.clone();
+    let model = match pool.models.prepare(&task, &stop_now).await {
         Ok(model) => model,
-        Err(ending) => return ending,
+        Err(Unready::Failed(error)) => return Ending::Failed(error),
+        Err(Unready::Stopping) => return Ending::Leave,
+        Err(Unready::StoreGaveUp) => return Ending::StoreGaveUp,
     };
     let Some(engine) = model
         .record
         .engine()
-        .and_then(|kind| inner.engines.get(kind))
+        .and_then(|kind| pool.engines.get(kind))
         .cloned()
     else {
         return Ending::Failed(TaskError::new(
@@ -245,12 +379,16 @@ async fn run(service: &Service, task: Task, resumed: bool) -> Ending {
         return Ending::Failed(engine_task_error(&error));
     }
     let (mut current, resume, mut output) = if resumed {
-        match resume_point(service, &task).await {
-            Ok((resume, text)) => (task, resume, text),
+        match resume_from_log(pool, &task).await {
+            Ok(Some(resume)) => {
+                let text = resume.text_so_far.clone();
+                (task, Some(resume), text)
+            }
+            Ok(None) => (task, None, String::new()),
             Err(_) => return Ending::StoreGaveUp,
         }
     } else {
-        match append(service, &task, vec![Step::Loaded], None).await {
+        match append(pool, &task, vec![Step::Loaded], None).await {
             Appended::Applied(task) => (task, None, String::new()),
             Appended::Ended(ending) => return ending,
         }
@@ -301,12 +439,12 @@ async fn run(service: &Service, task: Task, resumed: bool) -> Ending {
             }
         }
     });
-    let ending = drive(service, &mut current, &mut items, &mut output, &cancel).await;
+    let ending = drive(pool, &mut current, &mut items, &mut output, &cancel).await;
     if let Ending::Cancelled = ending {
         // Wait for the engine to stop (its own time to notice a cancel), so the acknowledgement
         // means what it says; an engine that never stops is dropped after the grace.
         cancel.cancel();
-        let grace = inner.settings.engine_stop_grace;
+        let grace = core.settings.engine_stop_grace;
         let abort = producer.abort_handle();
         if tokio::time::timeout(grace, producer).await.is_err() {
             abort.abort();
@@ -323,65 +461,15 @@ async fn run(service: &Service, task: Task, resumed: bool) -> Ending {
                 output_text: output,
                 usage,
                 created_at: current.created_at,
-                completed_at: service.now(),
+                completed_at: core.now(),
             };
             let complete = Step::Complete {
                 response: Box::new(response),
             };
-            finish_for_sure(service, current.id, complete).await;
+            finish_for_sure(pool, current.id, complete).await;
             Ending::Completed(usage)
         }
         other => other,
-    }
-}
-
-/// The task's model, checked against its file's digest, ready for its engine.
-async fn prepare_model(service: &Service, task: &Task) -> Result<ModelToLoad, Ending> {
-    let inner = &service.inner;
-    let found = retry(inner.settings.store_retry, &inner.stop_now, || {
-        inner.store.model(&task.model)
-    })
-    .await;
-    let mut record = match found {
-        Ok(Some(record)) => record,
-        Ok(None) => {
-            return Err(Ending::Failed(TaskError::new(
-                TaskErrorCode::ModelNotFound,
-                format!("model `{}` is not registered", task.model),
-            )))
-        }
-        Err(Abandoned::Stopped) => return Err(Ending::Leave),
-        Err(_) => return Err(Ending::StoreGaveUp),
-    };
-    let Some(file) = record.file().cloned() else {
-        return Ok(ModelToLoad { record, path: None });
-    };
-    match inner.model_files.verify(&file).await {
-        Ok(verified) => {
-            if let Some(rehashed) = verified.rehashed {
-                if let Err(error) = inner
-                    .store
-                    .update_model_file(&record.id, rehashed.clone())
-                    .await
-                {
-                    tracing::warn!(model = %record.id, %error, "a re-hashed model file was not recorded");
-                }
-                if let lmsp_domain::ModelSource::File { file, .. } = &mut record.source {
-                    *file = rehashed;
-                }
-            }
-            Ok(ModelToLoad {
-                record,
-                path: Some(verified.path),
-            })
-        }
-        Err(error) => {
-            let code = match error {
-                ModelFileError::DigestMismatch => TaskErrorCode::ModelDigestMismatch,
-                _ => TaskErrorCode::ModelUnavailable,
-            };
-            Err(Ending::Failed(TaskError::new(code, error.to_string())))
-        }
     }
 }
 
@@ -396,18 +484,13 @@ enum Appended {
 }
 
 /// Appends a worker's steps to `current` (with retries), and makes sense of a refusal.
-async fn append(
-    service: &Service,
-    current: &Task,
-    steps: Vec<Step>,
-    state: Option<Vec<u8>>,
-) -> Appended {
-    let inner = &service.inner;
-    let at = service.now();
+async fn append(pool: &Pool, current: &Task, steps: Vec<Step>, state: Option<Vec<u8>>) -> Appended {
+    let core = &pool.core;
+    let at = core.now();
     // What the log will look like after the steps: decided by the domain here too, so that the
     // snapshot names its last event and a retried write that did commit is recognised.
-    let expected = match advance_all(current, &steps, inner.instance, None, at) {
-        Ok(expected) => expected,
+    let expected = match advance_all(current, &steps, core.instance, None, at) {
+        Ok(expected) => expected.task.last_sequence_number,
         Err(refusal) => {
             let error = TaskError::new(
                 TaskErrorCode::EngineError,
@@ -417,13 +500,13 @@ async fn append(
         }
     };
     let snapshot = state.map(|state| Snapshot {
-        sequence_number: expected.task.last_sequence_number,
+        sequence_number: expected,
         state,
     });
-    let outcome = retry(inner.settings.store_retry, &inner.stop_now, || {
-        inner.store.append(
+    let outcome = retry(core.settings.store_retry, &pool.life.stop_now, || {
+        core.store.append(
             current.id,
-            inner.instance,
+            core.instance,
             current.last_sequence_number,
             steps.clone(),
             snapshot.clone(),
@@ -433,26 +516,15 @@ async fn append(
     .await;
     match outcome {
         Ok(StepOutcome::Applied { task, .. }) => Appended::Applied(task),
-        Ok(StepOutcome::Refused {
-            refusal: Refusal::CancelPending { .. },
-            ..
-        }) => Appended::Ended(Ending::Cancelled),
-        // A cancel committed since the worker last looked (by another instance, or in the race
-        // with its notice): the sequence moved on, so the step is stale, but the task is still
-        // this worker's to acknowledge. Leaving it would strand it `cancelling`.
-        Ok(StepOutcome::Refused { task, .. })
-            if task.status == TaskStatus::Cancelling && task.owner == inner.instance =>
-        {
-            Appended::Ended(Ending::Cancelled)
-        }
-        // An earlier try committed after all: the log is exactly where the steps lead.
-        Ok(StepOutcome::Refused {
-            task,
-            refusal: Refusal::Stale { stored },
-        }) if stored == expected.task.last_sequence_number => Appended::Applied(task),
         Ok(StepOutcome::Refused { task, refusal }) => {
-            tracing::warn!(task_id = %current.id, status = %task.status, %refusal, "a worker's step was refused; it leaves the task");
-            Appended::Ended(Ending::Leave)
+            match after_refusal(refusal, &task, core.instance, Some(expected)) {
+                AfterRefusal::Acknowledge => Appended::Ended(Ending::Cancelled),
+                AfterRefusal::AlreadyApplied => Appended::Applied(task),
+                AfterRefusal::Leave => {
+                    tracing::warn!(task_id = %current.id, status = %task.status, %refusal, "a worker's step was refused; it leaves the task");
+                    Appended::Ended(Ending::Leave)
+                }
+            }
         }
         Ok(StepOutcome::NotFound) => Appended::Ended(Ending::Leave),
         Err(Abandoned::Stopped) => Appended::Ended(Ending::Leave),
@@ -464,13 +536,13 @@ async fn append(
 }
 
 async fn drive(
-    service: &Service,
+    pool: &Pool,
     current: &mut Task,
     items: &mut mpsc::Receiver<Result<GenerationItem, EngineError>>,
     output: &mut String,
     cancel: &CancellationToken,
 ) -> Ending {
-    let stop_now = service.inner.stop_now.clone();
+    let stop_now = pool.life.stop_now.clone();
     loop {
         let first = tokio::select! {
             biased;
@@ -506,7 +578,7 @@ async fn drive(
             }
         }
         if !steps.is_empty() {
-            match append(service, current, steps, state).await {
+            match append(pool, current, steps, state).await {
                 Appended::Applied(task) => {
                     *current = task;
                     output.push_str(&text);
@@ -520,52 +592,28 @@ async fn drive(
     }
 }
 
-/// Where a resumed task continues (I-6): its snapshot's state and the text of the deltas that
-/// snapshot covers, i.e. those of the open output item up to the snapshot.
-async fn resume_point(
-    service: &Service,
-    task: &Task,
-) -> Result<(Option<ResumePoint>, String), Abandoned> {
-    let inner = &service.inner;
-    let policy = inner.settings.store_retry;
-    let snapshot = retry(policy, &inner.stop_now, || inner.store.snapshot(task.id)).await?;
+/// Where a resumed task continues (I-6), from its snapshot and its log up to it
+/// ([`resume_point`]); `None` for a task without a snapshot (it starts over).
+async fn resume_from_log(pool: &Pool, task: &Task) -> Result<Option<ResumePoint>, Abandoned> {
+    let core = &pool.core;
+    let policy = core.settings.store_retry;
+    let stop_now = &pool.life.stop_now;
+    let snapshot = retry(policy, stop_now, || core.store.snapshot(task.id)).await?;
     let Some(snapshot) = snapshot else {
-        return Ok((None, String::new()));
+        return Ok(None);
     };
-    let open = task.items.open_item(task.id);
-    let mut text = String::new();
-    let mut after = 0;
-    'pages: loop {
-        let page = retry(policy, &inner.stop_now, || {
-            inner.store.events(task.id, after, 1000)
-        })
-        .await?;
-        for event in &page.items {
-            after = event.sequence_number;
-            if event.sequence_number > snapshot.sequence_number {
-                break 'pages;
-            }
-            match &event.payload {
-                // Without an open item (a task the first release wrote), the run's text is
-                // what follows the last `response.queued`.
-                EventPayload::Queued { .. } if open.is_none() => text.clear(),
-                EventPayload::OutputTextDelta { item, delta }
-                    if open.is_none_or(|o| o == *item) =>
-                {
-                    text.push_str(delta);
-                }
-                _ => {}
-            }
-        }
-        if !page.has_more {
+    let mut log: Vec<Event> = Vec::new();
+    loop {
+        let after = log.last().map_or(0, |event| event.sequence_number);
+        let page = retry(policy, stop_now, || core.store.events(task.id, after, 1000)).await?;
+        let past = page
+            .items
+            .last()
+            .is_none_or(|event| event.sequence_number > snapshot.sequence_number);
+        log.extend(page.items);
+        if past || !page.has_more {
             break;
         }
     }
-    Ok((
-        Some(ResumePoint {
-            state: snapshot.state,
-            text_so_far: text.clone(),
-        }),
-        text,
-    ))
+    Ok(Some(resume_point(task, snapshot, &log)))
 }

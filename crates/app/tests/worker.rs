@@ -6,10 +6,10 @@ mod support;
 
 use std::time::Duration;
 
-use lmsp_app::{AppError, Caller};
+use lmsp_app::{AppError, Caller, CancelState};
 use lmsp_domain::auth::{Scope, Scopes};
 use lmsp_domain::ports::{EngineError, Generation, ModelFileError};
-use lmsp_domain::{CancelDecision, ClientId, EventKind, TaskErrorCode, TaskStatus};
+use lmsp_domain::{ClientId, EventKind, TaskErrorCode, TaskStatus};
 
 use support::*;
 
@@ -122,8 +122,12 @@ async fn a_cancel_during_generation_ends_cancelled_with_nothing_after_cancelling
     .await;
     let task = submit(&h, 1000).await;
     running_past(&h, &task, 6).await;
-    let (decision, _) = h.service.cancel(&h.admin, task.id).await.unwrap();
-    assert_eq!(decision, CancelDecision::CancellingNow);
+    let cancel = h.service.cancel(&h.admin, task.id).await.unwrap();
+    assert_eq!(
+        (cancel.state, cancel.changed),
+        (CancelState::Cancelling, true),
+        "this cancel moved the task to cancelling"
+    );
     let done = finished(&h, &task).await;
     assert_eq!(done.status, TaskStatus::Cancelled);
     let kinds = kinds(&h, &task).await;
@@ -147,8 +151,12 @@ async fn a_cancel_during_a_slow_load_ends_cancelled_at_once() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let (decision, _) = h.service.cancel(&h.admin, task.id).await.unwrap();
-    assert_eq!(decision, CancelDecision::CancellingNow);
+    let cancel = h.service.cancel(&h.admin, task.id).await.unwrap();
+    assert_eq!(
+        (cancel.state, cancel.changed),
+        (CancelState::Cancelling, true),
+        "this cancel moved the task to cancelling"
+    );
     let done = finished(&h, &task).await;
     assert_eq!(done.status, TaskStatus::Cancelled);
     assert_eq!(

@@ -2,7 +2,8 @@
 //!
 //! Every error reply is `{"error": {"code", "message", "param", "type"}}`: `code` is one of
 //! [`ErrorCode`] (or, for a synchronous request whose task failed, the task's error code),
-//! `type` the class OpenAI's SDKs read. [`ErrorCode::status`] is the only code → status table.
+//! `type` the class OpenAI's SDKs read. [`ErrorCode::status`] is the only code → status table;
+//! [`cancel_status`] the only status of an accepted cancel (a refused one is an error code).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -11,7 +12,7 @@ use serde::Serialize;
 use strum::{IntoStaticStr, VariantArray};
 use utoipa::ToSchema;
 
-use lmsp_app::{AppError, STORAGE_RETRY_AFTER_SECONDS};
+use lmsp_app::{AppError, CancelState, STORAGE_RETRY_AFTER_SECONDS};
 use lmsp_domain::TaskError;
 
 /// The code of an error envelope.
@@ -83,6 +84,16 @@ impl ErrorCode {
             }
             ErrorCode::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
         }
+    }
+}
+
+/// P-4: the status of a cancel the task took: 200 once it is `cancelled`, 202 while its worker
+/// stops (`cancelling`). A cancel of a finished task is refused as
+/// [`ErrorCode::TaskNotCancellable`] (409).
+pub const fn cancel_status(state: CancelState) -> StatusCode {
+    match state {
+        CancelState::Cancelled => StatusCode::OK,
+        CancelState::Cancelling => StatusCode::ACCEPTED,
     }
 }
 
@@ -304,6 +315,13 @@ mod tests {
             ApiError::new(ErrorCode::StorageUnavailable, "x").retry_after,
             Some(STORAGE_RETRY_AFTER_SECONDS)
         );
+    }
+
+    /// P-4: a cancelled task answers 200, a cancelling one 202.
+    #[test]
+    fn a_cancel_answers_200_once_cancelled_and_202_while_the_worker_stops_p4() {
+        assert_eq!(cancel_status(CancelState::Cancelled), StatusCode::OK);
+        assert_eq!(cancel_status(CancelState::Cancelling), StatusCode::ACCEPTED);
     }
 
     #[test]

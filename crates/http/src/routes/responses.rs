@@ -7,9 +7,7 @@ use axum::Json;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
-use lmsp_domain::CancelReply;
-
-use crate::error::{ApiError, ErrorEnvelope};
+use crate::error::{cancel_status, ApiError, ErrorEnvelope};
 use crate::extract::{Authed, JsonBody};
 use crate::openapi::{
     Forbidden, InternalError, PayloadTooLarge, ServiceUnavailable, StorageUnavailable,
@@ -228,17 +226,12 @@ pub async fn cancel_response(
 ) -> ApiResult<Response> {
     let response_id = parse_response_id(&id)?;
     let task = state.service.task_of_response(&caller, response_id).await?;
-    let (decision, task) = state.service.cancel(&caller, task.id).await?;
-    let status = match decision.reply() {
-        CancelReply::Cancelled => StatusCode::OK,
-        CancelReply::Accepted => StatusCode::ACCEPTED,
-        CancelReply::NotCancellable => StatusCode::CONFLICT,
-    };
-    let task_id = task.id;
-    Ok(with_task_header(
-        json_reply(status, openai::response(&task, None)),
-        task_id,
-    ))
+    let cancel = state.service.cancel(&caller, task.id).await?;
+    let reply = json_reply(
+        cancel_status(cancel.state),
+        openai::response(&cancel.task, None),
+    );
+    Ok(with_task_header(reply, cancel.task.id))
 }
 
 /// Delete a response.

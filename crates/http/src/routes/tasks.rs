@@ -1,16 +1,16 @@
 //! `/v1/tasks`: LMSP's own task API — tasks, their cancel, and their event logs.
 
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
 use lmsp_app::TaskQuery;
-use lmsp_domain::{CancelReply, ClientId, ModelId, TaskId, TaskStatus};
+use lmsp_domain::{ClientId, ModelId, TaskId, TaskStatus};
 
-use crate::error::{ApiError, ErrorCode, ErrorEnvelope};
+use crate::error::{cancel_status, ApiError, ErrorCode, ErrorEnvelope};
 use crate::extract::Authed;
 use crate::openapi::{Forbidden, InternalError, StorageUnavailable, Unauthorized};
 use crate::routes::submit::{self, task_reply};
@@ -192,13 +192,8 @@ pub async fn cancel_task(
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     let task_id = parse_task_id(&id)?;
-    let (decision, task) = state.service.cancel(&caller, task_id).await?;
-    let status = match decision.reply() {
-        CancelReply::Cancelled => StatusCode::OK,
-        CancelReply::Accepted => StatusCode::ACCEPTED,
-        CancelReply::NotCancellable => StatusCode::CONFLICT,
-    };
-    Ok(task_reply(status, &task))
+    let cancel = state.service.cancel(&caller, task_id).await?;
+    Ok(task_reply(cancel_status(cancel.state), &cancel.task))
 }
 
 /// Query of `GET /v1/tasks/{id}/events` (any other parameter is 400).

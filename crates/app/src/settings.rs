@@ -1,0 +1,58 @@
+//! How the service behaves: its settings, built by the binary from flags and environment.
+
+use std::time::Duration;
+
+use lmsp_domain::RestartPolicy;
+
+use crate::retry::RetryPolicy;
+
+/// How the service behaves; built by the binary from flags and environment.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Tasks run at once (at least 1).
+    pub workers: usize,
+    /// How long finished tasks are kept.
+    pub retention: Duration,
+    /// How often the purge job runs.
+    pub purge_interval: Duration,
+    /// How long idempotency keys are kept.
+    pub idempotency_ttl: Duration,
+    /// How long a request may hold its idempotency key at most (it is released when the request
+    /// is answered, and when its instance stops).
+    pub idempotency_hold: Duration,
+    /// The policy of tasks whose request names none.
+    pub default_on_restart: RestartPolicy,
+    /// The version string shown by `GET /v1/service`.
+    pub version: String,
+    /// This instance's stable name (its incarnations share it).
+    pub instance_name: String,
+    /// How long an instance's lease runs without renewal.
+    pub lease: Duration,
+    /// For a store shared by several processes: how often to look for what notifications may
+    /// have missed (cancels, events); `None` for a single-process store, whose notices are exact.
+    pub poll_fallback: Option<Duration>,
+    /// How store writes of a running task are retried when the store cannot commit.
+    pub store_retry: RetryPolicy,
+    /// How long a worker waits, after a cancel, for its engine to stop before it drops it.
+    pub engine_stop_grace: Duration,
+}
+
+impl Settings {
+    /// Settings with the defaults of `lmsp serve`.
+    pub fn with_defaults(version: impl Into<String>) -> Self {
+        Self {
+            workers: 4,
+            retention: Duration::from_secs(7 * 24 * 3600),
+            purge_interval: Duration::from_secs(60),
+            idempotency_ttl: Duration::from_secs(24 * 3600),
+            idempotency_hold: Duration::from_secs(600),
+            default_on_restart: RestartPolicy::Fail,
+            version: version.into(),
+            instance_name: String::from("lmsp"),
+            lease: Duration::from_secs(10),
+            poll_fallback: None,
+            store_retry: RetryPolicy::default(),
+            engine_stop_grace: Duration::from_secs(30),
+        }
+    }
+}
