@@ -35,7 +35,7 @@ pub use idempotency::{IdempotentRequest, Keyed};
 pub use listener::{Listener, RunningTasks, StoreHealth};
 pub use live::{Live, LiveEvents};
 pub use metrics::{DroppedLines, Metrics};
-pub use models::{offline as models_offline, ModelOrigin};
+pub use models::{offline as models_offline, ModelOrigin, Models};
 pub use pairing::{NewPairing, Paired};
 pub use service::{Adapters, Service, Started};
 pub use settings::Settings;

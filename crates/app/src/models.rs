@@ -25,9 +25,15 @@ use crate::SystemClock;
 /// The registered models and the model files: the model use cases, and the preparation of a
 /// task's model for the worker that runs it.
 #[derive(Clone)]
-pub(crate) struct Models {
+pub struct Models {
     core: Arc<Core>,
     files: Arc<dyn ModelFiles>,
+}
+
+impl std::fmt::Debug for Models {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Models").finish_non_exhaustive()
+    }
 }
 
 /// Why a task's model is not ready for its engine.
@@ -69,17 +75,13 @@ impl Models {
     }
 
     /// The registered models.
-    pub(crate) async fn list(&self, caller: &Caller) -> Result<Vec<ModelRecord>, AppError> {
+    pub async fn list(&self, caller: &Caller) -> Result<Vec<ModelRecord>, AppError> {
         caller.require(Scope::ModelsRead)?;
         Ok(self.core.store.list_models().await?)
     }
 
     /// A registered model.
-    pub(crate) async fn get(
-        &self,
-        caller: &Caller,
-        model_id: &ModelId,
-    ) -> Result<ModelRecord, AppError> {
+    pub async fn get(&self, caller: &Caller, model_id: &ModelId) -> Result<ModelRecord, AppError> {
         caller.require(Scope::ModelsRead)?;
         self.core
             .store
@@ -93,7 +95,7 @@ impl Models {
     /// Under the request's idempotency key, if it has one, the model and the reply a retry is to
     /// get (`reply` encodes it from the model) commit in one transaction, and a retry gets that
     /// reply again.
-    pub(crate) async fn register(
+    pub async fn register(
         &self,
         caller: &Caller,
         model_id: ModelId,
@@ -172,7 +174,7 @@ impl Models {
     }
 
     /// Forgets a model; its file is never touched (P-1), and is not registered again at startup.
-    pub(crate) async fn delete(&self, caller: &Caller, model_id: &ModelId) -> Result<(), AppError> {
+    pub async fn delete(&self, caller: &Caller, model_id: &ModelId) -> Result<(), AppError> {
         caller.require(Scope::ModelsWrite)?;
         if self.core.store.delete_model(model_id).await? {
             Ok(())

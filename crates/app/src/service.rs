@@ -1,27 +1,24 @@
 //! The running service: its adapters, startup (initialize, register the instance, recover,
-//! models), the workers and background jobs, shutdown, and the model use cases it hands on to
-//! [`Models`]. The other use cases are `impl Service` blocks of their own modules (tasks,
-//! submitting, following, clients, pairing), which read the parts held here.
+//! models), the workers and background jobs, and shutdown. The model use cases are [`Models`]'s;
+//! the other use cases are `impl Service` blocks of their own modules (tasks, submitting,
+//! following, clients, pairing), which read the parts held here.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use lmsp_domain::auth::{Scope, Scopes, Secret};
-use lmsp_domain::idempotency::StoredReply;
 use lmsp_domain::ports::{
     Clock, EngineHealth, InstanceInfo, ModelFiles, RecoveryReport, Registration, ServiceIdentity,
     Store,
 };
-use lmsp_domain::{EngineKind, InstanceId, ModelId, ModelRecord, ServiceId, Timestamp};
+use lmsp_domain::{EngineKind, InstanceId, ServiceId, Timestamp};
 
-use crate::caller::Caller;
 use crate::credentials::new_client;
 use crate::error::AppError;
-use crate::idempotency::{IdempotentRequest, Keyed};
 use crate::jobs;
 use crate::lifecycle::Lifecycle;
 use crate::listener::Listener;
-use crate::models::{ModelOrigin, Models};
+use crate::models::Models;
 use crate::settings::Settings;
 use crate::shared::{millis, Core};
 use crate::worker::{Engines, Workers};
@@ -284,40 +281,9 @@ impl Service {
         self.inner.core.now()
     }
 
-    /// The registered models.
-    pub async fn models(&self, caller: &Caller) -> Result<Vec<ModelRecord>, AppError> {
-        self.inner.models.list(caller).await
-    }
-
-    /// A registered model.
-    pub async fn model(
-        &self,
-        caller: &Caller,
-        model_id: &ModelId,
-    ) -> Result<ModelRecord, AppError> {
-        self.inner.models.get(caller, model_id).await
-    }
-
-    /// P-1, I-8: registers a model: a file inside the models directory (links followed), hashed
-    /// as a stream, of which only the metadata and digest are kept; or an upstream model's name.
-    /// Under the request's idempotency key, if it has one, the model and the reply a retry is to
-    /// get (`reply` encodes it from the model) commit in one transaction, and a retry gets that
-    /// reply again.
-    pub async fn register_model(
-        &self,
-        caller: &Caller,
-        model_id: ModelId,
-        origin: ModelOrigin,
-        key: Option<IdempotentRequest>,
-        reply: &(dyn Fn(&ModelRecord) -> StoredReply + Sync),
-    ) -> Result<Keyed<ModelRecord>, AppError> {
-        let models = &self.inner.models;
-        models.register(caller, model_id, origin, key, reply).await
-    }
-
-    /// Forgets a model; its file is never touched (P-1), and is not registered again at startup.
-    pub async fn delete_model(&self, caller: &Caller, model_id: &ModelId) -> Result<(), AppError> {
-        self.inner.models.delete(caller, model_id).await
+    /// The model use cases: the registered models, registering and forgetting them.
+    pub fn models(&self) -> &Models {
+        &self.inner.models
     }
 }
 

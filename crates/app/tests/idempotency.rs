@@ -365,7 +365,7 @@ async fn a_model_registers_with_its_keys_reply_i8() {
         body: format!("201 {}", record.id).into_bytes(),
     };
     let register = |id: &str, key: &str, body: &str| {
-        h.service.register_model(
+        h.service.models().register(
             &h.admin,
             ModelId::parse(id).unwrap(),
             ModelOrigin::Upstream(String::from("upstream-name")),
@@ -394,7 +394,7 @@ async fn a_model_registers_with_its_keys_reply_i8() {
         "{taken:?}"
     );
     assert!(matches!(&freed, Keyed::Fresh(record) if record.id.as_str() == "m3"));
-    let models = h.service.models(&h.admin).await.unwrap();
+    let models = h.service.models().list(&h.admin).await.unwrap();
     let ids: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
     assert!(!ids.contains(&"m2"), "{ids:?}");
 }

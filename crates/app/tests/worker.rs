@@ -9,7 +9,7 @@ use std::time::Duration;
 use lmsp_app::{AppError, Caller, CancelState};
 use lmsp_domain::auth::{Scope, Scopes};
 use lmsp_domain::ports::{EngineError, Generation, ModelFileError};
-use lmsp_domain::{ClientId, EventKind, TaskErrorCode, TaskStatus};
+use lmsp_domain::{ClientId, EventKind, Task, TaskErrorCode, TaskStatus};
 
 use support::*;
 
@@ -110,6 +110,16 @@ async fn engine_errors_fail_the_task_with_their_codes() {
     }
 }
 
+/// Cancels a task a worker has, and checks that this cancel moved it to `cancelling` (P-4).
+async fn cancel_while_it_works(h: &Harness, task: &Task) {
+    let cancel = h.service.cancel(&h.admin, task.id).await.unwrap();
+    assert_eq!(
+        (cancel.state, cancel.changed),
+        (CancelState::Cancelling, true),
+        "this cancel moved the task to cancelling"
+    );
+}
+
 /// P-4, I-3: a cancel accepted while the worker generates ends the task `cancelled`, and nothing
 /// but `response.cancelled` follows `response.cancelling`.
 #[tokio::test]
@@ -122,12 +132,7 @@ async fn a_cancel_during_generation_ends_cancelled_with_nothing_after_cancelling
     .await;
     let task = submit(&h, 1000).await;
     running_past(&h, &task, 6).await;
-    let cancel = h.service.cancel(&h.admin, task.id).await.unwrap();
-    assert_eq!(
-        (cancel.state, cancel.changed),
-        (CancelState::Cancelling, true),
-        "this cancel moved the task to cancelling"
-    );
+    cancel_while_it_works(&h, &task).await;
     let done = finished(&h, &task).await;
     assert_eq!(done.status, TaskStatus::Cancelled);
     let kinds = kinds(&h, &task).await;
@@ -151,12 +156,7 @@ async fn a_cancel_during_a_slow_load_ends_cancelled_at_once() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let cancel = h.service.cancel(&h.admin, task.id).await.unwrap();
-    assert_eq!(
-        (cancel.state, cancel.changed),
-        (CancelState::Cancelling, true),
-        "this cancel moved the task to cancelling"
-    );
+    cancel_while_it_works(&h, &task).await;
     let done = finished(&h, &task).await;
     assert_eq!(done.status, TaskStatus::Cancelled);
     assert_eq!(

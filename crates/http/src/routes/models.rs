@@ -46,7 +46,7 @@ pub async fn list_models(
     State(state): State<AppState>,
     Authed(caller): Authed,
 ) -> ApiResult<Json<ModelList>> {
-    let models = state.service.models(&caller).await?;
+    let models = state.service.models().list(&caller).await?;
     let show_path = caller.has(Scope::ModelsWrite);
     Ok(Json(ModelList::new(
         models
@@ -80,7 +80,11 @@ pub async fn get_model(
     Authed(caller): Authed,
     Path(id): Path<String>,
 ) -> ApiResult<Json<ModelObject>> {
-    let model = state.service.model(&caller, &parse_model_id(&id)?).await?;
+    let model = state
+        .service
+        .models()
+        .get(&caller, &parse_model_id(&id)?)
+        .await?;
     Ok(Json(objects::model(&model, caller.has(Scope::ModelsWrite))))
 }
 
@@ -169,7 +173,8 @@ pub async fn create_model(
     };
     match state
         .service
-        .register_model(&caller, id, origin, key, &kept)
+        .models()
+        .register(&caller, id, origin, key, &kept)
         .await?
     {
         Keyed::Fresh(record) => Ok(json_reply(
@@ -206,7 +211,8 @@ pub async fn delete_model(
 ) -> ApiResult<StatusCode> {
     state
         .service
-        .delete_model(&caller, &parse_model_id(&id)?)
+        .models()
+        .delete(&caller, &parse_model_id(&id)?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
