@@ -285,3 +285,32 @@ fn without_an_open_item_the_resume_text_starts_after_the_last_requeue_i6() {
     assert_eq!(point.text_so_far, "second run");
     assert_eq!(point.state, vec![1]);
 }
+
+/// I-6: with an open item, the text is that item's deltas whatever else the log holds: a
+/// `response.queued` between them does not start it over (the open item is the run's).
+#[test]
+fn with_an_open_item_a_requeue_does_not_start_the_text_over_i6() {
+    let mut task = stored(TaskStatus::Running, 0, 0);
+    task.items.opened = 1;
+    task.items.open = true;
+    let item = ItemId::of(task.id, 0);
+    let log = logged(
+        &task,
+        vec![
+            delta(item, "Once "),
+            EventPayload::Queued {
+                reason: QueueReason::ServerRestarted,
+            },
+            delta(item, "upon"),
+        ],
+    );
+    let point = resume_point(
+        &task,
+        Snapshot {
+            sequence_number: 3,
+            state: Vec::new(),
+        },
+        &log,
+    );
+    assert_eq!(point.text_so_far, "Once upon");
+}
