@@ -8,6 +8,7 @@
 mod caller;
 mod clients;
 mod credentials;
+mod engines;
 mod error;
 mod follow;
 mod idempotency;
@@ -30,6 +31,7 @@ mod worker;
 pub use caller::Caller;
 pub use clients::{offline as clients_offline, NewClient};
 pub use credentials::{generate_pairing_code, generate_token, new_client};
+pub use engines::Engines;
 pub use error::{AppError, STORAGE_RETRY_AFTER_SECONDS};
 pub use idempotency::{IdempotentRequest, Keyed};
 pub use listener::{Listener, RunningTasks, StoreHealth};
@@ -41,7 +43,6 @@ pub use service::{Adapters, Service, Started};
 pub use settings::Settings;
 pub use submit::{Delivery, FromTask, KeptReply, TaskAnswer, TaskReplies, TaskReply};
 pub use tasks::{Cancel, CancelState, TaskQuery};
-pub use worker::Engines;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

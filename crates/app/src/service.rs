@@ -14,6 +14,7 @@ use lmsp_domain::ports::{
 use lmsp_domain::{EngineKind, InstanceId, ServiceId, Timestamp};
 
 use crate::credentials::new_client;
+use crate::engines::Engines;
 use crate::error::AppError;
 use crate::jobs;
 use crate::lifecycle::Lifecycle;
@@ -21,7 +22,7 @@ use crate::listener::Listener;
 use crate::models::Models;
 use crate::settings::Settings;
 use crate::shared::{millis, Core};
-use crate::worker::{Engines, Workers};
+use crate::worker::Workers;
 
 /// The adapters the service runs on.
 #[derive(Clone)]

@@ -12,7 +12,7 @@
 //! it. A panicking worker is replaced, and the task it ran is failed. Only the end of the process
 //! leaves a task unfinished, for recovery.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -21,16 +21,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use lmsp_domain::ports::{
-    Engine, EngineError, GenerationItem, GenerationJob, ResumePoint, Snapshot, StepOutcome,
-    StoreError,
+    EngineError, GenerationItem, GenerationJob, ResumePoint, Snapshot, StepOutcome, StoreError,
 };
 use lmsp_domain::resume::resume_point;
 use lmsp_domain::transition::advance_all;
 use lmsp_domain::worker::{after_refusal, resumed, AfterRefusal, Resumed};
-use lmsp_domain::{
-    EngineKind, Event, Response, Step, Task, TaskError, TaskErrorCode, TaskId, Usage,
-};
+use lmsp_domain::{Event, Response, Step, Task, TaskError, TaskErrorCode, TaskId, Usage};
 
+use crate::engines::Engines;
 use crate::lifecycle::Lifecycle;
 use crate::models::{Models, Unready};
 use crate::retry::{retry, Abandoned};
@@ -38,53 +36,6 @@ use crate::shared::Core;
 
 /// The most deltas committed in one append.
 pub(crate) const MAX_BATCH: usize = 64;
-
-/// The engines, by the kind of model they run.
-#[derive(Clone, Default)]
-pub struct Engines {
-    by_kind: HashMap<EngineKind, Arc<dyn Engine>>,
-}
-
-impl std::fmt::Debug for Engines {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.by_kind.keys()).finish()
-    }
-}
-
-impl Engines {
-    /// No engine.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// With `engine` running the models of `kind`.
-    pub fn with(mut self, kind: EngineKind, engine: Arc<dyn Engine>) -> Self {
-        self.by_kind.insert(kind, engine);
-        self
-    }
-
-    /// The engine of `kind`, if this service has one.
-    pub fn get(&self, kind: EngineKind) -> Option<&Arc<dyn Engine>> {
-        self.by_kind.get(&kind)
-    }
-
-    /// Whether the service runs models of `kind`.
-    pub fn runs(&self, kind: EngineKind) -> bool {
-        self.by_kind.contains_key(&kind)
-    }
-
-    /// The engine the service was started for: the upstream or llama.cpp engine when it has
-    /// one (at most one of them runs beside the reference engine), else the reference engine.
-    pub fn primary(&self) -> Option<(EngineKind, &Arc<dyn Engine>)> {
-        [
-            EngineKind::Upstream,
-            EngineKind::Llama,
-            EngineKind::Reference,
-        ]
-        .into_iter()
-        .find_map(|kind| self.get(kind).map(|engine| (kind, engine)))
-    }
-}
 
 /// The worker pool of this process: what its workers share, and how work reaches them.
 #[derive(Clone)]
