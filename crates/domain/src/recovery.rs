@@ -88,40 +88,80 @@ pub enum Move {
     },
 }
 
-/// The recovery table (P-8…P-10).
-pub const fn plan(status: TaskStatus, policy: RestartPolicy) -> Move {
-    const fn moved(status: TaskStatus, event: EventKind, resumes: bool, closes: bool) -> Move {
-        Move::Moved {
-            status,
-            event,
-            error_code: match event {
-                EventKind::Failed => Some(TaskErrorCode::ServerRestarted),
-                _ => None,
-            },
-            increments_restarts: true,
-            resumes_from_snapshot: resumes,
-            closes_open_item: closes,
-        }
+/// One cell of the recovery table: a leftover's status under its policy, and its move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cell {
+    /// The status the task was left in (one of [`TaskStatus::UNFINISHED`]).
+    pub status: TaskStatus,
+    /// The task's `on_restart` policy.
+    pub policy: RestartPolicy,
+    /// What recovery does to it.
+    pub moves: Move,
+}
+
+/// A move of the table: to `status` with the `event` that records it, `restarts + 1`.
+const fn moved(status: TaskStatus, event: EventKind, resumes: bool, closes: bool) -> Move {
+    Move::Moved {
+        status,
+        event,
+        error_code: match event {
+            EventKind::Failed => Some(TaskErrorCode::ServerRestarted),
+            _ => None,
+        },
+        increments_restarts: true,
+        resumes_from_snapshot: resumes,
+        closes_open_item: closes,
     }
-    match (status, policy) {
-        (TaskStatus::Completed | TaskStatus::Failed | TaskStatus::Cancelled, _) => Move::Untouched,
-        (TaskStatus::Cancelling, _) => {
-            moved(TaskStatus::Cancelled, EventKind::Cancelled, false, false)
-        }
-        (TaskStatus::Queued | TaskStatus::Loading | TaskStatus::Running, RestartPolicy::Fail) => {
-            moved(TaskStatus::Failed, EventKind::Failed, false, false)
-        }
-        (TaskStatus::Queued, RestartPolicy::Retry | RestartPolicy::Resume) => Move::Untouched,
-        (TaskStatus::Loading, RestartPolicy::Retry | RestartPolicy::Resume) => {
-            moved(TaskStatus::Queued, EventKind::Queued, false, true)
-        }
-        (TaskStatus::Running, RestartPolicy::Retry) => {
-            moved(TaskStatus::Queued, EventKind::Queued, false, true)
-        }
-        (TaskStatus::Running, RestartPolicy::Resume) => {
-            moved(TaskStatus::Running, EventKind::Resumed, true, false)
-        }
+}
+
+const fn cell(status: TaskStatus, policy: RestartPolicy, moves: Move) -> Cell {
+    Cell {
+        status,
+        policy,
+        moves,
     }
+}
+
+/// The recovery table (P-8…P-10) as data, cell by cell: every unfinished status under every
+/// policy (a finished task is never moved). [`plan`] reads it, [`recover`] carries out a cell
+/// for one task, and a store that moves a whole cell at once (set-based SQL) builds its
+/// statements from the cell's [`Move`], so the two cannot disagree on what a cell does.
+pub const TABLE: [Cell; 12] = {
+    use EventKind as E;
+    use RestartPolicy::{Fail, Resume, Retry};
+    use TaskStatus::{Cancelled, Cancelling, Failed, Loading, Queued, Running};
+    let failed = moved(Failed, E::Failed, false, false);
+    let requeued = moved(Queued, E::Queued, false, true);
+    let cancelled = moved(Cancelled, E::Cancelled, false, false);
+    [
+        cell(Queued, Fail, failed),
+        cell(Queued, Retry, Move::Untouched),
+        cell(Queued, Resume, Move::Untouched),
+        cell(Loading, Fail, failed),
+        cell(Loading, Retry, requeued),
+        cell(Loading, Resume, requeued),
+        cell(Running, Fail, failed),
+        cell(Running, Retry, requeued),
+        cell(Running, Resume, moved(Running, E::Resumed, true, false)),
+        cell(Cancelling, Fail, cancelled),
+        cell(Cancelling, Retry, cancelled),
+        cell(Cancelling, Resume, cancelled),
+    ]
+};
+
+/// The cells of the table for leftovers in `status`, one per policy (none for a finished
+/// status).
+pub fn cells_of(status: TaskStatus) -> impl Iterator<Item = &'static Cell> {
+    TABLE.iter().filter(move |cell| cell.status == status)
+}
+
+/// The recovery table (P-8…P-10): the move of [`TABLE`]'s cell for `status` under `policy`;
+/// a finished task, which has no cell, is untouched.
+pub fn plan(status: TaskStatus, policy: RestartPolicy) -> Move {
+    TABLE
+        .iter()
+        .find(|cell| cell.status == status && cell.policy == policy)
+        .map_or(Move::Untouched, |cell| cell.moves)
 }
 
 /// The event that records a move of the table, of the kind [`plan`] names (`response.failed`

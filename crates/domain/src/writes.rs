@@ -6,7 +6,8 @@
 //! batch as a [`PurgeBatch`]. Each adapter turns these into its own SQL; none decides anything
 //! of its own, so two adapters cannot drift apart.
 
-use crate::event::{Event, EventKind};
+use crate::event::{Event, EventKind, EventPayload};
+use crate::idempotency::{IdempotencyRecord, KeyState};
 use crate::ids::{ClientId, InstanceId, TaskId};
 use crate::ports::{DeleteOutcome, RecoveryReport, Snapshot, StepOutcome};
 use crate::status::TaskStatus;
@@ -82,6 +83,48 @@ impl<'a> TaskWrite<'a> {
             .iter()
             .any(|event| event.kind() == EventKind::Resumed)
     }
+}
+
+/// I-8: the record stored under a request's key that already answered another request and has
+/// not expired at `at`: the request writes nothing and is answered from it.
+pub fn answered_key(
+    stored: Option<&IdempotencyRecord>,
+    at: Timestamp,
+) -> Option<&IdempotencyRecord> {
+    stored.filter(|record| record.expires_at > at && matches!(record.state, KeyState::Answered(_)))
+}
+
+/// What a create writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreatePlan {
+    /// The new task's row with its first event (and the request's key record, the caller's).
+    Write(TaskWrite<'static>),
+    /// Another request already answered under the key: nothing is written; this record answers.
+    KeyAnswered(IdempotencyRecord),
+}
+
+/// P-2, I-1, I-8: a new task as stored (the row of [`Task::as_created`]) with its
+/// `response.created` event (sequence 1); or, when the record stored under the request's key
+/// already answered at the task's creation ([`answered_key`]), that record and nothing to write.
+pub fn plan_create(task: &Task, stored_key: Option<&IdempotencyRecord>) -> CreatePlan {
+    if let Some(answered) = answered_key(stored_key, task.created_at) {
+        return CreatePlan::KeyAnswered(answered.clone());
+    }
+    let task = task.as_created();
+    let event = Event {
+        task_id: task.id,
+        sequence_number: 1,
+        created_at: task.created_at,
+        payload: EventPayload::Created {
+            task: Box::new(task.clone()),
+        },
+    };
+    CreatePlan::Write(TaskWrite {
+        task,
+        events: vec![event],
+        responses: Vec::new(),
+        snapshot: SnapshotChange::Keep,
+    })
 }
 
 /// P-3, I-2: a worker's steps on the task as read, all or nothing (see [`advance_all`]): the

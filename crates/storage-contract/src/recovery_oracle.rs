@@ -5,7 +5,7 @@
 use lmsp_domain::event::{Event, EventPayload};
 use lmsp_domain::ids::{InstanceId, ItemId, TaskId};
 use lmsp_domain::ports::Store;
-use lmsp_domain::recovery::{needs_open_item_text, recover, RestartPolicy};
+use lmsp_domain::recovery::{self, needs_open_item_text, recover, RestartPolicy};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
@@ -115,15 +115,19 @@ pub async fn recovery_writes_exactly_what_the_domain_decides_for_each_task_p11_i
     let (store, _listener) = fresh_store(factory).await;
     let gone = register(&store, "gone", time(0)).await.id;
     let mut ids = Vec::new();
-    for status in TaskStatus::UNFINISHED {
-        for policy in RestartPolicy::ALL.iter().copied() {
-            for progress in [
-                Progress::Bare,
-                Progress::Output,
-                Progress::OutputAndSnapshot,
-            ] {
-                ids.push(leftover(&store, gone, status, policy, progress).await.id);
-            }
+    // Cell by cell of the domain's recovery table as data (every unfinished status under every
+    // policy), whatever way the adapter writes a cell.
+    for cell in &recovery::TABLE {
+        for progress in [
+            Progress::Bare,
+            Progress::Output,
+            Progress::OutputAndSnapshot,
+        ] {
+            ids.push(
+                leftover(&store, gone, cell.status, cell.policy, progress)
+                    .await
+                    .id,
+            );
         }
     }
     for status in [

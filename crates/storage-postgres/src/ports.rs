@@ -30,12 +30,9 @@ impl TaskStore for PostgresStore {
         task: Task,
         idempotency: Option<IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
-        let at = task.created_at;
         self.write(false, move |tx| {
             let (task, idempotency) = (task.clone(), idempotency.clone());
-            Box::pin(
-                async move { ops::tasks::create_task(tx, &task, idempotency.as_ref(), at).await },
-            )
+            Box::pin(async move { ops::tasks::create_task(tx, &task, idempotency.as_ref()).await })
         })
         .await
     }

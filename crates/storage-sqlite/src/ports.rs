@@ -32,9 +32,8 @@ impl TaskStore for SqliteStore {
         task: Task,
         idempotency: Option<IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
-        let at = task.created_at;
         self.write(Box::new(move |conn| {
-            ops::tasks::create_task(conn, task, idempotency, at)
+            ops::tasks::create_task(conn, task, idempotency)
         }))
         .await
     }

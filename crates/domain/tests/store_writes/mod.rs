@@ -3,15 +3,19 @@
 //! delete, a purge batch, and a recovery's tally. Part of the `properties` test binary.
 
 use lmsp_domain::cancel::{decide_cancel, plan_cancel};
-use lmsp_domain::event::EventKind;
+use lmsp_domain::event::{Event, EventKind, EventPayload};
+use lmsp_domain::idempotency::{
+    IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyState, Operation, RequestDigest,
+    StoredReply,
+};
 use lmsp_domain::ids::{ClientId, TaskId};
 use lmsp_domain::ports::{CancelOutcome, DeleteOutcome, RecoveryReport, Snapshot, StepOutcome};
-use lmsp_domain::recovery::{recover, RestartPolicy};
+use lmsp_domain::recovery::{self, recover, Move, RestartPolicy};
 use lmsp_domain::task::Task;
 use lmsp_domain::transition::{advance, advance_all, Refusal, Step};
 use lmsp_domain::writes::{
-    decide_delete, plan_append, plan_claim, purge_batch, snapshot_change, tally, PurgeBatch,
-    SnapshotChange, TaskWrite, PURGED_STATUSES,
+    answered_key, decide_delete, plan_append, plan_claim, plan_create, purge_batch,
+    snapshot_change, tally, CreatePlan, PurgeBatch, SnapshotChange, TaskWrite, PURGED_STATUSES,
 };
 use lmsp_domain::{TaskStatus, Timestamp};
 use proptest::prelude::*;
@@ -445,5 +449,121 @@ fn a_resumed_tasks_write_resumes_it_and_keeps_its_snapshot() {
             untouched: 0,
             resumed: vec![task.id]
         }
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The recovery table as data (P-7…P-10).
+// ---------------------------------------------------------------------------------------------
+
+/// P-7: the table has exactly one cell for each unfinished status under each policy, and none for
+/// a finished one; `cells_of` hands out a status's cells, one per policy, and `plan` is each
+/// cell's move.
+#[test]
+fn the_recovery_table_has_one_cell_per_unfinished_status_and_policy_and_plan_reads_it() {
+    assert_eq!(
+        recovery::TABLE.len(),
+        TaskStatus::UNFINISHED.len() * RestartPolicy::ALL.len()
+    );
+    for &status in TaskStatus::ALL {
+        let cells: Vec<_> = recovery::cells_of(status).collect();
+        if status.is_finished() {
+            assert!(cells.is_empty(), "{status}");
+            for &policy in RestartPolicy::ALL {
+                assert_eq!(recovery::plan(status, policy), Move::Untouched);
+            }
+            continue;
+        }
+        let policies: Vec<_> = cells.iter().map(|cell| cell.policy).collect();
+        assert_eq!(policies, RestartPolicy::ALL, "{status}");
+        for cell in cells {
+            assert_eq!(cell.status, status);
+            assert_eq!(recovery::plan(status, cell.policy), cell.moves);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Creation under an idempotency key (P-2, I-1, I-8).
+// ---------------------------------------------------------------------------------------------
+
+fn key_record(state: KeyState, expires_at: i64) -> IdempotencyRecord {
+    IdempotencyRecord {
+        scope: IdempotencyScope {
+            client_id: ClientId::from_ulid(ulid(30)),
+            operation: Operation::CreateResponse,
+        },
+        key: IdempotencyKey::parse("create-1").unwrap(),
+        digest: RequestDigest::of_canonical(b"{}"),
+        state,
+        held_until: None,
+        held_by: None,
+        created_at: at(0),
+        expires_at: at(expires_at),
+    }
+}
+
+fn answered() -> KeyState {
+    KeyState::Answered(StoredReply {
+        task_id: Some(TaskId::from_ulid(ulid(31))),
+        body: b"202 queued".to_vec(),
+    })
+}
+
+/// I-8: only an answered record that has not expired (its expiry after now) answers a request;
+/// a pending one, an expired one and none do not.
+#[test]
+fn only_an_unexpired_answered_record_answers_a_request() {
+    let live = key_record(answered(), 1_001);
+    assert_eq!(answered_key(Some(&live), at(1_000)), Some(&live));
+    assert_eq!(answered_key(Some(&live), at(1_001)), None);
+    assert_eq!(answered_key(Some(&live), at(1_002)), None);
+    assert_eq!(
+        answered_key(Some(&key_record(KeyState::Pending, 5_000)), at(1_000)),
+        None
+    );
+    assert_eq!(answered_key(None, at(1_000)), None);
+}
+
+/// P-2, I-1: a new task is written as created, with its `response.created` event numbered 1 and
+/// nothing else; under a key that already answered, nothing is written and the record answers.
+#[test]
+fn a_new_task_is_written_as_created_with_its_first_event_unless_its_key_answered() {
+    let mut task = queued_task(32, instance(1), RestartPolicy::Fail);
+    task.last_sequence_number = 7;
+    let CreatePlan::Write(write) = plan_create(&task, None) else {
+        panic!("a create without a key writes");
+    };
+    let created = task.as_created();
+    assert_eq!(write.task, created);
+    assert_eq!(write.task.last_sequence_number, 1);
+    assert_eq!(
+        write.events,
+        vec![Event {
+            task_id: task.id,
+            sequence_number: 1,
+            created_at: task.created_at,
+            payload: EventPayload::Created {
+                task: Box::new(created.clone())
+            },
+        }]
+    );
+    assert!(write.responses.is_empty());
+    assert_eq!(write.snapshot, SnapshotChange::Keep);
+    let pending = key_record(KeyState::Pending, 9_000);
+    let written = |plan: CreatePlan| match plan {
+        CreatePlan::Write(write) => Some(write.task),
+        CreatePlan::KeyAnswered(_) => None,
+    };
+    assert_eq!(
+        written(plan_create(&task, Some(&pending))),
+        Some(created.clone())
+    );
+    let expired = key_record(answered(), task.created_at.as_millis());
+    assert_eq!(written(plan_create(&task, Some(&expired))), Some(created));
+    let live = key_record(answered(), task.created_at.as_millis() + 1);
+    assert_eq!(
+        plan_create(&task, Some(&live)),
+        CreatePlan::KeyAnswered(live.clone())
     );
 }

@@ -5,12 +5,13 @@
 
 use lmsp_domain::idempotency::{
     decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
-    KeyState, StoredReply,
+    StoredReply,
 };
 use lmsp_domain::ids::InstanceId;
 use lmsp_domain::model::ModelRecord;
 use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
+use lmsp_domain::writes::answered_key;
 
 use crate::codec::{IdempotencyRow, IDEMPOTENCY_COLUMNS};
 use crate::error::DbError;
@@ -113,12 +114,8 @@ pub async fn insert_model_with_key<C: Db>(
     record: &IdempotencyRecord,
 ) -> Res<KeyedInsert> {
     let existing = locked_record(db, &record.scope, &record.key).await?;
-    if let Some(existing) = &existing {
-        if existing.expires_at > record.created_at
-            && matches!(existing.state, KeyState::Answered(_))
-        {
-            return Ok(KeyedInsert::KeyAnswered(existing.clone()));
-        }
+    if let Some(answered) = answered_key(existing.as_ref(), record.created_at) {
+        return Ok(KeyedInsert::KeyAnswered(answered.clone()));
     }
     if !insert_model(db, model).await? {
         return Ok(KeyedInsert::Taken);

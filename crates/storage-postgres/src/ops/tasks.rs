@@ -1,8 +1,8 @@
 //! Tasks: creation, the worker's steps, claims, cancels, deletion, and the reads.
 
 use lmsp_domain::cancel::plan_cancel;
-use lmsp_domain::event::{Event, EventPayload};
-use lmsp_domain::idempotency::{IdempotencyRecord, KeyState};
+use lmsp_domain::event::Event;
+use lmsp_domain::idempotency::IdempotencyRecord;
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::ports::{
     CancelOutcome, CreateOutcome, DeleteOutcome, Page, Snapshot, StepOutcome, TaskFilter,
@@ -11,7 +11,9 @@ use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
-use lmsp_domain::writes::{decide_delete, plan_append, plan_claim, SnapshotChange, TaskWrite};
+use lmsp_domain::writes::{
+    decide_delete, plan_append, plan_claim, plan_create, CreatePlan, SnapshotChange, TaskWrite,
+};
 use tokio_postgres::types::ToSql;
 
 use crate::codec;
@@ -22,38 +24,29 @@ use crate::ops::{
     TASK_COLUMNS, TASK_FROM,
 };
 
-/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record.
+/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record, as the
+/// domain's [`plan_create`] decides from the record stored (and locked) under the key.
 pub async fn create_task<C: Db>(
     db: &C,
     task: &Task,
     idempotency: Option<&IdempotencyRecord>,
-    at: Timestamp,
 ) -> Res<(CreateOutcome, Vec<Event>)> {
-    let mut key_existed = false;
-    if let Some(record) = idempotency {
-        if let Some(existing) = locked_record(db, &record.scope, &record.key).await? {
-            key_existed = true;
-            if existing.expires_at > at && matches!(existing.state, KeyState::Answered(_)) {
-                return Ok((CreateOutcome::KeyAnswered(existing), Vec::new()));
-            }
-        }
-    }
-    let task = task.as_created();
-    let event = Event {
-        task_id: task.id,
-        sequence_number: 1,
-        created_at: task.created_at,
-        payload: EventPayload::Created {
-            task: Box::new(task.clone()),
-        },
+    let stored = match idempotency {
+        Some(record) => locked_record(db, &record.scope, &record.key).await?,
+        None => None,
     };
-    insert_task_rows(db, &task).await?;
-    let events = vec![event];
-    events::insert_events(db, &events).await?;
+    let write = match plan_create(task, stored.as_ref()) {
+        CreatePlan::Write(write) => write,
+        CreatePlan::KeyAnswered(record) => {
+            return Ok((CreateOutcome::KeyAnswered(record), Vec::new()))
+        }
+    };
+    insert_task_rows(db, &write.task).await?;
+    events::insert_events(db, &write.events).await?;
     if let Some(record) = idempotency {
-        put_record(db, record, key_existed).await?;
+        put_record(db, record, stored.is_some()).await?;
     }
-    Ok((CreateOutcome::Created(task), events))
+    Ok((CreateOutcome::Created(write.task), write.events))
 }
 
 async fn insert_response<C: Db>(db: &C, response: &Response) -> Res<()> {

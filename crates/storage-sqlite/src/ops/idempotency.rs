@@ -3,12 +3,13 @@
 
 use lmsp_domain::idempotency::{
     decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
-    KeyState, StoredReply,
+    StoredReply,
 };
 use lmsp_domain::ids::InstanceId;
 use lmsp_domain::model::ModelRecord;
 use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
+use lmsp_domain::writes::answered_key;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec::{IdempotencyRow, IDEMPOTENCY_COLUMNS};
@@ -16,7 +17,7 @@ use crate::ops::models::insert_model;
 use crate::ops::{client_key, instance_key, to_i64, Res};
 
 /// The record stored under a key, expired or not.
-fn stored_record(
+pub fn stored_record(
     conn: &Connection,
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
@@ -47,16 +48,6 @@ fn stored_record(
         )
         .optional()?;
     Ok(row.map(|row| row.decode(scope, key_text)).transpose()?)
-}
-
-/// The record under a key unless it expired at `at`.
-pub fn live_record(
-    conn: &Connection,
-    scope: &IdempotencyScope,
-    key_text: &IdempotencyKey,
-    at: Timestamp,
-) -> Res<Option<IdempotencyRecord>> {
-    Ok(stored_record(conn, scope, key_text)?.filter(|record| record.expires_at > at))
 }
 
 /// Writes a record, replacing whatever was stored under its key.
@@ -99,10 +90,9 @@ pub fn insert_model_with_key(
     model: &ModelRecord,
     record: &IdempotencyRecord,
 ) -> Res<KeyedInsert> {
-    if let Some(existing) = live_record(conn, &record.scope, &record.key, record.created_at)? {
-        if matches!(existing.state, KeyState::Answered(_)) {
-            return Ok(KeyedInsert::KeyAnswered(existing));
-        }
+    let stored = stored_record(conn, &record.scope, &record.key)?;
+    if let Some(answered) = answered_key(stored.as_ref(), record.created_at) {
+        return Ok(KeyedInsert::KeyAnswered(answered.clone()));
     }
     if !insert_model(conn, model)? {
         return Ok(KeyedInsert::Taken);

@@ -6,8 +6,9 @@
 use lmsp_domain::event::{Event, EventPayload};
 use lmsp_domain::ids::{InstanceId, TaskId};
 use lmsp_domain::ports::{InstanceInfo, RecoveryReport, Registration};
-use lmsp_domain::recovery::{move_event, plan, Move, RestartPolicy};
+use lmsp_domain::recovery::{cells_of, move_event, Move};
 use lmsp_domain::time::Timestamp;
+use lmsp_domain::writes::{snapshot_change, SnapshotChange};
 use lmsp_domain::EventKind;
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 
@@ -140,11 +141,11 @@ impl CellSlice {
 
 /// One recovery batch (P-7…P-11, I-5): the next `limit` leftovers of `stopped` of one status, in
 /// key order from `cursor` on (a batch that ends a status goes on into the next while it has
-/// room). For each policy, the cell's move comes from the domain's [`plan`] (the one place the
-/// table lives) and is applied to all the batch's tasks of that cell at once, as set-based
-/// statements in the batch's one transaction: the item a restarted run leaves open closed as
-/// incomplete, the event of the move (the domain's [`move_event`]), the snapshot of a finished
-/// task dropped, and the rows moved into the rescuer's care, each with its events and
+/// room). Each of the status's cells of the domain's recovery table ([`cells_of`]: the table as
+/// data, the one place it lives) is applied to all the batch's tasks of that cell at once, its
+/// statements built from the cell's [`Move`] alone, in the batch's one transaction: the item a restarted run leaves open closed as
+/// incomplete, the event of the move (the domain's [`move_event`]), the snapshot dropped where
+/// the domain's `snapshot_change` drops it, and the rows moved into the rescuer's care, each with its events and
 /// `restarts + 1` (P-11). A moved task leaves the stopped instance, so a second pass finds
 /// nothing to move (I-5); the `queued` tasks the table leaves alone are only counted. A batch
 /// covers a range of consecutive keys of one status, so its statements touch neighbouring rows.
@@ -174,9 +175,9 @@ pub fn recover_batch(
             slice.upto = last;
         }
         let mut covered = 0;
-        for policy in RestartPolicy::ALL.iter().copied() {
-            slice.policy = policy.as_str();
-            match plan(status, policy) {
+        for cell in cells_of(status) {
+            slice.policy = cell.policy.as_str();
+            match cell.moves {
                 Move::Untouched => {
                     let sql = format!("SELECT count(*) FROM tasks t WHERE {CELL_TASKS}");
                     let count: i64 = conn
@@ -257,6 +258,7 @@ fn apply_cell(
         status,
         event,
         increments_restarts,
+        resumes_from_snapshot,
         closes_open_item,
         ..
     } = moved
@@ -284,14 +286,15 @@ fn apply_cell(
         collect_returned(conn, &sql, &params, events)?;
     }
     // The event's stored data comes from the domain's payload, except where it differs per
-    // task: a resume's `from_sequence_number` (its snapshot's, else the task's last event).
+    // task: where a resumed run continues (its snapshot's last event, else the task's last).
     let payload = move_event(event, 0);
     if payload.item().is_some() {
         return Err(corrupt("a recovery event about an output item"));
     }
-    let data = match event {
-        EventKind::Resumed => None,
-        _ => Some(codec::event_data(&payload)?.into_owned()),
+    let data = if resumes_from_snapshot {
+        None
+    } else {
+        Some(codec::event_data(&payload)?.into_owned())
     };
     let sql = format!(
         "INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
@@ -304,7 +307,7 @@ fn apply_cell(
     let mut params = slice.params().to_vec();
     params.extend([&closes_open_item as &dyn ToSql, &kind, &at_millis, &data]);
     let written = collect_returned(conn, &sql, &params, events)?;
-    if status.is_finished() {
+    if snapshot_change(status, None) == SnapshotChange::Drop {
         let sql = format!(
             "DELETE FROM snapshots WHERE task_id IN (SELECT t.id FROM tasks t WHERE {CELL_TASKS})"
         );

@@ -1,7 +1,7 @@
 //! Tasks: creation, the worker's steps, claims, cancels, deletion, and the reads.
 
 use lmsp_domain::cancel::plan_cancel;
-use lmsp_domain::event::{Event, EventPayload};
+use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::IdempotencyRecord;
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::ports::{
@@ -10,51 +10,43 @@ use lmsp_domain::ports::{
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::{decide_delete, plan_append, plan_claim, SnapshotChange, TaskWrite};
+use lmsp_domain::writes::{
+    decide_delete, plan_append, plan_claim, plan_create, CreatePlan, SnapshotChange, TaskWrite,
+};
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec;
-use crate::ops::idempotency::{live_record, put_record};
+use crate::ops::idempotency::{put_record, stored_record};
 use crate::ops::{
     client_key, corrupt, delete_snapshot, events, from_i64, insert_task_rows, instance_key, key,
     load_task, raw_task, to_i64, write_advanced, RawTask, Res, TASK_COLUMNS, TASK_FROM,
 };
 use lmsp_domain::transition::Step;
 
-/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record.
+/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record, as the
+/// domain's [`plan_create`] decides from the record stored under the key.
 pub fn create_task(
     conn: &Connection,
     task: Task,
     idempotency: Option<IdempotencyRecord>,
-    at: Timestamp,
 ) -> Res<(CreateOutcome, Vec<Event>)> {
-    if let Some(record) = &idempotency {
-        if let Some(existing) = live_record(conn, &record.scope, &record.key, at)? {
-            if matches!(
-                existing.state,
-                lmsp_domain::idempotency::KeyState::Answered(_)
-            ) {
-                return Ok((CreateOutcome::KeyAnswered(existing), Vec::new()));
-            }
-        }
-    }
-    let task = task.as_created();
-    let event = Event {
-        task_id: task.id,
-        sequence_number: 1,
-        created_at: task.created_at,
-        payload: EventPayload::Created {
-            task: Box::new(task.clone()),
-        },
+    let stored = match &idempotency {
+        Some(record) => stored_record(conn, &record.scope, &record.key)?,
+        None => None,
     };
-    insert_task_rows(conn, &task)?;
-    let events = vec![event];
-    events::insert_events(conn, &events)?;
+    let write = match plan_create(&task, stored.as_ref()) {
+        CreatePlan::Write(write) => write,
+        CreatePlan::KeyAnswered(record) => {
+            return Ok((CreateOutcome::KeyAnswered(record), Vec::new()))
+        }
+    };
+    insert_task_rows(conn, &write.task)?;
+    events::insert_events(conn, &write.events)?;
     if let Some(record) = &idempotency {
         put_record(conn, record)?;
     }
-    Ok((CreateOutcome::Created(task), events))
+    Ok((CreateOutcome::Created(write.task), write.events))
 }
 
 fn insert_response(conn: &Connection, response: &Response) -> Res<()> {
