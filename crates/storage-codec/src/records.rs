@@ -227,3 +227,117 @@ impl IdempotencyRow {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use lmsp_domain::auth::{Scope, Scopes};
+    use lmsp_domain::idempotency::Operation;
+    use ulid::Ulid;
+
+    use super::*;
+
+    fn at(millis: i64) -> Timestamp {
+        Timestamp::from_millis(millis)
+    }
+
+    #[test]
+    fn a_client_reads_back_as_it_was_written_revoked_or_not() {
+        let mut client = Client {
+            id: ClientId::from_ulid(Ulid::from_parts(1, 2)),
+            name: "laptop".into(),
+            scopes: Scopes::new([Scope::ResponsesRead]),
+            token_hash: SecretHash::from_hex(&"ab".repeat(32)).unwrap(),
+            created_at: at(5),
+            revoked_at: None,
+        };
+        assert_eq!(
+            ClientRow::encode(&client).unwrap().decode().unwrap(),
+            client
+        );
+        client.revoked_at = Some(at(9));
+        let row = ClientRow::encode(&client).unwrap();
+        assert_eq!(row.revoked_at, Some(9));
+        assert_eq!(row.decode().unwrap(), client);
+    }
+
+    #[test]
+    fn a_models_file_or_upstream_reads_back_and_a_row_with_neither_is_corrupt() {
+        let file = ModelRecord {
+            id: ModelId::parse("tiny.gguf").unwrap(),
+            source: ModelSource::File {
+                format: ModelFormat::Gguf,
+                file: FileFingerprint {
+                    path: "tiny.gguf".into(),
+                    size_bytes: 42,
+                    modified_millis: 7,
+                    digest: Digest::from_sha256([3; 32]),
+                },
+            },
+            created_at: at(11),
+        };
+        let upstream = ModelRecord {
+            id: ModelId::parse("remote").unwrap(),
+            source: ModelSource::Upstream {
+                name: "qwen".into(),
+            },
+            created_at: at(12),
+        };
+        for model in [file, upstream] {
+            assert_eq!(ModelRow::encode(&model).unwrap().decode().unwrap(), model);
+        }
+        let mut broken = ModelRow::encode(&ModelRecord {
+            id: ModelId::parse("tiny.gguf").unwrap(),
+            source: ModelSource::Upstream { name: "x".into() },
+            created_at: at(1),
+        })
+        .unwrap();
+        broken.upstream_model = None;
+        assert!(broken.decode().is_err());
+    }
+
+    #[test]
+    fn an_idempotency_record_reads_back_pending_or_answered() {
+        let scope = IdempotencyScope {
+            client_id: ClientId::from_ulid(Ulid::from_parts(3, 4)),
+            operation: Operation::CreateResponse,
+        };
+        let key = IdempotencyKey::parse("k-1").unwrap();
+        let pending = IdempotencyRecord {
+            scope: scope.clone(),
+            key: key.clone(),
+            digest: RequestDigest::of_canonical(b"{}"),
+            state: KeyState::Pending,
+            held_until: Some(at(20)),
+            held_by: Some(InstanceId::from_ulid(Ulid::from_parts(5, 6))),
+            created_at: at(10),
+            expires_at: at(30),
+        };
+        let answered = IdempotencyRecord {
+            state: KeyState::Answered(StoredReply {
+                task_id: Some(TaskId::from_ulid(Ulid::from_parts(7, 8))),
+                body: b"202".to_vec(),
+            }),
+            held_until: None,
+            held_by: None,
+            ..pending.clone()
+        };
+        for record in [pending, answered] {
+            let row = IdempotencyRow::encode(&record);
+            assert_eq!(row.decode(&scope, &key).unwrap(), record);
+        }
+        let mut short = IdempotencyRow::encode(&IdempotencyRecord {
+            scope: scope.clone(),
+            key: key.clone(),
+            digest: RequestDigest::of_canonical(b"{}"),
+            state: KeyState::Pending,
+            held_until: None,
+            held_by: None,
+            created_at: at(1),
+            expires_at: at(2),
+        });
+        short.digest.pop();
+        assert!(short.decode(&scope, &key).is_err());
+    }
+}
