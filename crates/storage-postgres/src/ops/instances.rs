@@ -16,7 +16,7 @@ use lmsp_domain::writes::{tally, TaskWrite};
 use crate::ops::tasks::write_task;
 use crate::ops::{
     decode_task, events, from_i64, instance_key, instance_of, key, to_i64, ulid_of, Db, Res,
-    LEFTOVER_STATUSES, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
+    TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
 };
 
 /// Registers `instance` unless another incarnation of its name holds a lease that has not run
@@ -152,24 +152,7 @@ pub async fn mark_recovered<C: Db>(db: &C, instance: InstanceId, at: Timestamp) 
     Ok(())
 }
 
-/// Where a recovery pass has got to: the status it is looking at, and the last task of that
-/// status it looked at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecoveryCursor {
-    status_index: usize,
-    after: Option<TaskId>,
-}
-
-impl RecoveryCursor {
-    /// The start of a pass.
-    pub const START: RecoveryCursor = RecoveryCursor {
-        status_index: 0,
-        after: None,
-    };
-}
-
-/// What one recovery batch did, and where the next one starts (`None`: the pass is complete).
-pub type RecoveryStep = (RecoveryReport, Option<RecoveryCursor>);
+pub use crate::codec::{RecoveryCursor, RecoveryStep};
 
 /// One recovery batch (P-7…P-11, I-5): up to `limit` unfinished tasks of `stopped` from `cursor`
 /// on, each locked and read again, then moved per [`recover`] with its events as a
@@ -183,7 +166,7 @@ pub async fn recover_batch<C: Db>(
     cursor: RecoveryCursor,
     limit: usize,
 ) -> Res<(RecoveryStep, Vec<Event>)> {
-    let Some(status) = LEFTOVER_STATUSES.get(cursor.status_index) else {
+    let Some(status) = cursor.status() else {
         return Ok(((RecoveryReport::default(), None), Vec::new()));
     };
     let owner = instance_key(stopped);
@@ -247,11 +230,8 @@ pub async fn recover_batch<C: Db>(
             after: last,
         }
     } else {
-        RecoveryCursor {
-            status_index: cursor.status_index + 1,
-            after: None,
-        }
+        cursor.next_status()
     };
-    let next = (next.status_index < LEFTOVER_STATUSES.len()).then_some(next);
+    let next = next.unless_done();
     Ok(((report, next), all_events))
 }

@@ -17,7 +17,6 @@ pub mod tasks;
 use async_trait::async_trait;
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
-use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use tokio_postgres::types::ToSql;
@@ -100,9 +99,6 @@ cached_db!(
     deadpool_postgres::ClientWrapper,
     deadpool_postgres::Transaction<'_>
 );
-
-/// The unfinished statuses (P-7), in the order recovery looks at them.
-pub const LEFTOVER_STATUSES: [TaskStatus; 4] = TaskStatus::UNFINISHED;
 
 pub use codec::{from_i64, to_i64, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM};
 

@@ -15,7 +15,7 @@ use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use crate::codec;
 use crate::codec::{EventCode, EventRow};
 use crate::ops::events;
-use crate::ops::{corrupt, from_i64, instance_key, key, to_i64, ulid_of, Res, LEFTOVER_STATUSES};
+use crate::ops::{corrupt, from_i64, instance_key, key, to_i64, ulid_of, Res};
 
 /// Registers `instance` and declares every other one stopped.
 pub fn register(conn: &Connection, instance: &InstanceInfo) -> Res<Registration> {
@@ -87,24 +87,7 @@ pub fn mark_recovered(conn: &Connection, instance: InstanceId, at: Timestamp) ->
     Ok(())
 }
 
-/// Where a recovery pass has got to: the leftover status it is looking at (an index into
-/// [`LEFTOVER_STATUSES`]), and the last task of that status a batch covered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RecoveryCursor {
-    status_index: usize,
-    after: Option<TaskId>,
-}
-
-impl RecoveryCursor {
-    /// The start of a pass.
-    pub const START: RecoveryCursor = RecoveryCursor {
-        status_index: 0,
-        after: None,
-    };
-}
-
-/// What one recovery batch did, and where the next one starts (`None`: the pass is complete).
-pub type RecoveryStep = (RecoveryReport, Option<RecoveryCursor>);
+pub use crate::codec::{RecoveryCursor, RecoveryStep};
 
 /// The tasks of one cell of the table that a statement applies to, bound as `?1`…`?5` (`t` is
 /// `tasks`): of the stopped instance, in the cell's status under its policy, in the batch's range
@@ -161,7 +144,7 @@ pub fn recover_batch(
     let mut all_events = Vec::new();
     let mut cursor = cursor;
     let mut room = limit.max(1);
-    while let Some(status) = LEFTOVER_STATUSES.get(cursor.status_index).copied() {
+    while let Some(status) = cursor.status() {
         let mut slice = CellSlice {
             status: status.as_str(),
             stopped: instance_key(stopped),
@@ -200,18 +183,13 @@ pub fn recover_batch(
                 cursor.after = Some(TaskId::from_ulid(ulid_of(&last)?));
                 break;
             }
-            None => {
-                cursor = RecoveryCursor {
-                    status_index: cursor.status_index + 1,
-                    after: None,
-                }
-            }
+            None => cursor = cursor.next_status(),
         }
         if room == 0 {
             break;
         }
     }
-    let next = (cursor.status_index < LEFTOVER_STATUSES.len()).then_some(cursor);
+    let next = cursor.unless_done();
     Ok(((report, next), all_events))
 }
 

@@ -16,7 +16,6 @@ pub mod tasks;
 
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
-use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension, Row, Statement};
@@ -27,9 +26,6 @@ use crate::error::DbError;
 
 /// The result type of the operations.
 pub type Res<T> = Result<T, DbError>;
-
-/// The unfinished statuses (P-7), in the order recovery looks at them.
-pub const LEFTOVER_STATUSES: [TaskStatus; 4] = TaskStatus::UNFINISHED;
 
 pub use codec::{from_i64, to_i64, TASK_COLUMNS, TASK_FROM};
 
