@@ -6,23 +6,31 @@
 //! bounded channel, so a slow consumer slows the generating thread instead of buffering without
 //! bound.
 //!
-//! **Resume (I-6).** Each delta's state holds the ids of every token generated so far and the
-//! bytes of a character not yet complete (see [`state`]). Token `i` is sampled by a sampler built
-//! afresh from the task's seed and `i` (top-p, temperature, then a seeded draw; greedy at
-//! temperature 0), so "the sampler's position" is just the number of tokens generated, and a
-//! resumed run re-evaluates the prompt and the generated tokens and then draws exactly what the
-//! uninterrupted run would have drawn. The budget counts the same tokens: a resumed run never
-//! generates past `max_output_tokens` in all.
+//! **Exact resume (I-6).** Each delta's state holds the ids of every token generated so far, the
+//! bytes of a character not yet complete and the run's checkpoint name (see [`state`]). Token `i`
+//! is sampled by a sampler built afresh from the task's seed and `i` (top-p, temperature, then a
+//! seeded draw; greedy at temperature 0), so "the sampler's position" is just the number of
+//! tokens generated. llama.cpp's logits depend on the shape of each evaluation call, so
+//! evaluation follows a fixed schedule that a resume repeats: the prompt in chunks of
+//! [`LlamaSettings::batch_size`] tokens starting at its multiples, every output token alone, one
+//! context per task, flash attention off (its CPU kernel sums over threads). A resume restores the
+//! newest valid KV checkpoint (`checkpoint`, with [`LlamaEngine::with_checkpoints`]) and evaluates
+//! only the tokens after it, or, without one, the prompt and every token on the same schedule;
+//! either way it then draws exactly what the uninterrupted run drew. A prompt cache
+//! (`cache`, [`LlamaEngine::with_prompt_cache`]) reuses whole chunks of recent prompts with the
+//! same result. The budget counts the same tokens: a resumed run never generates past
+//! `max_output_tokens` in all.
 //!
 //! The crate's rooms: this file (settings, the backend, loading and caching models, the
-//! [`Engine`] port), `run` (one generation's thread), `sampling` (how a token is drawn),
-//! `generation` (the async side of a generation) and [`state`] (what a resume needs).
+//! [`Engine`] port), `run` (one generation's thread and its schedule), `sampling` (how a token is
+//! drawn), `checkpoint` (KV checkpoints on disk), `cache` (the prompt cache), `generation` (the
+//! async side of a generation) and [`state`] (what a resume needs).
 //!
 //! **Stopping.** The generating thread checks a stop flag between tokens and between prompt
-//! batches of [`LlamaSettings::batch_size`] tokens; [`Generation::stop`] sets it, closes the
+//! chunks of [`LlamaSettings::batch_size`] tokens; [`Generation::stop`] sets it, closes the
 //! channel (waking a thread blocked on a full one) and waits for the thread to end. Dropping a
 //! generation sets the flag too. A stop therefore waits at most one llama.cpp call: one token or
-//! one prompt batch (well under 100 ms for small models on CPU; bound it for big ones with a
+//! one prompt chunk (well under 100 ms for small models on CPU; bound it for big ones with a
 //! smaller batch).
 
 use std::collections::HashMap;
@@ -38,12 +46,18 @@ use lmsp_domain::model::{Digest, ModelToLoad};
 use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationJob};
 use tokio::sync::OnceCell;
 
+mod cache;
+mod checkpoint;
 mod generation;
 mod run;
 mod sampling;
 pub mod state;
 
-use run::{Resume, Run};
+pub use checkpoint::CheckpointSettings;
+
+use cache::PromptCache;
+use checkpoint::Checkpoints;
+use run::{Resume, Run, Shared};
 use state::GenerationState;
 
 /// How the llama.cpp engine runs its models.
@@ -57,8 +71,10 @@ pub struct LlamaSettings {
     /// not fit fails the task; an output that reaches the end of the context ends there
     /// (`Finished`, with fewer tokens than `max_output_tokens`).
     pub context_size: NonZeroU32,
-    /// Prompt tokens evaluated per llama.cpp call. A stop is noticed between two such calls, so
-    /// this bounds how long a stop waits during a long prompt.
+    /// The prompt chunk: prompt tokens evaluated per llama.cpp call, in chunks that start at its
+    /// multiples (outputs depend on it: it is part of the evaluation's fixed schedule; the prompt
+    /// cache reuses whole chunks). A stop is noticed between two calls, so this also bounds how
+    /// long a stop waits during a long prompt.
     pub batch_size: NonZeroU32,
     /// Layers offloaded to a GPU (builds with the `cuda` or `metal` feature); 0 on CPU builds.
     pub gpu_layers: u32,
@@ -69,7 +85,7 @@ impl Default for LlamaSettings {
         Self {
             threads: None,
             context_size: NonZeroU32::new(4096).unwrap_or(NonZeroU32::MIN),
-            batch_size: NonZeroU32::new(64).unwrap_or(NonZeroU32::MIN),
+            batch_size: NonZeroU32::new(32).unwrap_or(NonZeroU32::MIN),
             gpu_layers: if cfg!(any(feature = "cuda", feature = "metal")) {
                 u32::MAX
             } else {
@@ -114,6 +130,8 @@ pub struct LlamaEngine {
     settings: LlamaSettings,
     backend: &'static LlamaBackend,
     loaded: Mutex<HashMap<Digest, Slot>>,
+    checkpoints: Option<Arc<Checkpoints>>,
+    cache: Arc<PromptCache>,
 }
 
 impl std::fmt::Debug for LlamaEngine {
@@ -131,7 +149,30 @@ impl LlamaEngine {
             settings,
             backend: backend()?,
             loaded: Mutex::new(HashMap::new()),
+            checkpoints: None,
+            cache: Arc::new(PromptCache::new(0)),
         })
+    }
+
+    /// The same engine, saving each generation's KV state as [`CheckpointSettings`] say, so a
+    /// resume in this data directory replays only the tokens after the newest checkpoint.
+    #[must_use]
+    pub fn with_checkpoints(mut self, settings: CheckpointSettings) -> Self {
+        self.checkpoints = Some(Checkpoints::start(settings));
+        self
+    }
+
+    /// The same engine, keeping the KV state of recently evaluated prompts in memory, up to
+    /// `max_bytes`, for requests that start with the same tokens (0: no cache).
+    #[must_use]
+    pub fn with_prompt_cache(mut self, max_bytes: u64) -> Self {
+        self.cache = Arc::new(PromptCache::new(max_bytes));
+        self
+    }
+
+    /// How many resumes restored a KV checkpoint (the others replayed from the prompt).
+    pub fn checkpoint_restores(&self) -> u64 {
+        self.checkpoints.as_ref().map_or(0, |c| c.restores())
     }
 
     /// Whether the model with this digest is loaded.
@@ -220,12 +261,27 @@ impl Engine for LlamaEngine {
                 )));
             }
         }
+        let digest = job
+            .model
+            .record
+            .file()
+            .map(|file| file.digest.clone())
+            .ok_or_else(|| {
+                EngineError::ModelUnavailable(String::from(
+                    "the llama engine runs GGUF model files only",
+                ))
+            })?;
         let generation = Run::spawn(
             loaded,
             self.backend,
             self.settings,
             Arc::clone(&job.spec),
             resume,
+            Shared {
+                digest,
+                checkpoints: self.checkpoints.clone(),
+                cache: Arc::clone(&self.cache),
+            },
         )?;
         Ok(Box::new(generation))
     }

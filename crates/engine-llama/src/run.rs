@@ -13,14 +13,20 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaChatMessage;
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::LlamaStateSeqFlags;
+use lmsp_domain::model::Digest;
 use lmsp_domain::ports::{EngineError, GenerationItem};
 use lmsp_domain::task::{Message, TaskSpec, Usage};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::cache::PromptCache;
+use crate::checkpoint::Checkpoints;
 use crate::generation::LlamaGeneration;
 use crate::sampling::{draw_seed, Sampling};
-use crate::state::GenerationState;
+use crate::state::{GenerationState, RunName};
 use crate::{LlamaSettings, LoadedModel};
 
 /// How many items a generating thread may send ahead of its consumer.
@@ -77,8 +83,18 @@ pub(crate) struct Run {
     settings: LlamaSettings,
     spec: Arc<TaskSpec>,
     resume: Resume,
+    digest: Digest,
+    checkpoints: Option<Arc<Checkpoints>>,
+    cache: Arc<PromptCache>,
     stop: Arc<AtomicBool>,
     items: mpsc::Sender<Result<GenerationItem, EngineError>>,
+}
+
+/// What a run shares with its engine besides the model: its checkpoints and prompt cache.
+pub(crate) struct Shared {
+    pub(crate) digest: Digest,
+    pub(crate) checkpoints: Option<Arc<Checkpoints>>,
+    pub(crate) cache: Arc<PromptCache>,
 }
 
 /// Why a run ended early.
@@ -107,6 +123,7 @@ impl Run {
         settings: LlamaSettings,
         spec: Arc<TaskSpec>,
         resume: Resume,
+        shared: Shared,
     ) -> Result<LlamaGeneration, EngineError> {
         let (items, receiver) = mpsc::channel(CHANNEL_CAPACITY);
         let stop = Arc::new(AtomicBool::new(false));
@@ -117,6 +134,9 @@ impl Run {
             settings,
             spec,
             resume,
+            digest: shared.digest,
+            checkpoints: shared.checkpoints,
+            cache: shared.cache,
             stop: Arc::clone(&stop),
             items,
         };
@@ -167,6 +187,9 @@ impl Run {
                 GenerationState::new(tokens.iter().map(|t| t.0).collect(), Vec::new())
             }
         };
+        // A run keeps its checkpoints under one name from its first start on.
+        let run = state.run().unwrap_or_else(RunName::random);
+        state = state.with_run(run);
         let max = usize::try_from(self.spec.max_output_tokens).unwrap_or(usize::MAX);
         if state.tokens().len() > max {
             return Err(failed(
@@ -175,14 +198,14 @@ impl Run {
             ));
         }
         let input_tokens = prompt_tokens.len();
-        let mut all: Vec<LlamaToken> = prompt_tokens;
-        all.extend(state.tokens().iter().map(|&t| LlamaToken(t)));
-        if all.is_empty() {
+        if prompt_tokens.is_empty() {
             return Err(failed("the prompt", "it has no tokens"));
         }
+        let known = state.tokens().len();
+        let all_len = input_tokens + known;
 
-        let remaining = max - state.tokens().len();
-        let wanted = all.len().saturating_add(remaining).saturating_add(1);
+        let remaining = max - known;
+        let wanted = all_len.saturating_add(remaining).saturating_add(1);
         let mut n_ctx = self.settings.context_size.get();
         let trained = model.n_ctx_train();
         if trained > 0 {
@@ -190,16 +213,13 @@ impl Run {
         }
         n_ctx = n_ctx.min(u32::try_from(wanted).unwrap_or(u32::MAX)).max(16);
         let n_ctx_usize = usize::try_from(n_ctx).unwrap_or(usize::MAX);
-        if all.len() >= n_ctx_usize {
+        if all_len >= n_ctx_usize {
             return Err(failed(
                 "the prompt",
-                format!(
-                    "{} tokens do not fit the model's context of {n_ctx}",
-                    all.len()
-                ),
+                format!("{all_len} tokens do not fit the model's context of {n_ctx}"),
             ));
         }
-        let batch_size = self.settings.batch_size.get().min(n_ctx);
+        let chunk = self.settings.batch_size.get().min(n_ctx);
         let threads = self.settings.threads.map_or_else(
             || {
                 std::thread::available_parallelism()
@@ -209,11 +229,15 @@ impl Run {
         );
         let params = LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(n_ctx))
-            .with_n_batch(batch_size)
-            .with_n_ubatch(batch_size)
+            .with_n_batch(chunk)
+            .with_n_ubatch(chunk)
             .with_n_seq_max(1)
             .with_n_threads(threads)
-            .with_n_threads_batch(threads);
+            .with_n_threads_batch(threads)
+            // Flash attention off (0: LLAMA_FLASH_ATTN_TYPE_DISABLED): on CPU it splits one
+            // token's attention over the threads and sums the parts in that order, so its
+            // result would depend on the thread count (docs/engines.md, exactness).
+            .with_flash_attention_policy(0);
         if self.stopped() {
             return Err(Halt::Stopped);
         }
@@ -226,28 +250,91 @@ impl Run {
                 .map_err(|error| failed("llama.cpp cannot make a context", error))?
         };
 
-        // The prompt and any resumed tokens, a batch at a time, checking for a stop between.
-        let batch_len = usize::try_from(batch_size).unwrap_or(1).max(1);
-        let mut batch = LlamaBatch::new(batch_len, 1);
-        let last = all.len() - 1;
-        for (chunk_index, chunk) in all.chunks(batch_len).enumerate() {
+        // Exact by construction: the prompt is evaluated in chunks of `chunk` tokens starting at
+        // multiples of `chunk`, and every output token alone, whatever was evaluated before or
+        // restored; a resume therefore makes llama.cpp calls of the same shapes on the same
+        // KV as the uninterrupted run did, and its logits are the same to the bit.
+        let chunk = usize::try_from(chunk).unwrap_or(1).max(1);
+        let digest = &self.digest;
+        let mut batch = LlamaBatch::new(chunk, 1);
+        let output: Vec<i32> = state.tokens().to_vec();
+        let restored = match (&self.checkpoints, output.is_empty()) {
+            (Some(checkpoints), false) => {
+                checkpoints.restore(&mut context, run, digest, &prompt_tokens, &output)
+            }
+            _ => None,
+        };
+        let mut cached_tokens = 0usize;
+        let mut logits: Option<Vec<f32>> = None;
+        let replay_from = if let Some(covered) = restored {
+            covered
+        } else {
+            let mut from = 0;
+            if let Some(hit) = self
+                .cache
+                .lookup(digest, chunk, &prompt_tokens, n_ctx_usize)
+            {
+                match context.state_seq_set(&hit.state, 0) {
+                    Ok(()) => {
+                        let reuse = u32::try_from(hit.reuse).unwrap_or(u32::MAX);
+                        if context.kv_cache_seq_rm(0, Some(reuse), None).is_ok() {
+                            from = hit.reuse;
+                            cached_tokens = hit.reuse;
+                            logits = hit.logits;
+                        } else {
+                            context.clear_kv_cache();
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "a cached prompt could not be restored");
+                        context.clear_kv_cache();
+                    }
+                }
+            }
+            if from < input_tokens {
+                let last_at =
+                    self.evaluate_prompt(&mut context, &mut batch, &prompt_tokens, from, chunk)?;
+                let last = context.get_logits_ith(last_at).to_vec();
+                if self.cache.enabled() {
+                    match context.state_seq_get(0, LlamaStateSeqFlags::empty()) {
+                        Ok(seq) => self.cache.insert(
+                            digest,
+                            chunk,
+                            prompt_tokens.clone(),
+                            seq,
+                            last.clone(),
+                        ),
+                        Err(error) => {
+                            tracing::warn!(%error, "a prompt's state could not be cached")
+                        }
+                    }
+                }
+                logits = Some(last);
+            }
+            0
+        };
+        // The output tokens after the restored point, one at a time, as they were generated.
+        for (index, &token) in output.iter().enumerate().skip(replay_from) {
             if self.stopped() {
                 return Err(Halt::Stopped);
             }
-            batch.clear();
-            for (offset, &token) in chunk.iter().enumerate() {
-                let index = chunk_index * batch_len + offset;
-                batch
-                    .add(token, position(index)?, &[0], index == last)
-                    .map_err(|error| failed("the prompt batch", error))?;
-            }
-            decode(&mut context, &mut batch)?;
+            self.decode_one(
+                &mut context,
+                &mut batch,
+                LlamaToken(token),
+                input_tokens + index,
+            )?;
+            logits = None;
         }
-        let mut logits_at = batch.n_tokens() - 1;
-        let mut next_position = all.len();
+        let mut next_position = all_len;
 
         let sampling = Sampling::of(&self.spec);
-        let mut greedy = LlamaSampler::greedy();
+        let every = self.checkpoints.as_ref().map(|c| c.every());
+        let mut all_tokens: Vec<LlamaToken> = Vec::new();
+        if every.is_some() {
+            all_tokens.extend(prompt_tokens.iter().copied());
+            all_tokens.extend(output.iter().map(|&t| LlamaToken(t)));
+        }
         loop {
             if self.stopped() {
                 return Err(Halt::Stopped);
@@ -256,14 +343,9 @@ impl Run {
                 break;
             }
             let index = u64::try_from(state.tokens().len()).unwrap_or(u64::MAX);
-            let token = match sampling {
-                Sampling::Greedy => greedy.sample(&context, logits_at),
-                Sampling::Random { temperature, top_p } => LlamaSampler::chain_simple([
-                    LlamaSampler::top_p(top_p, 1),
-                    LlamaSampler::temp(temperature),
-                    LlamaSampler::dist(draw_seed(self.spec.seed, index)),
-                ])
-                .sample(&context, logits_at),
+            let token = match &logits {
+                Some(stored) => draw(sampling, self.spec.seed, index, stored),
+                None => draw(sampling, self.spec.seed, index, context.get_logits_ith(0)),
             };
             if vocab.is_eog(token) {
                 break;
@@ -277,13 +359,16 @@ impl Run {
                 })?;
             }
             if state.tokens().len() < max && next_position < n_ctx_usize {
-                batch.clear();
-                batch
-                    .add(token, position(next_position)?, &[0], true)
-                    .map_err(|error| failed("the token batch", error))?;
-                decode(&mut context, &mut batch)?;
+                self.decode_one(&mut context, &mut batch, token, next_position)?;
                 next_position += 1;
-                logits_at = 0;
+                logits = None;
+                if let (Some(every), Some(checkpoints)) = (every, &self.checkpoints) {
+                    all_tokens.push(token);
+                    let covered = state.tokens().len();
+                    if covered % every == 0 {
+                        checkpoints.save(&context, run, digest, covered, &all_tokens);
+                    }
+                }
             }
         }
         let rest = state.flush();
@@ -293,13 +378,89 @@ impl Run {
                 state: state.encode(),
             })?;
         }
+        tracing::debug!(cached_tokens, input_tokens, "a llama generation finished");
         self.send(GenerationItem::Finished {
             usage: Usage {
                 input_tokens: u64::try_from(input_tokens).unwrap_or(u64::MAX),
                 output_tokens: state.output_tokens(),
             },
-        })
+        })?;
+        if let Some(checkpoints) = &self.checkpoints {
+            checkpoints.forget(run);
+        }
+        Ok(())
     }
+
+    /// Evaluates `prompt[from..]` (`from` a multiple of `chunk`) in chunks that start at multiples
+    /// of `chunk`, checking for a stop between; returns the batch index of the last token's
+    /// logits.
+    fn evaluate_prompt(
+        &self,
+        context: &mut LlamaContext<'_>,
+        batch: &mut LlamaBatch<'_>,
+        prompt: &[LlamaToken],
+        from: usize,
+        chunk: usize,
+    ) -> Result<i32, Halt> {
+        let last = prompt.len() - 1;
+        let mut start = from;
+        while start < prompt.len() {
+            if self.stopped() {
+                return Err(Halt::Stopped);
+            }
+            let end = ((start / chunk + 1) * chunk).min(prompt.len());
+            batch.clear();
+            for (index, &token) in prompt.iter().enumerate().take(end).skip(start) {
+                batch
+                    .add(token, position(index)?, &[0], index == last)
+                    .map_err(|error| failed("the prompt batch", error))?;
+            }
+            decode(context, batch)?;
+            start = end;
+        }
+        Ok(batch.n_tokens() - 1)
+    }
+
+    /// Evaluates one token at `at`, alone (the shape every output token is evaluated with).
+    fn decode_one(
+        &self,
+        context: &mut LlamaContext<'_>,
+        batch: &mut LlamaBatch<'_>,
+        token: LlamaToken,
+        at: usize,
+    ) -> Result<(), Halt> {
+        batch.clear();
+        batch
+            .add(token, position(at)?, &[0], true)
+            .map_err(|error| failed("the token batch", error))?;
+        decode(context, batch)
+    }
+}
+
+/// Draws output token `index` from `logits` as `sampling` says: the same as llama.cpp's
+/// `llama_sampler_sample` on a context's logits (the candidates in token order), so a draw from
+/// cached logits equals one from freshly evaluated ones.
+fn draw(sampling: Sampling, seed: u64, index: u64, logits: &[f32]) -> LlamaToken {
+    let mut candidates = LlamaTokenDataArray::from_iter(
+        logits.iter().enumerate().map(|(id, &logit)| {
+            LlamaTokenData::new(
+                LlamaToken(i32::try_from(id).unwrap_or(i32::MAX)),
+                logit,
+                0.0,
+            )
+        }),
+        false,
+    );
+    let mut sampler = match sampling {
+        Sampling::Greedy => LlamaSampler::greedy(),
+        Sampling::Random { temperature, top_p } => LlamaSampler::chain_simple([
+            LlamaSampler::top_p(top_p, 1),
+            LlamaSampler::temp(temperature),
+            LlamaSampler::dist(draw_seed(seed, index)),
+        ]),
+    };
+    candidates.apply_sampler(&mut sampler);
+    candidates.selected_token().unwrap_or(LlamaToken(0))
 }
 
 fn position(index: usize) -> Result<i32, Halt> {

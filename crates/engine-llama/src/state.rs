@@ -1,8 +1,11 @@
-//! What a resume needs: the generated token ids and the bytes of an unfinished character.
+//! What a resume needs: the generated token ids, the bytes of an unfinished character, and the
+//! name of the run's KV checkpoints.
 //!
-//! Encoded as `LLS1`, the token count (u32, little-endian), each token id (i32, little-endian),
-//! the count of pending bytes (u8) and those bytes. The sampler's position is the token count
-//! (each token's draw is seeded from the task's seed and its index).
+//! Encoded as `LLS2`, the run's checkpoint name (16 bytes), the token count (u32, little-endian),
+//! each token id (i32, little-endian), the count of pending bytes (u8) and those bytes. `LLS1`
+//! (the first release's, without the name) is still read: such a run has no checkpoints and
+//! resumes by replaying from the prompt. The sampler's position is the token count (each token's
+//! draw is seeded from the task's seed and its index).
 
 /// Why a state cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -15,19 +18,69 @@ pub enum StateError {
     Malformed,
 }
 
-const MAGIC: &[u8; 4] = b"LLS1";
+const MAGIC_V1: &[u8; 4] = b"LLS1";
+const MAGIC: &[u8; 4] = b"LLS2";
+
+/// The name under which a run keeps its KV checkpoints: random, chosen when the task first starts
+/// and carried by every state, so a resume finds the checkpoints of its own task and no other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RunName(pub [u8; 16]);
+
+impl RunName {
+    /// A fresh random name.
+    pub fn random() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        // Each RandomState is seeded afresh from the OS (and a per-thread counter): two
+        // finishes of differently keyed hashers give 128 unpredictable bits without a
+        // dependency.
+        let mut bytes = [0u8; 16];
+        for (half, chunk) in bytes.chunks_mut(8).enumerate() {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_usize(half);
+            hasher.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
+            chunk.copy_from_slice(&hasher.finish().to_le_bytes());
+        }
+        Self(bytes)
+    }
+
+    /// The name as 32 lowercase hex digits (file names).
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
 
 /// A generation's progress: its tokens and the bytes of a character still incomplete.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GenerationState {
+    run: Option<RunName>,
     tokens: Vec<i32>,
     pending: Vec<u8>,
 }
 
 impl GenerationState {
-    /// A state with these tokens and pending bytes.
+    /// A state with these tokens and pending bytes, of a run without checkpoints.
     pub fn new(tokens: Vec<i32>, pending: Vec<u8>) -> Self {
-        Self { tokens, pending }
+        Self {
+            run: None,
+            tokens,
+            pending,
+        }
+    }
+
+    /// The same state, of the run named `run`.
+    #[must_use]
+    pub fn with_run(mut self, run: RunName) -> Self {
+        self.run = Some(run);
+        self
+    }
+
+    /// The run's checkpoint name, when it has one.
+    pub fn run(&self) -> Option<RunName> {
+        self.run
     }
 
     /// The token ids generated so far.
@@ -86,8 +139,15 @@ impl GenerationState {
 
     /// The state as bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(4 + 4 + 4 * self.tokens.len() + 1 + self.pending.len());
-        bytes.extend_from_slice(MAGIC);
+        let mut bytes =
+            Vec::with_capacity(4 + 16 + 4 + 4 * self.tokens.len() + 1 + self.pending.len());
+        match self.run {
+            Some(run) => {
+                bytes.extend_from_slice(MAGIC);
+                bytes.extend_from_slice(&run.0);
+            }
+            None => bytes.extend_from_slice(MAGIC_V1),
+        }
         let count = u32::try_from(self.tokens.len()).unwrap_or(u32::MAX);
         bytes.extend_from_slice(&count.to_le_bytes());
         for token in self.tokens.iter().take(count as usize) {
@@ -102,7 +162,15 @@ impl GenerationState {
 
     /// Reads a state written by [`GenerationState::encode`].
     pub fn decode(bytes: &[u8]) -> Result<Self, StateError> {
-        let rest = bytes.strip_prefix(MAGIC).ok_or(StateError::Foreign)?;
+        let (run, rest) = if let Some(rest) = bytes.strip_prefix(MAGIC) {
+            let (run, rest) = split_array::<16>(rest)?;
+            (Some(RunName(run)), rest)
+        } else {
+            (
+                None,
+                bytes.strip_prefix(MAGIC_V1).ok_or(StateError::Foreign)?,
+            )
+        };
         let (count, mut rest) = split_array::<4>(rest)?;
         let count =
             usize::try_from(u32::from_le_bytes(count)).map_err(|_| StateError::Malformed)?;
@@ -120,6 +188,7 @@ impl GenerationState {
             return Err(StateError::Malformed);
         }
         Ok(Self {
+            run,
             tokens,
             pending: rest.to_vec(),
         })
@@ -145,6 +214,17 @@ mod tests {
         assert_eq!(GenerationState::decode(&state.encode()), Ok(state));
         let empty = GenerationState::default();
         assert_eq!(GenerationState::decode(&empty.encode()), Ok(empty));
+        let named = GenerationState::new(vec![5, 6], vec![]).with_run(RunName([7; 16]));
+        assert_eq!(named.encode().len(), 4 + 16 + 4 + 8 + 1);
+        assert_eq!(GenerationState::decode(&named.encode()), Ok(named));
+    }
+
+    #[test]
+    fn random_run_names_differ() {
+        let a = RunName::random();
+        let b = RunName::random();
+        assert_ne!(a, b);
+        assert_eq!(a.hex().len(), 32);
     }
 
     #[test]
@@ -154,7 +234,9 @@ mod tests {
             GenerationState::decode(b"{\"next\":3}"),
             Err(StateError::Foreign)
         );
-        let bytes = GenerationState::new(vec![1, 2], vec![]).encode();
+        let bytes = GenerationState::new(vec![1, 2], vec![])
+            .with_run(RunName([1; 16]))
+            .encode();
         for cut in 4..bytes.len() {
             assert_eq!(
                 GenerationState::decode(&bytes[..cut]),

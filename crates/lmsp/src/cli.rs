@@ -167,12 +167,25 @@ pub struct ServeArgs {
     /// llama.cpp: the most tokens (prompt and output) one generation's context holds.
     #[arg(long, env = "LMSP_LLAMA_CONTEXT", default_value = "4096")]
     pub llama_context: NonZeroU32,
-    /// llama.cpp: prompt tokens evaluated per call; a cancel is noticed between two calls.
-    #[arg(long, env = "LMSP_LLAMA_BATCH", default_value = "64")]
+    /// llama.cpp: the prompt chunk: prompts are evaluated in chunks of this many tokens starting
+    /// at its multiples (outputs depend on it; the prompt cache reuses whole chunks); a cancel is
+    /// noticed between two chunks.
+    #[arg(long, env = "LMSP_LLAMA_BATCH", default_value = "32")]
     pub llama_batch: NonZeroU32,
     /// llama.cpp: layers offloaded to the GPU (builds with the `cuda` or `metal` feature).
     #[arg(long, env = "LMSP_LLAMA_GPU_LAYERS")]
     pub llama_gpu_layers: Option<u32>,
+    /// llama.cpp: output tokens between two KV checkpoints of a generation (saved under
+    /// DATA_DIR/checkpoints/; a resume replays only the tokens after the newest); 0: none.
+    #[arg(long, env = "LMSP_CHECKPOINT_EVERY", default_value = "256")]
+    pub checkpoint_every: u32,
+    /// llama.cpp: the most bytes all KV checkpoints together take (the oldest go first).
+    #[arg(long, env = "LMSP_CHECKPOINT_MAX_BYTES", default_value = "2147483648")]
+    pub checkpoint_max_bytes: u64,
+    /// llama.cpp: bytes of memory for the KV state of recent prompts, reused by requests that
+    /// start with the same tokens; 0: no prompt cache.
+    #[arg(long, env = "LMSP_PROMPT_CACHE_BYTES", default_value = "268435456")]
+    pub prompt_cache_bytes: u64,
     /// The reference engine's time to load a model.
     #[arg(long, env = "LMSP_REFERENCE_LOAD_DELAY", default_value = "0ms", value_parser = duration)]
     pub reference_load_delay: Duration,

@@ -15,7 +15,7 @@ use anyhow::Context;
 use lmsp_app::{Adapters, Engines, Listener, Service, Settings, SystemClock};
 use lmsp_domain::ports::{Clock, Engine, ModelFiles, Store, StoreListener};
 use lmsp_domain::EngineKind;
-use lmsp_engine_llama::{LlamaEngine, LlamaSettings};
+use lmsp_engine_llama::{CheckpointSettings, LlamaEngine, LlamaSettings};
 use lmsp_engine_openai::{OpenAiEngine, OpenAiSettings};
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
 use lmsp_http::server::{ServerLimits, ServerStop};
@@ -115,7 +115,18 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             context_size: args.llama_context,
             batch_size: args.llama_batch,
             gpu_layers: args.llama_gpu_layers.unwrap_or(defaults.gpu_layers),
-        })?;
+        })?
+        .with_prompt_cache(args.prompt_cache_bytes);
+        // Checkpoints live in the data directory: another instance that recovers a task finds
+        // none and replays from the prompt.
+        let llama = match NonZeroU32::new(args.checkpoint_every) {
+            Some(every) => llama.with_checkpoints(CheckpointSettings {
+                dir: args.data.data_dir.join("checkpoints"),
+                every,
+                max_bytes: args.checkpoint_max_bytes,
+            }),
+            None => llama,
+        };
         engines = engines.with(EngineKind::Llama, Arc::new(llama));
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -1,0 +1,195 @@
+//! The engine's own figures on any GGUF file, in process (no HTTP): tokens per second with and
+//! without KV checkpoints, a repeated prompt's time to first token with and without the prompt
+//! cache, and resume latency (restart → next token) after N tokens with and without checkpoints.
+//!
+//! `cargo run --release -p lmsp-engine-llama --example engine_figures -- MODEL.gguf
+//! [--threads N] [--tokens N] [--every N] [--resume-max N]`
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // A measuring tool.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lmsp_domain::model::{
+    Digest, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource, ModelToLoad,
+};
+use lmsp_domain::ports::{Engine, GenerationItem, GenerationJob, ResumePoint};
+use lmsp_domain::task::{Fraction, Input, TaskSpec};
+use lmsp_domain::time::Timestamp;
+use lmsp_engine_llama::{CheckpointSettings, LlamaEngine, LlamaSettings};
+
+const PROMPT: &str =
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.";
+
+fn model(path: &str) -> ModelToLoad {
+    ModelToLoad {
+        record: ModelRecord {
+            id: ModelId::parse("figures").unwrap(),
+            source: ModelSource::File {
+                format: ModelFormat::Gguf,
+                file: FileFingerprint {
+                    path: String::from("figures.gguf"),
+                    size_bytes: 0,
+                    modified_millis: 0,
+                    digest: Digest::from_sha256([9; 32]),
+                },
+            },
+            created_at: Timestamp::from_millis(0),
+        },
+        path: Some(path.to_owned()),
+    }
+}
+
+fn job(model: &ModelToLoad, tokens: u32, resume: Option<ResumePoint>) -> GenerationJob {
+    GenerationJob {
+        model: model.clone(),
+        spec: Arc::new(TaskSpec {
+            input: Input::Text(PROMPT.into()),
+            instructions: None,
+            max_output_tokens: tokens,
+            seed: 1,
+            // Greedy keeps the length fixed only up to an end token; a high temperature rarely
+            // draws one early.
+            temperature: Fraction::new(1.0),
+            top_p: None,
+            previous_response_id: None,
+        }),
+        resume,
+    }
+}
+
+/// Time to the first delta, the whole run's time, the deltas.
+async fn timed(
+    engine: &LlamaEngine,
+    job: GenerationJob,
+) -> (Duration, Duration, Vec<(String, Vec<u8>)>) {
+    let start = Instant::now();
+    let mut generation = engine.generate(job).await.unwrap();
+    let mut first = None;
+    let mut deltas = Vec::new();
+    while let Some(item) = generation.next_item().await.unwrap() {
+        match item {
+            GenerationItem::Delta { text, state } => {
+                first.get_or_insert_with(|| start.elapsed());
+                deltas.push((text, state));
+            }
+            GenerationItem::Finished { .. } => break,
+        }
+    }
+    (first.unwrap_or_default(), start.elapsed(), deltas)
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let path = args
+        .next()
+        .expect("usage: engine_figures MODEL.gguf [--threads N] [--tokens N] [--every N]");
+    let (mut threads, mut tokens, mut every, mut resume_max) = (1u32, 600u32, 256u32, 500u32);
+    while let Some(flag) = args.next() {
+        let value: u32 = args.next().expect("a value").parse().expect("a number");
+        match flag.as_str() {
+            "--threads" => threads = value,
+            "--tokens" => tokens = value,
+            "--every" => every = value,
+            "--resume-max" => resume_max = value,
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    let model = model(&path);
+    let settings = LlamaSettings {
+        threads: NonZeroU32::new(threads),
+        ..LlamaSettings::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let plain = LlamaEngine::new(settings).unwrap();
+    let checkpointed = LlamaEngine::new(settings)
+        .unwrap()
+        .with_checkpoints(CheckpointSettings {
+            dir: dir.path().to_owned(),
+            every: NonZeroU32::new(every).unwrap(),
+            max_bytes: 8 << 30,
+        });
+    let cached = LlamaEngine::new(settings)
+        .unwrap()
+        .with_prompt_cache(256 << 20);
+    plain.load(&model).await.unwrap();
+    checkpointed.load(&model).await.unwrap();
+    cached.load(&model).await.unwrap();
+
+    // Tokens per second after the first token, alternating engines.
+    let mut with = Vec::new();
+    let mut without = Vec::new();
+    for _ in 0..2 {
+        for (engine, into) in [(&plain, &mut without), (&checkpointed, &mut with)] {
+            let (first, total, deltas) = timed(engine, job(&model, tokens, None)).await;
+            let rate = (deltas.len() as f64 - 1.0) / (total - first).as_secs_f64();
+            into.push(rate);
+        }
+    }
+    let best = |rates: &[f64]| rates.iter().copied().fold(0.0, f64::max);
+    println!(
+        "tokens/s ({tokens} tokens, {threads} thread(s)): without checkpoints {:.1}, with a checkpoint every {every} {:.1} ({:.1} %)",
+        best(&without),
+        best(&with),
+        100.0 * best(&with) / best(&without)
+    );
+
+    // A repeated prompt's time to first token.
+    let mut uncached = Vec::new();
+    let mut repeated = Vec::new();
+    for _ in 0..5 {
+        uncached.push(ms(timed(&plain, job(&model, 2, None)).await.0));
+        repeated.push(ms(timed(&cached, job(&model, 2, None)).await.0));
+    }
+    uncached.sort_by(f64::total_cmp);
+    repeated.sort_by(f64::total_cmp);
+    println!(
+        "TTFT p50: a new prompt {:.1} ms, a repeated prompt from the cache {:.1} ms",
+        uncached[2], repeated[2]
+    );
+
+    // Resume latency: the time to the first new delta, resuming after N tokens.
+    for after in [100usize, 500, 1500, 3000] {
+        if after > resume_max as usize {
+            continue;
+        }
+        // Interrupted after `after` deltas, its checkpoints kept.
+        let mut generation = checkpointed
+            .generate(job(&model, after as u32 + 20, None))
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < after {
+            match generation.next_item().await.unwrap() {
+                Some(GenerationItem::Delta { text, state }) => seen.push((text, state)),
+                _ => break,
+            }
+        }
+        generation.stop().await;
+        if seen.len() < after {
+            continue;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let point = ResumePoint {
+            state: seen[after - 1].1.clone(),
+            text_so_far: seen.iter().map(|(t, _)| t.as_str()).collect(),
+        };
+        let (with_checkpoint, _, _) = timed(
+            &checkpointed,
+            job(&model, after as u32 + 20, Some(point.clone())),
+        )
+        .await;
+        let (from_prompt, _, _) = timed(&plain, job(&model, after as u32 + 20, Some(point))).await;
+        println!(
+            "resume after {after} tokens: {:.0} ms with checkpoints, {:.0} ms replaying from the prompt",
+            ms(with_checkpoint),
+            ms(from_prompt)
+        );
+    }
+}
