@@ -346,7 +346,7 @@ struct LlamaCppServer {
 
 impl LlamaCppServer {
     fn start(python: &Path, model: &Path, threads: NonZeroU32) -> anyhow::Result<Self> {
-        let serve = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lmsp/tests/llamacpp/serve.py");
+        let serve = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/llamacpp/serve.py");
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
