@@ -418,3 +418,43 @@ async fn after_a_clean_stop_lmsp_db_alone_holds_every_task() {
         assert_eq!(task["status"], "completed", "{task}");
     }
 }
+
+/// A SIGTERM sent the moment the address is announced stops the service gracefully (exit 0): the
+/// handler is in place before the announcement, so the signal never meets the default action
+/// that kills the process at once. Repeated, since the window it guards is short.
+#[test]
+fn a_sigterm_right_after_the_address_line_is_a_graceful_stop() {
+    for _ in 0..5 {
+        let temp = tempfile::tempdir().unwrap();
+        let mut child = Command::new(lmsp_binary())
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(temp.path().join("data"))
+            .args(["--listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        loop {
+            let line = lines
+                .next()
+                .expect("lmsp printed its address before its stderr ended")
+                .unwrap();
+            if line.starts_with("lmsp listening on ") {
+                break;
+            }
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        // Drain stderr so that the stop's log lines never block the process.
+        std::thread::spawn(move || lines.for_each(drop));
+        let status = wait_exit(&mut child);
+        assert!(status.success(), "{status:?}");
+    }
+}

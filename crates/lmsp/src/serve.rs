@@ -159,6 +159,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let local = tcp.local_addr()?;
+    // Before the address is announced: a signal sent as soon as the service answers must find
+    // the handler in place and stop it gracefully, not kill it with the default action.
+    let mut signals = ShutdownSignals::register().context("cannot handle SIGTERM/SIGINT")?;
     service.spawn_background();
     tracing::info!(address = %local, ready_ms = ready_timer.elapsed().as_millis() as u64, "listening");
     logs.announce(
@@ -182,7 +185,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         stop.clone(),
     ));
     let fatal = tokio::select! {
-        () = shutdown_signal() => None,
+        () = signals.received() => None,
         () = service.failed() => Some(String::from("the instance's lease was lost")),
         reason = &mut writer_gave_up => Some(reason),
     };
@@ -298,17 +301,27 @@ fn fit_connections(asked: u64, limit: Option<u64>) -> Connections {
     }
 }
 
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = interrupt => {}
-                _ = terminate.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = interrupt.await;
+/// SIGTERM and SIGINT, registered when made: from then on either one is kept for
+/// [`ShutdownSignals::received`] instead of ending the process at once.
+struct ShutdownSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn register() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Resolves when either signal has arrived (also one that arrived before the call).
+    async fn received(&mut self) {
+        tokio::select! {
+            _ = self.terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
         }
     }
 }
