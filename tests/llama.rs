@@ -188,14 +188,28 @@ fn story(max: u64, seed: u64, temperature: f64, top_p: Option<f64>) -> Value {
     body
 }
 
-/// A task's stored text and usage.
-async fn text_and_usage(server: &TestServer, task_id: &str) -> (String, Value) {
+/// A task's stored response.
+async fn stored_response(server: &TestServer, task_id: &str) -> Value {
     let response_id = task_id.replacen("task_", "resp_", 1);
     let (status, response) = server.get(&format!("/v1/responses/{response_id}")).await;
     assert_eq!(status, 200, "{response}");
+    response
+}
+
+/// A task's stored text and token counts (`[input_tokens, output_tokens]`: what the model
+/// read and wrote, the same for every run of the same request; `cached_tokens` is not among
+/// them, it tells how much the last run reused).
+async fn text_and_usage(server: &TestServer, task_id: &str) -> (String, Value) {
+    let response = stored_response(server, task_id).await;
+    let usage = &response["usage"];
+    assert!(
+        usage["input_tokens_details"]["cached_tokens"].as_u64().unwrap()
+            <= usage["input_tokens"].as_u64().unwrap(),
+        "{usage}"
+    );
     (
         response["output_text"].as_str().unwrap().to_owned(),
-        response["usage"].clone(),
+        json!([usage["input_tokens"], usage["output_tokens"]]),
     )
 }
 
@@ -302,6 +316,47 @@ async fn corrupt_and_foreign_checkpoints_still_resume_smollm2_exactly_i6() {
     let (resumed, resumed_usage) = killed_and_resumed(&mut server, body, 60, foreign).await;
     assert_eq!(resumed, text, "I-6 from another model's checkpoint");
     assert_eq!(resumed_usage, usage);
+}
+
+/// §11 prompt cache: a request whose prompt was evaluated before reuses it, and says so in
+/// `usage.input_tokens_details.cached_tokens` (Chat: `prompt_tokens_details`); the first run of a
+/// prompt reuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_prompt_reports_its_cached_tokens_and_a_new_one_none() {
+    let server = server_with_smollm2("1");
+    register_smollm2(&server).await;
+    let body = story(8, 11, 0.0, None);
+    let first = server.submit(body.clone()).await;
+    server.wait_status(&first, "completed").await;
+    let first = stored_response(&server, &first).await;
+    assert_eq!(
+        first["usage"]["input_tokens_details"]["cached_tokens"], 0,
+        "{first}"
+    );
+    let again = server.submit(body.clone()).await;
+    server.wait_status(&again, "completed").await;
+    let again = stored_response(&server, &again).await;
+    let input = again["usage"]["input_tokens"].as_u64().unwrap();
+    let cached = again["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0 && cached <= input, "{again}");
+    assert_eq!(again["output_text"], first["output_text"]);
+
+    // The same conversation through Chat: the same prompt, cached again.
+    let chat = json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": body["input"]}],
+        "max_tokens": 8,
+        "seed": 11,
+        "temperature": 0.0,
+    });
+    let (status, _, completion) = server.post("/v1/chat/completions", chat).await;
+    assert_eq!(status, 200, "{completion}");
+    let cached = completion["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0, "{completion}");
 }
 
 /// Two identical seeded requests running at once (two workers) give identical text.

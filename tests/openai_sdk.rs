@@ -25,7 +25,9 @@ const SERVE_FLAGS: [&str; 2] = ["--reference-token-delay", "10ms"];
 /// The second server's extra flags: one worker (a second response waits `queued` behind a
 /// running one) and an engine slow to stop (a cancelled response stays `cancelling` a while),
 /// so that the SDK can cancel a response in each of those states.
-const SLOW_FLAGS: [&str; 4] = ["--workers", "1", "--reference-cancel-delay", "3s"];
+// The engine takes 6 s to stop: longer than the 1 s a cancel of a running response waits, twice
+// over, with room to look at the task while it is still `cancelling`.
+const SLOW_FLAGS: [&str; 4] = ["--workers", "1", "--reference-cancel-delay", "6s"];
 
 /// How long the server may take to start, and the SDK program to run.
 const START_DEADLINE: Duration = Duration::from_secs(60);

@@ -123,8 +123,9 @@ async fn a_background_response_is_followed_by_its_resp_id_through_every_status()
 }
 
 /// docs/api.md, docs/openai-sdk.md: `POST /v1/responses/{id}/cancel` is the task's cancel answering the response
-/// object — 202 while work is under way (the response stays `in_progress`), 200 once
-/// `cancelled`, 409 `task_not_cancellable` once completed — and the task ends `cancelled`.
+/// object — a running response's cancel waits up to 1 s for the engine to stop and answers 200
+/// `cancelled` (here the engine takes 300 ms), 200 once `cancelled`, 409 `task_not_cancellable`
+/// once completed — and the task ends `cancelled`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_is_cancelled_by_its_resp_id_p4() {
     let server = TestServer::start(&[
@@ -152,8 +153,8 @@ async fn a_response_is_cancelled_by_its_resp_id_p4() {
     assert_eq!(headers["lmsp-task-id"], queued["task_id"].as_str().unwrap());
 
     let (status, _, body) = server.post(&cancel(&running), Value::Null).await;
-    assert_eq!(status, 202, "{body}");
-    assert_eq!(body["status"], "in_progress", "cancelling is in_progress");
+    assert_eq!(status, 200, "the cancel waited for the engine to stop: {body}");
+    assert_eq!(body["status"], "cancelled");
     let task = server.wait_status(&running_task, "cancelled").await;
     let (status, _, body) = server.post(&cancel(&running), Value::Null).await;
     assert_eq!(status, 200, "{body}");
@@ -184,6 +185,31 @@ async fn a_response_is_cancelled_by_its_resp_id_p4() {
         "task_not_cancellable",
         "a completed response",
     );
+}
+
+/// docs/api.md: a cancel of a running response whose engine takes longer than the 1 s the cancel
+/// waits answers 202 with the response still `in_progress` (the task is `cancelling`), and the
+/// task still ends `cancelled` (P-4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_whose_engine_stops_slowly_answers_in_progress_after_a_second_p4() {
+    let server = TestServer::start(&[
+        "--workers",
+        "1",
+        "--reference-token-delay",
+        "30ms",
+        "--reference-cancel-delay",
+        "5s",
+    ]);
+    let running = server.submit_response(prompt(1, 10_000, "fail")).await;
+    let task_id = running["task_id"].as_str().unwrap().to_owned();
+    server.wait_status(&task_id, "running").await;
+    let path = format!("/v1/responses/{}/cancel", running["id"].as_str().unwrap());
+    let (status, _, body) = server.post(&path, Value::Null).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "in_progress", "cancelling is in_progress");
+    let (_, task) = server.get(&format!("/v1/tasks/{task_id}")).await;
+    assert_eq!(task["status"], "cancelling", "{task}");
+    server.wait_status(&task_id, "cancelled").await;
 }
 
 /// docs/openai-sdk.md: `DELETE /v1/responses/{id}` deletes a finished task's response and log (404

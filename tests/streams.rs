@@ -287,7 +287,7 @@ async fn a_cancel_ends_the_openai_stream_with_a_cancelled_response() {
     let (status, _, _) = server
         .post(&format!("/v1/responses/{response_id}/cancel"), Value::Null)
         .await;
-    assert_eq!(status, 202);
+    assert!(status == 200 || status == 202, "{status}");
     seen.extend(stream.collect_all().await);
     for message in &seen {
         assert_openai_event(message, &response_id);

@@ -199,6 +199,30 @@ impl Service {
         })
     }
 
+    /// A cancel that, when the task was running, waits up to `wait` for its worker to stop, so
+    /// that the answer usually shows the end (`cancelled`) rather than the `cancelling` of the
+    /// few milliseconds the engine takes. A cancel that had to wait longer answers `cancelling`
+    /// (the task still ends `cancelled`, P-4).
+    pub async fn cancel_and_wait(
+        &self,
+        caller: &Caller,
+        task_id: TaskId,
+        wait: Duration,
+    ) -> Result<Cancel, AppError> {
+        let cancel = self.cancel(caller, task_id).await?;
+        if cancel.state != CancelState::Cancelling {
+            return Ok(cancel);
+        }
+        match self.wait_finished(task_id, Some(wait)).await? {
+            Some(task) => Ok(Cancel {
+                state: CancelState::Cancelled,
+                task,
+                ..cancel
+            }),
+            None => Ok(cancel),
+        }
+    }
+
     /// Waits until a task is finished and returns it; `None` when `deadline` passes first (or
     /// the service stops).
     pub async fn wait_finished(

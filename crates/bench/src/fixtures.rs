@@ -105,6 +105,7 @@ pub fn complete(task: &Task, text: &str, at: Timestamp) -> Step {
             usage: Usage {
                 input_tokens: 4,
                 output_tokens: 16,
+                cached_tokens: 0,
             },
             created_at: task.created_at,
             completed_at: at,

@@ -324,6 +324,11 @@ pub struct Usage {
     pub input_tokens: u64,
     /// Tokens generated.
     pub output_tokens: u64,
+    /// Of the input's tokens, how many the run that finished did not evaluate because it took
+    /// them from the engine's prompt cache or from a checkpoint of the task (0 for an engine that
+    /// keeps neither). It describes the last run only: an uninterrupted run and a resumed one
+    /// produce the same tokens but may reuse different amounts.
+    pub cached_tokens: u64,
 }
 
 impl Usage {

@@ -267,6 +267,7 @@ impl Run {
         let mut cached_tokens = 0usize;
         let mut logits: Option<Vec<f32>> = None;
         let replay_from = if let Some(covered) = restored {
+            cached_tokens = covered.min(input_tokens);
             covered
         } else {
             let mut from = 0;
@@ -383,6 +384,7 @@ impl Run {
             usage: Usage {
                 input_tokens: u64::try_from(input_tokens).unwrap_or(u64::MAX),
                 output_tokens: state.output_tokens(),
+                cached_tokens: u64::try_from(cached_tokens).unwrap_or(u64::MAX),
             },
         })?;
         if let Some(checkpoints) = &self.checkpoints {

@@ -155,7 +155,8 @@ async fn the_tiny_model_loads_and_its_greedy_text_is_known() {
         usage,
         Usage {
             input_tokens: input_tokens(PROMPT_HI),
-            output_tokens: 20
+            output_tokens: 20,
+            cached_tokens: 0
         }
     );
     // Whole characters: `€`, three byte tokens, is one delta.

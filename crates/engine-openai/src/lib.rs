@@ -260,6 +260,7 @@ impl Engine for OpenAiEngine {
             return Ok(Box::new(UpstreamGeneration::finished(Usage {
                 input_tokens: 0,
                 output_tokens: produced,
+                cached_tokens: 0,
             })));
         }
         let model = match &job.model.record.source {
@@ -318,6 +319,7 @@ impl Engine for OpenAiEngine {
             usage: Usage {
                 input_tokens: 0,
                 output_tokens: produced,
+                cached_tokens: 0,
             },
             before: produced,
             finish_reason_seen: false,

@@ -312,6 +312,7 @@ impl Generation for ReferenceGeneration {
                 usage: Usage {
                     input_tokens: self.input_tokens,
                     output_tokens: self.max,
+                    cached_tokens: 0,
                 },
             }));
         }

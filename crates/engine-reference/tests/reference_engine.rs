@@ -140,7 +140,8 @@ async fn the_same_model_input_seed_and_budget_give_the_same_output() {
         GenerationItem::Finished {
             usage: Usage {
                 input_tokens: 5,
-                output_tokens: 50
+                output_tokens: 50,
+                cached_tokens: 0
             }
         }
     );

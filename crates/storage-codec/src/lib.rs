@@ -184,6 +184,9 @@ pub fn error_from_text(text: &str) -> Result<TaskError, DbError> {
 struct UsageDoc {
     input_tokens: u64,
     output_tokens: u64,
+    /// Absent in responses stored before it existed.
+    #[serde(default)]
+    cached_tokens: u64,
 }
 
 /// `responses.doc`.
@@ -208,6 +211,7 @@ pub fn response_to_text(response: &Response) -> Result<String, DbError> {
         usage: UsageDoc {
             input_tokens: response.usage.input_tokens,
             output_tokens: response.usage.output_tokens,
+            cached_tokens: response.usage.cached_tokens,
         },
         created_at: response.created_at.as_millis(),
         completed_at: response.completed_at.as_millis(),
@@ -225,6 +229,7 @@ pub fn response_from_text(text: &str) -> Result<Response, DbError> {
         usage: Usage {
             input_tokens: doc.usage.input_tokens,
             output_tokens: doc.usage.output_tokens,
+            cached_tokens: doc.usage.cached_tokens,
         },
         created_at: Timestamp::from_millis(doc.created_at),
         completed_at: Timestamp::from_millis(doc.completed_at),

@@ -188,6 +188,7 @@ pub fn response(task: &Task, text: &str, at: Timestamp) -> Response {
         usage: Usage {
             input_tokens: 3,
             output_tokens: 2,
+            cached_tokens: 0,
         },
         created_at: task.created_at,
         completed_at: at,

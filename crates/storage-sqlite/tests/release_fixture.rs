@@ -437,6 +437,7 @@ async fn first_release_rows_read_back_through_the_ports_i2_p3_p1() {
                     Usage {
                         input_tokens: usage.input_tokens,
                         output_tokens: usage.output_tokens,
+                        cached_tokens: 0,
                     }
                 );
                 assert_eq!(
@@ -912,6 +913,7 @@ async fn first_release_leftovers_are_recovered_from_the_legacy_instance_p7_i5() 
         usage: Usage {
             input_tokens: 2,
             output_tokens: 40,
+            cached_tokens: 0,
         },
         created_at: more.created_at,
         completed_at: expect.at(3),

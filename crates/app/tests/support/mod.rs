@@ -90,6 +90,7 @@ pub fn words(n: usize) -> Vec<GenerationItem> {
         usage: Usage {
             input_tokens: 1,
             output_tokens: n as u64,
+            cached_tokens: 0,
         },
     });
     items

@@ -92,6 +92,7 @@ pub fn response_of(task: &Task, output_text: &str, at: Timestamp) -> Response {
         usage: Usage {
             input_tokens: 4,
             output_tokens: 2,
+            cached_tokens: 0,
         },
         created_at: task.created_at,
         completed_at: at,

@@ -1,5 +1,7 @@
 //! `/v1/responses`: OpenAI's Responses API on LMSP's tasks.
 
+use std::time::Duration;
+
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -193,10 +195,15 @@ pub async fn get_response(
     ))
 }
 
+/// How long a cancel of a running response waits for its engine to stop before it answers.
+const CANCEL_WAIT: Duration = Duration::from_secs(1);
+
 /// Cancel a response.
 ///
-/// The same atomic cancel as `POST /v1/tasks/{id}/cancel` (200 cancelled, 202 cancelling, 409
-/// `task_not_cancellable`), answering the response object.
+/// The same atomic cancel as `POST /v1/tasks/{id}/cancel`, answering the response object; a
+/// running response's cancel waits up to 1 s for its engine to stop, so the answer is usually
+/// 200 `cancelled` (202 `in_progress` when the engine took longer; it still ends `cancelled`),
+/// 409 `task_not_cancellable` when it already completed or failed.
 #[utoipa::path(
     post,
     path = "/v1/responses/{id}/cancel",
@@ -207,8 +214,8 @@ pub async fn get_response(
     responses(
         (status = 200, description = "The response, `cancelled`.", body = ResponseObject,
             headers(("Lmsp-Task-Id" = String, description = "The task's id."))),
-        (status = 202, description = "The response, still `in_progress`: its worker is \
-            stopping, and it ends `cancelled`.", body = ResponseObject,
+        (status = 202, description = "The response, still `in_progress`: its worker took \
+            longer than 1 s to stop, and it ends `cancelled`.", body = ResponseObject,
             headers(("Lmsp-Task-Id" = String, description = "The task's id."))),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
@@ -226,7 +233,10 @@ pub async fn cancel_response(
 ) -> ApiResult<Response> {
     let response_id = parse_response_id(&id)?;
     let task = state.service.task_of_response(&caller, response_id).await?;
-    let cancel = state.service.cancel(&caller, task.id).await?;
+    let cancel = state
+        .service
+        .cancel_and_wait(&caller, task.id, CANCEL_WAIT)
+        .await?;
     let reply = json_reply(
         cancel_status(cancel.state),
         openai::response(&cancel.task, None),

@@ -70,6 +70,16 @@ pub struct ChatUsage {
     pub completion_tokens: u64,
     /// Both.
     pub total_tokens: u64,
+    /// Details of the input's tokens.
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct PromptTokensDetails {
+    /// The input's tokens the run that finished took from the engine's prompt cache or from a
+    /// checkpoint instead of evaluating them.
+    pub cached_tokens: u64,
 }
 
 impl ChatUsage {
@@ -78,6 +88,9 @@ impl ChatUsage {
             prompt_tokens: usage.input_tokens,
             completion_tokens: usage.output_tokens,
             total_tokens: usage.total_tokens(),
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: usage.cached_tokens,
+            },
         }
     }
 }

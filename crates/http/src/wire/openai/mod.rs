@@ -104,7 +104,8 @@ impl OutputMessage {
 /// `usage.input_tokens_details`.
 #[derive(Debug, Clone, Copy, Serialize, ToSchema)]
 pub struct InputTokensDetails {
-    /// Always 0.
+    /// The input's tokens the run that finished took from the engine's prompt cache or from a
+    /// checkpoint instead of evaluating them.
     pub cached_tokens: u64,
     /// Always 0 (OpenAI's SDKs require the field).
     pub cache_write_tokens: u64,
@@ -139,7 +140,7 @@ impl UsageObject {
             output_tokens: usage.output_tokens,
             total_tokens: usage.total_tokens(),
             input_tokens_details: InputTokensDetails {
-                cached_tokens: 0,
+                cached_tokens: usage.cached_tokens,
                 cache_write_tokens: 0,
             },
             output_tokens_details: OutputTokensDetails {
