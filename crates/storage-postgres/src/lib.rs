@@ -6,6 +6,9 @@
 //!   the rows it reads (`SELECT … FOR UPDATE`), asks the domain, and writes what the domain
 //!   returns as a compare-and-set on what it read. A transaction that loses a race it cannot
 //!   decide (a deadlock, a row inserted under it) is rolled back and run again.
+//! - The hot writes (creates, steps, claims, cancels) are group-committed (`batch.rs`): what
+//!   has gathered is written in one transaction, each command in a savepoint of its own, with
+//!   one pipelined round trip for the batch's reads and one for its writes.
 //! - `claim_next` takes the oldest queued task with `FOR UPDATE SKIP LOCKED`: each task is
 //!   claimed once across processes, and claimers never wait on each other.
 //! - The maintenance leader holds a session-level advisory lock on a connection of its own.
@@ -18,6 +21,7 @@
 
 #![warn(missing_docs)]
 
+mod batch;
 mod codec;
 mod error;
 mod notify;
@@ -60,6 +64,10 @@ pub struct PostgresOptions {
     pub max_attempts: u32,
     /// How long the notification connection waits before reconnecting.
     pub listen_retry: Duration,
+    /// Lanes of the group commit of the hot writes (creates, steps, claims, cancels): each
+    /// writes what has gathered in one transaction on a pooled connection while the others
+    /// gather.
+    pub write_lanes: usize,
 }
 
 impl Default for PostgresOptions {
@@ -71,6 +79,7 @@ impl Default for PostgresOptions {
             purge_max_events: 300,
             max_attempts: 8,
             listen_retry: Duration::from_secs(1),
+            write_lanes: 3,
         }
     }
 }
@@ -110,6 +119,7 @@ pub struct PostgresStore {
     origin: Arc<str>,
     listening: JoinHandle<()>,
     notifier: notify::Notifier,
+    writer: batch::Writer,
     leadership: tokio::sync::Mutex<Leadership>,
     options: PostgresOptions,
 }
@@ -181,7 +191,18 @@ impl PostgresStore {
             options.listen_retry,
         );
         let notifier = notify::Notifier::start(pool.clone());
+        let writer = batch::Writer::start(
+            batch::Shared {
+                pool: pool.clone(),
+                listener: Arc::clone(&listener),
+                notifier: notifier.clone(),
+                origin: Arc::clone(&origin),
+                max_attempts: options.max_attempts.max(1),
+            },
+            options.write_lanes,
+        );
         Ok(PostgresStore {
+            writer,
             notifier,
             pool,
             config,
@@ -204,6 +225,7 @@ impl PostgresStore {
     /// Closes the pool and the notification and leader connections; later calls fail as
     /// unavailable. Dropping the store does the same.
     pub async fn close(&self) {
+        self.writer.stop();
         self.listening.abort();
         self.leadership.lock().await.give_up();
         self.pool.close();
@@ -290,6 +312,7 @@ impl PostgresStore {
 
 impl Drop for PostgresStore {
     fn drop(&mut self) {
+        self.writer.stop();
         self.listening.abort();
         if let Ok(mut leadership) = self.leadership.try_lock() {
             leadership.give_up();

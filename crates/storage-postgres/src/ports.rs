@@ -1,6 +1,7 @@
 //! The storage ports of `lmsp_domain::ports` implemented by [`PostgresStore`]: each method one
 //! transaction (or one read) on a pooled connection, its events published after the commit.
 
+use crate::batch::{Reply, Request};
 use crate::error::DbError;
 use crate::{no_events, ops, pg, pg_mut, PostgresStore, LEADER_LOCK};
 use async_trait::async_trait;
@@ -17,11 +18,17 @@ use lmsp_domain::ports::{
     Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError,
     TaskFilter, TaskStore,
 };
+use lmsp_domain::schedule::TierAging;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use tokio_postgres::{IsolationLevel, NoTls};
+
+/// A reply of another kind than its request's (a bug of the writer, never a caller's).
+fn mismatched(reply: &Reply) -> StoreError {
+    StoreError::Unavailable(format!("the writer answered with {reply:?}"))
+}
 
 #[async_trait]
 impl TaskStore for PostgresStore {
@@ -30,11 +37,14 @@ impl TaskStore for PostgresStore {
         task: Task,
         idempotency: Option<IdempotencyRecord>,
     ) -> Result<CreateOutcome, StoreError> {
-        self.write(false, move |tx| {
-            let (task, idempotency) = (task.clone(), idempotency.clone());
-            Box::pin(async move { ops::tasks::create_task(tx, &task, idempotency.as_ref()).await })
-        })
-        .await
+        match self
+            .writer
+            .run(Request::Create { task, idempotency })
+            .await?
+        {
+            Reply::Created(outcome) => Ok(outcome),
+            other => Err(mismatched(&other)),
+        }
     }
 
     async fn append(
@@ -46,22 +56,18 @@ impl TaskStore for PostgresStore {
         snapshot: Option<Snapshot>,
         at: Timestamp,
     ) -> Result<StepOutcome, StoreError> {
-        self.write(false, move |tx| {
-            let (steps, snapshot) = (steps.clone(), snapshot.clone());
-            Box::pin(async move {
-                ops::tasks::append(
-                    tx,
-                    task_id,
-                    by,
-                    Some(expected_last_sequence),
-                    &steps,
-                    snapshot.as_ref(),
-                    at,
-                )
-                .await
-            })
-        })
-        .await
+        let request = Request::Append {
+            task_id,
+            by,
+            expected: Some(expected_last_sequence),
+            steps,
+            snapshot,
+            at,
+        };
+        match self.writer.run(request).await? {
+            Reply::Stepped(outcome) => Ok(outcome),
+            other => Err(mismatched(&other)),
+        }
     }
 
     async fn finish(
@@ -71,21 +77,30 @@ impl TaskStore for PostgresStore {
         step: Step,
         at: Timestamp,
     ) -> Result<StepOutcome, StoreError> {
-        self.write(false, move |tx| {
-            let step = step.clone();
-            Box::pin(async move {
-                ops::tasks::append(tx, task_id, by, None, std::slice::from_ref(&step), None, at)
-                    .await
-            })
-        })
-        .await
+        let request = Request::Append {
+            task_id,
+            by,
+            expected: None,
+            steps: vec![step],
+            snapshot: None,
+            at,
+        };
+        match self.writer.run(request).await? {
+            Reply::Stepped(outcome) => Ok(outcome),
+            other => Err(mismatched(&other)),
+        }
     }
 
-    async fn claim_next(&self, by: InstanceId, at: Timestamp) -> Result<Option<Task>, StoreError> {
-        self.write(false, move |tx| {
-            Box::pin(async move { ops::tasks::claim_next(tx, by, at).await })
-        })
-        .await
+    async fn claim(
+        &self,
+        by: InstanceId,
+        at: Timestamp,
+        _aging: TierAging,
+    ) -> Result<Option<Task>, StoreError> {
+        match self.writer.run(Request::Claim { by, at }).await? {
+            Reply::Claimed(task) => Ok(task),
+            other => Err(mismatched(&other)),
+        }
     }
 
     async fn cancel(
@@ -94,10 +109,15 @@ impl TaskStore for PostgresStore {
         client_id: Option<ClientId>,
         at: Timestamp,
     ) -> Result<CancelOutcome, StoreError> {
-        self.write(true, move |tx| {
-            Box::pin(async move { ops::tasks::cancel(tx, task_id, client_id, at).await })
-        })
-        .await
+        let request = Request::Cancel {
+            task_id,
+            client_id,
+            at,
+        };
+        match self.writer.run(request).await? {
+            Reply::Cancelled(outcome) => Ok(outcome),
+            other => Err(mismatched(&other)),
+        }
     }
 
     async fn purge_finished(

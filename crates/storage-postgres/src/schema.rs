@@ -135,9 +135,42 @@ CREATE INDEX idempotency_task ON idempotency_keys (reply_task) WHERE reply_task 
 CREATE INDEX idempotency_holder ON idempotency_keys (held_by) WHERE held_by IS NOT NULL;
 "#;
 
+/// Version 2: the check the group-committed writes (`batch.rs`) make inside their single
+/// statement: a compare-and-set that changed no row fails the statement as a lost race
+/// (SQLSTATE 40001, a serialization failure: the command is run again), so that the savepoint
+/// around it is rolled back instead of released.
+const V2: &str = r#"
+CREATE FUNCTION lmsp_expect_one(changed BIGINT) RETURNS BIGINT
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF changed <> 1 THEN
+        RAISE EXCEPTION 'the row moved under the transaction (% rows changed)', changed
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+    RETURN changed;
+END
+$fn$;
+"#;
+
+/// Version 3: service tiers and fairness between clients. A task keeps its tier's rank
+/// (`priority` 0, `default` 1, `flex` 2; rows written before are `default`); a client may have
+/// limits (`NULL`: none); `client_turns` holds when each client's task was last claimed. Two
+/// partial indexes serve a claim: each client's queued tasks by tier and age (the queue heads),
+/// and each client's claimed, unfinished tasks (its load).
+const V3: &str = r#"
+ALTER TABLE tasks ADD COLUMN tier SMALLINT NOT NULL DEFAULT 1;
+CREATE INDEX tasks_queue ON tasks (client_id, tier, id) WHERE status = 'queued';
+CREATE INDEX tasks_active ON tasks (client_id) WHERE status IN ('loading', 'running', 'cancelling');
+ALTER TABLE clients ADD COLUMN max_running INTEGER, ADD COLUMN max_queued INTEGER;
+CREATE TABLE client_turns (
+    client_id BYTEA PRIMARY KEY,
+    served_at BIGINT NOT NULL
+);
+"#;
+
 /// The migrations, in order: version `n` is `MIGRATIONS[n - 1]`. Never edit a released one;
 /// append a new version.
-const MIGRATIONS: &[&str] = &[V1];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

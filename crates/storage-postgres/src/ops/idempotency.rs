@@ -41,18 +41,25 @@ pub async fn locked_record<C: Db>(
     else {
         return Ok(None);
     };
-    Ok(Some(
-        IdempotencyRow {
-            digest: row.try_get(0)?,
-            reply: row.try_get(1)?,
-            reply_task: row.try_get(2)?,
-            held_until: row.try_get(3)?,
-            held_by: row.try_get(4)?,
-            created_at: row.try_get(5)?,
-            expires_at: row.try_get(6)?,
-        }
-        .decode(scope, key_text)?,
-    ))
+    Ok(Some(decode_record(&row, scope, key_text)?))
+}
+
+/// Decodes a record read with [`IDEMPOTENCY_COLUMNS`] (its key given).
+pub fn decode_record(
+    row: &tokio_postgres::Row,
+    scope: &IdempotencyScope,
+    key_text: &IdempotencyKey,
+) -> Res<IdempotencyRecord> {
+    Ok(IdempotencyRow {
+        digest: row.try_get(0)?,
+        reply: row.try_get(1)?,
+        reply_task: row.try_get(2)?,
+        held_until: row.try_get(3)?,
+        held_by: row.try_get(4)?,
+        created_at: row.try_get(5)?,
+        expires_at: row.try_get(6)?,
+    }
+    .decode(scope, key_text)?)
 }
 
 /// Writes a record. When the transaction found (and locked) a record under the key, it is

@@ -155,6 +155,7 @@ pub fn decode_task(row: &Row) -> Res<Task> {
         spec: row.try_get(16)?,
         metadata: row.try_get(17)?,
         accepted_by: row.try_get(18)?,
+        tier: i64::from(row.try_get::<_, i16>(19)?),
     }
     .decode(None)?)
 }
@@ -178,46 +179,6 @@ pub async fn lock_task<C: Db>(db: &C, id: TaskId) -> Res<Option<Task>> {
         .as_ref()
         .map(decode_task)
         .transpose()
-}
-
-/// Inserts a new task's rows (`tasks` and `task_specs`).
-pub async fn insert_task_rows<C: Db>(db: &C, task: &Task) -> Res<()> {
-    db.execute(
-        "INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, started_at, \
-         finished_at, last_sequence_number, restarts, error, response_id, owner, background, \
-         items_opened, item_open) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
-        &[
-            &key(task.id),
-            &client_key(task.client_id),
-            &task.status.as_str(),
-            &task.model.as_str(),
-            &task.on_restart.as_str(),
-            &task.created_at.as_millis(),
-            &task.started_at.map(Timestamp::as_millis),
-            &task.finished_at.map(Timestamp::as_millis),
-            &to_i64(task.last_sequence_number)?,
-            &i64::from(task.restarts),
-            &codec::error_text(task)?,
-            &codec::stored_response_id(task),
-            &instance_key(task.owner),
-            &task.background,
-            &i64::from(task.items.opened),
-            &task.items.open,
-        ],
-    )
-    .await?;
-    db.execute(
-        "INSERT INTO task_specs (task_id, spec, metadata, accepted_by) VALUES ($1, $2, $3, $4)",
-        &[
-            &key(task.id),
-            &codec::spec_to_text(&task.spec)?,
-            &codec::metadata_to_text(&task.metadata)?,
-            &instance_key(task.accepted_by),
-        ],
-    )
-    .await?;
-    Ok(())
 }
 
 /// Writes a task after a decided step: a compare-and-set on status, last sequence number and

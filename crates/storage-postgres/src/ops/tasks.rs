@@ -1,53 +1,17 @@
-//! Tasks: creation, the worker's steps, claims, cancels, deletion, and the reads.
+//! Tasks: the task writes (the group-committed hot writes are `batch.rs`'s), cancels' and steps' shared SQL, deletion, and the reads.
 
-use lmsp_domain::cancel::plan_cancel;
-use lmsp_domain::event::Event;
-use lmsp_domain::idempotency::IdempotencyRecord;
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
-use lmsp_domain::ports::{
-    CancelOutcome, CreateOutcome, DeleteOutcome, Page, Snapshot, StepOutcome, TaskFilter,
-};
+use lmsp_domain::ports::{DeleteOutcome, Page, Snapshot, TaskFilter};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
-use lmsp_domain::time::Timestamp;
-use lmsp_domain::transition::Step;
-use lmsp_domain::writes::{
-    decide_delete, plan_append, plan_claim, plan_create, CreatePlan, SnapshotChange, TaskWrite,
-};
+use lmsp_domain::writes::{decide_delete, SnapshotChange, TaskWrite};
 use tokio_postgres::types::ToSql;
 
 use crate::codec;
-use crate::ops::idempotency::{locked_record, put_record};
 use crate::ops::{
-    client_key, corrupt, decode_task, delete_snapshot, events, from_i64, insert_task_rows,
-    instance_key, key, load_task, lock_task, to_i64, ulid_of, write_advanced, Db, Res,
-    TASK_COLUMNS, TASK_FROM,
+    client_key, corrupt, decode_task, delete_snapshot, events, from_i64, instance_key, key,
+    load_task, lock_task, to_i64, ulid_of, write_advanced, Db, Res, TASK_COLUMNS, TASK_FROM,
 };
-
-/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record, as the
-/// domain's [`plan_create`] decides from the record stored (and locked) under the key.
-pub async fn create_task<C: Db>(
-    db: &C,
-    task: &Task,
-    idempotency: Option<&IdempotencyRecord>,
-) -> Res<(CreateOutcome, Vec<Event>)> {
-    let stored = match idempotency {
-        Some(record) => locked_record(db, &record.scope, &record.key).await?,
-        None => None,
-    };
-    let write = match plan_create(task, stored.as_ref()) {
-        CreatePlan::Write(write) => write,
-        CreatePlan::KeyAnswered(record) => {
-            return Ok((CreateOutcome::KeyAnswered(record), Vec::new()))
-        }
-    };
-    insert_task_rows(db, &write.task).await?;
-    events::insert_events(db, &write.events).await?;
-    if let Some(record) = idempotency {
-        put_record(db, record, stored.is_some()).await?;
-    }
-    Ok((CreateOutcome::Created(write.task), write.events))
-}
 
 async fn insert_response<C: Db>(db: &C, response: &Response) -> Res<()> {
     db.execute(
@@ -92,66 +56,15 @@ pub async fn write_task<C: Db>(db: &C, old: &Task, write: &TaskWrite<'_>) -> Res
     }
 }
 
-/// P-3, I-2: folds a worker's steps through the domain, all or nothing.
-pub async fn append<C: Db>(
-    db: &C,
-    task_id: TaskId,
-    by: InstanceId,
-    expected: Option<u64>,
-    steps: &[Step],
-    snapshot: Option<&Snapshot>,
-    at: Timestamp,
-) -> Res<(StepOutcome, Vec<Event>)> {
-    let Some(old) = lock_task(db, task_id).await? else {
-        return Ok((StepOutcome::NotFound, Vec::new()));
-    };
-    match plan_append(&old, steps, by, expected, snapshot, at) {
-        Ok(write) => {
-            write_task(db, &old, &write).await?;
-            Ok(write.applied())
-        }
-        Err(refusal) => Ok((StepOutcome::Refused { task: old, refusal }, Vec::new())),
-    }
-}
-
-/// Claims the oldest queued task for `by`: the row is locked with `SKIP LOCKED`, so concurrent
-/// claimers (in any process) each take a different task and never wait on each other.
-pub async fn claim_next<C: Db>(
-    db: &C,
-    by: InstanceId,
-    at: Timestamp,
-) -> Res<(Option<Task>, Vec<Event>)> {
-    let sql = format!(
+/// The queued tasks claims take, at most `$1`, in the order they are taken (oldest first), each
+/// row locked for the claim with `SKIP LOCKED`: concurrent claimers (in any process) each take
+/// different tasks and never wait on each other. The one place claims choose: an order or a
+/// filter (a tier, a priority) goes here, served by an index in the same order.
+pub fn claimable_sql() -> String {
+    format!(
         "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.status = 'queued' \
-         ORDER BY t.id LIMIT 1 FOR UPDATE OF t SKIP LOCKED"
-    );
-    let Some(row) = db.query_opt(&sql, &[]).await? else {
-        return Ok((None, Vec::new()));
-    };
-    let old = decode_task(&row)?;
-    let write = plan_claim(&old, by, at)
-        .map_err(|refusal| corrupt(format!("a queued task refused a claim: {refusal}")))?;
-    write_task(db, &old, &write).await?;
-    Ok((Some(write.task), write.events))
-}
-
-/// P-4, I-3: decides and applies a cancel.
-pub async fn cancel<C: Db>(
-    db: &C,
-    task_id: TaskId,
-    client_id: Option<ClientId>,
-    at: Timestamp,
-) -> Res<(CancelOutcome, Vec<Event>)> {
-    let Some(old) = lock_task(db, task_id).await? else {
-        return Ok((CancelOutcome::NotFound, Vec::new()));
-    };
-    let plan = plan_cancel(&old, client_id, at)
-        .map_err(|refusal| corrupt(format!("a cancel was refused: {refusal}")))?;
-    let Some(write) = plan.write else {
-        return Ok((plan.outcome, Vec::new()));
-    };
-    write_task(db, &old, &write).await?;
-    Ok((plan.outcome, write.events))
+         ORDER BY t.id LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
+    )
 }
 
 /// Removes one task's rows; its idempotency records stay, pointing at nothing (a key outlives

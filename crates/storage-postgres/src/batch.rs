@@ -1,0 +1,1023 @@
+//! Group commit of the hot writes: creates, appends, finishes, claims and cancels.
+//!
+//! Callers queue a [`Request`]; a few *lanes* (tasks, each on a pooled connection) take whatever
+//! has gathered (at most [`MAX_BATCH`]) and write it in **one transaction** — the SQLite writer's
+//! rule on PostgreSQL:
+//!
+//! 1. `BEGIN` and the batch's reads, pipelined in one round trip: every task the batch names,
+//!    locked in key order (`FOR UPDATE`, so two lanes never wait on each other in a circle), the
+//!    queued tasks its claims may take (`FOR UPDATE SKIP LOCKED`), and the idempotency records
+//!    its keyed creates name (`FOR UPDATE`).
+//! 2. The domain decides each command in order, on the rows as read and as the commands before
+//!    it in the batch left them (so a cancel after an append of the same batch sees the append).
+//! 3. Every command's writes, each inside a savepoint of its own (`SAVEPOINT`, its statements,
+//!    `RELEASE`), pipelined in one round trip: a task write is one statement (the row's
+//!    compare-and-set and its events), a create one statement (task, spec and first event), plus
+//!    the key record, the response and the snapshot when there are any. When a command fails, the
+//!    transaction is rolled back to its savepoint: it fails alone (or, when it lost a race, is run
+//!    again in the lane's next batch), and the commands after it are read, decided and written
+//!    again (steps 1–3 on the rows as the transaction sees them now).
+//! 4. `COMMIT`; only then are the callers answered, the other instances notified and the
+//!    listener told, as for every other write.
+//!
+//! A transaction carries at most [`MAX_BATCH`] commands: each savepoint that writes is a
+//! subtransaction, and PostgreSQL keeps only 64 of them per transaction in shared memory (past
+//! that, every other session's snapshots must look them up in `pg_subtrans`).
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Instant;
+
+use futures::FutureExt;
+use lmsp_domain::cancel::plan_cancel;
+use lmsp_domain::event::Event;
+use lmsp_domain::idempotency::IdempotencyRecord;
+use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
+use lmsp_domain::ports::{
+    CancelOutcome, CommitStats, CreateOutcome, Snapshot, StepOutcome, StoreError, StoreListener,
+};
+use lmsp_domain::status::TaskStatus;
+use lmsp_domain::task::{Response, Task};
+use lmsp_domain::time::Timestamp;
+use lmsp_domain::transition::Step;
+use lmsp_domain::writes::{plan_append, plan_claim, plan_create, CreatePlan, SnapshotChange};
+use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
+
+use crate::codec::{self, EventRow, IdempotencyRow, IDEMPOTENCY_COLUMNS};
+use crate::error::DbError;
+use crate::notify::Notifier;
+use crate::ops::{
+    self, client_key, decode_task, instance_key, key, to_i64, TASK_COLUMNS, TASK_FROM,
+};
+
+/// The most commands one transaction carries (see the module's documentation).
+pub const MAX_BATCH: usize = 64;
+
+/// A hot write, as queued for a lane.
+// Not boxed: each request is built once and matched once.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Request {
+    /// `create_task`.
+    Create {
+        /// The task.
+        task: Task,
+        /// The request's key record, if it has a key.
+        idempotency: Option<IdempotencyRecord>,
+    },
+    /// `append` (`expected: Some`) or `finish` (`None`).
+    Append {
+        /// The task.
+        task_id: TaskId,
+        /// The instance that runs it.
+        by: InstanceId,
+        /// The last sequence number the worker saw (`None`: a finish, whatever it is).
+        expected: Option<u64>,
+        /// The steps, all or nothing.
+        steps: Vec<Step>,
+        /// The worker's snapshot.
+        snapshot: Option<Snapshot>,
+        /// When.
+        at: Timestamp,
+    },
+    /// `claim_next`.
+    Claim {
+        /// The instance claiming.
+        by: InstanceId,
+        /// When.
+        at: Timestamp,
+    },
+    /// `cancel`.
+    Cancel {
+        /// The task.
+        task_id: TaskId,
+        /// The client asking (`None`: the service).
+        client_id: Option<ClientId>,
+        /// When.
+        at: Timestamp,
+    },
+}
+
+/// The answer to a [`Request`], of the matching kind.
+#[derive(Debug)]
+pub enum Reply {
+    /// To a create.
+    Created(CreateOutcome),
+    /// To an append or a finish.
+    Stepped(StepOutcome),
+    /// To a claim.
+    Claimed(Option<Task>),
+    /// To a cancel.
+    Cancelled(CancelOutcome),
+}
+
+/// A queued request, the caller waiting for its answer, and how often it lost a race.
+struct Command {
+    request: Request,
+    reply: oneshot::Sender<Result<Reply, StoreError>>,
+    attempts: u32,
+}
+
+/// What the lanes share with the store.
+pub struct Shared {
+    /// Where the lanes take their connections.
+    pub pool: deadpool_postgres::Pool,
+    /// Told of every batch and its committed events.
+    pub listener: Arc<dyn StoreListener>,
+    /// Tells the other instances.
+    pub notifier: Notifier,
+    /// This store's mark on its notifications.
+    pub origin: Arc<str>,
+    /// How often a command that lost a race is run again before it fails.
+    pub max_attempts: u32,
+}
+
+/// The queue of the hot writes and the lanes that write it.
+pub struct Writer {
+    queue: mpsc::UnboundedSender<Command>,
+    lanes: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("lanes", &self.lanes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    /// Starts `lanes` lanes (at least one) writing what [`Writer::run`] queues.
+    pub fn start(shared: Shared, lanes: usize) -> Writer {
+        let (queue, pending) = mpsc::unbounded_channel();
+        let pending = Arc::new(Mutex::new(pending));
+        let shared = Arc::new(shared);
+        let lanes = (0..lanes.max(1))
+            .map(|_| tokio::spawn(lane(Arc::clone(&shared), Arc::clone(&pending))))
+            .collect();
+        Writer { queue, lanes }
+    }
+
+    /// Queues `request` and waits for its answer, given once its transaction committed (or
+    /// failed).
+    pub async fn run(&self, request: Request) -> Result<Reply, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Command {
+                request,
+                reply,
+                attempts: 0,
+            })
+            .map_err(|_| StoreError::Unavailable(String::from("the store is closed")))?;
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(String::from(
+                "the write was lost with its transaction (the writer failed)",
+            )))
+        })
+    }
+
+    /// Stops the lanes (a batch being written is abandoned, its transaction rolled back).
+    pub fn stop(&self) {
+        for lane in &self.lanes {
+            lane.abort();
+        }
+    }
+}
+
+/// One lane: takes what has gathered, writes it, answers, again; commands that lost a race are
+/// carried into its next batch.
+async fn lane(shared: Arc<Shared>, pending: Arc<Mutex<mpsc::UnboundedReceiver<Command>>>) {
+    let mut carried: Vec<Command> = Vec::new();
+    loop {
+        let mut batch = std::mem::take(&mut carried);
+        {
+            let mut queue = pending.lock().await;
+            if batch.is_empty() {
+                match queue.recv().await {
+                    Some(first) => batch.push(first),
+                    None => return,
+                }
+            }
+            while batch.len() < MAX_BATCH {
+                match queue.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+        }
+        match AssertUnwindSafe(write_batch(&shared, batch))
+            .catch_unwind()
+            .await
+        {
+            Ok(again) => carried = again,
+            Err(_) => {
+                // The callers of the batch are answered by their dropped senders; the connection
+                // was dropped rather than put back (see `Held`).
+                tracing::error!("a PostgreSQL write batch panicked; its callers got an error");
+                tell(shared.listener.as_ref(), 0, 0, Instant::now(), false);
+            }
+        }
+    }
+}
+
+/// Tells the listener of a transaction; a panicking listener loses it.
+fn tell(listener: &dyn StoreListener, commands: usize, events: usize, started: Instant, ok: bool) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        listener.transaction_measured(CommitStats {
+            commands,
+            events,
+            duration: started.elapsed(),
+            committed: ok,
+        });
+    }));
+}
+
+/// A pooled connection that goes back to the pool only once its transaction ended cleanly;
+/// otherwise (an error mid-transaction, a panic, an abort) it is closed.
+struct Held {
+    conn: Option<deadpool_postgres::Object>,
+    clean: bool,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if !self.clean {
+            if let Some(conn) = self.conn.take() {
+                drop(deadpool_postgres::Object::take(conn));
+            }
+        }
+    }
+}
+
+/// How one command of a batch ended.
+// Not boxed: each is built once and matched once.
+#[allow(clippy::large_enum_variant)]
+enum Ended {
+    /// Written (committed once the batch commits): its answer, its events, whether it cancels.
+    Done(Reply, Vec<Event>, bool),
+    /// Failed alone.
+    Failed(StoreError),
+    /// Lost a race: run again in the next batch.
+    Again,
+}
+
+/// Writes a batch in one transaction and answers its commands; returns those to run again.
+async fn write_batch(shared: &Shared, mut batch: Vec<Command>) -> Vec<Command> {
+    let started = Instant::now();
+    let mut attempt = 0;
+    let outcome = loop {
+        attempt += 1;
+        let conn = match shared.pool.get().await {
+            Ok(conn) => conn,
+            Err(error) => break Err(DbError::from(error)),
+        };
+        let mut held = Held {
+            conn: Some(conn),
+            clean: false,
+        };
+        let Some(conn) = held.conn.as_ref() else {
+            break Err(DbError::Pool(String::from("no connection")));
+        };
+        match transaction(conn, &batch).await {
+            Ok(ended) => {
+                held.clean = true;
+                break Ok(ended);
+            }
+            Err(error) => {
+                // Nothing of the batch is written; the connection is closed with it.
+                if error.is_retryable() && attempt < shared.max_attempts {
+                    continue;
+                }
+                break Err(error);
+            }
+        }
+    };
+    let ended = match outcome {
+        Ok(ended) => ended,
+        Err(error) => {
+            tell(shared.listener.as_ref(), batch.len(), 0, started, false);
+            let error = StoreError::from(error);
+            for command in batch {
+                let _ = command.reply.send(Err(error.clone()));
+            }
+            return Vec::new();
+        }
+    };
+    let mut events = Vec::new();
+    for ended in &ended {
+        if let Ended::Done(_, written, cancel) = ended {
+            // After the commit, never inside it (see `notify::Notifier`).
+            shared.notifier.send(&shared.origin, written, *cancel);
+            events.extend(written.iter().cloned());
+        }
+    }
+    tell(
+        shared.listener.as_ref(),
+        batch.len(),
+        events.len(),
+        started,
+        true,
+    );
+    if !events.is_empty() {
+        let _ = catch_unwind(AssertUnwindSafe(|| shared.listener.committed(&events)));
+    }
+    let mut again = Vec::new();
+    for (mut command, ended) in batch.drain(..).zip(ended) {
+        match ended {
+            Ended::Done(reply, _, _) => {
+                let _ = command.reply.send(Ok(reply));
+            }
+            Ended::Failed(error) => {
+                let _ = command.reply.send(Err(error));
+            }
+            Ended::Again => {
+                command.attempts += 1;
+                if command.attempts >= shared.max_attempts {
+                    let _ = command.reply.send(Err(DbError::Retry.into()));
+                } else {
+                    again.push(command);
+                }
+            }
+        }
+    }
+    again
+}
+
+/// The batch's transaction: reads, decisions and writes until every command ended, then the
+/// commit. An error is the whole transaction's (nothing of it is written).
+async fn transaction(
+    conn: &deadpool_postgres::ClientWrapper,
+    batch: &[Command],
+) -> Result<Vec<Ended>, DbError> {
+    let mut ended: Vec<Option<Ended>> = batch.iter().map(|_| None).collect();
+    let mut from = 0;
+    let mut begin = true;
+    while from < batch.len() {
+        let rest = &batch[from..];
+        let mut overlay = read(conn, rest, begin).await?;
+        begin = false;
+        let decided: Vec<Result<Decided, DbError>> = rest
+            .iter()
+            .map(|command| {
+                catch_unwind(AssertUnwindSafe(|| decide(&command.request, &mut overlay)))
+                    .unwrap_or_else(|_| {
+                        Err(DbError::Corrupt(String::from(
+                            "deciding a write panicked (a bug)",
+                        )))
+                    })
+            })
+            .collect();
+        match write(conn, &decided).await? {
+            None => {
+                for (slot, decision) in ended[from..].iter_mut().zip(decided) {
+                    *slot = Some(match decision {
+                        Ok(decided) => Ended::Done(decided.reply, decided.events, decided.cancel),
+                        Err(error) => Ended::Failed(error.into()),
+                    });
+                }
+                from = batch.len();
+            }
+            Some((failed, error)) => {
+                let mut decided = decided.into_iter();
+                for slot in ended[from..from + failed].iter_mut() {
+                    *slot = Some(match decided.next() {
+                        Some(Ok(decided)) => {
+                            Ended::Done(decided.reply, decided.events, decided.cancel)
+                        }
+                        Some(Err(error)) => Ended::Failed(error.into()),
+                        None => Ended::Failed(DbError::Retry.into()),
+                    });
+                }
+                ended[from + failed] = Some(if error.is_retryable() {
+                    Ended::Again
+                } else {
+                    Ended::Failed(error.into())
+                });
+                from += failed + 1;
+            }
+        }
+    }
+    conn.batch_execute("COMMIT").await?;
+    Ok(ended
+        .into_iter()
+        .map(|slot| slot.unwrap_or(Ended::Again))
+        .collect())
+}
+
+/// A key's identity in a batch: client, operation, key.
+type KeyId = (Vec<u8>, String, String);
+
+fn key_id(record: &IdempotencyRecord) -> KeyId {
+    (
+        client_key(record.scope.client_id),
+        record.scope.operation.as_str().to_owned(),
+        record.key.as_str().to_owned(),
+    )
+}
+
+/// The rows the batch read, as its commands have left them so far.
+#[derive(Default)]
+struct Overlay {
+    tasks: HashMap<TaskId, Task>,
+    claimable: VecDeque<TaskId>,
+    keys: HashMap<KeyId, Option<IdempotencyRecord>>,
+}
+
+/// The tasks a batch names, locked in key order.
+fn lock_tasks_sql() -> String {
+    format!(
+        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t"
+    )
+}
+
+/// One key's record, locked.
+fn lock_key_sql() -> String {
+    format!(
+        "SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency_keys \
+         WHERE client_id = $1 AND operation = $2 AND key = $3 FOR UPDATE"
+    )
+}
+
+/// `BEGIN` (on the first pass) and the reads of `commands`, pipelined.
+async fn read(
+    conn: &deadpool_postgres::ClientWrapper,
+    commands: &[Command],
+    begin: bool,
+) -> Result<Overlay, DbError> {
+    let mut task_ids: Vec<TaskId> = Vec::new();
+    let mut claims = 0_u64;
+    let mut records: Vec<&IdempotencyRecord> = Vec::new();
+    for command in commands {
+        match &command.request {
+            Request::Create { idempotency, .. } => records.extend(idempotency.as_ref()),
+            Request::Append { task_id, .. } => task_ids.push(*task_id),
+            Request::Cancel { task_id, .. } => {
+                task_ids.push(*task_id);
+                // A cancel may take a queued task from under a claim of the same batch.
+                claims += u64::from(claims > 0);
+            }
+            Request::Claim { .. } => claims += 1,
+        }
+    }
+    task_ids.sort();
+    task_ids.dedup();
+    records.sort_by_key(|record| key_id(record));
+    records.dedup_by_key(|record| key_id(record));
+    let mut reads: Vec<Stmt> = Vec::new();
+    if !task_ids.is_empty() {
+        let keys: Vec<Vec<u8>> = task_ids.iter().map(|id| key(*id)).collect();
+        reads.push(Stmt::new(lock_tasks_sql(), vec![Box::new(keys)]));
+    }
+    if claims > 0 {
+        reads.push(Stmt::new(
+            ops::tasks::claimable_sql(),
+            vec![Box::new(to_i64(claims)?)],
+        ));
+    }
+    for record in &records {
+        let (client, operation, key_text) = key_id(record);
+        reads.push(Stmt::new(
+            lock_key_sql(),
+            vec![Box::new(client), Box::new(operation), Box::new(key_text)],
+        ));
+    }
+    let mut items: Vec<Item<'_>> = Vec::with_capacity(reads.len() + 1);
+    if begin {
+        items.push(Item::Simple("BEGIN ISOLATION LEVEL READ COMMITTED"));
+    }
+    items.extend(reads.iter().map(Item::Statement));
+    let mut answers = pipeline(conn, &items).await?.into_iter();
+    if begin {
+        if let Some(Err(error)) = answers.next() {
+            return Err(error.into());
+        }
+    }
+    let mut results = answers.map(|answer| answer.map_err(DbError::from));
+    let mut overlay = Overlay::default();
+    let mut next = || {
+        results
+            .next()
+            .unwrap_or_else(|| Err(DbError::Corrupt(String::from("a read went missing"))))
+    };
+    if !task_ids.is_empty() {
+        for row in next()? {
+            let task = decode_task(&row)?;
+            overlay.tasks.insert(task.id, task);
+        }
+    }
+    if claims > 0 {
+        for row in next()? {
+            let task = decode_task(&row)?;
+            overlay.claimable.push_back(task.id);
+            overlay.tasks.entry(task.id).or_insert(task);
+        }
+    }
+    for record in &records {
+        let rows = next()?;
+        let stored = match rows.first() {
+            Some(row) => Some(ops::idempotency::decode_record(
+                row,
+                &record.scope,
+                &record.key,
+            )?),
+            None => None,
+        };
+        overlay.keys.insert(key_id(record), stored);
+    }
+    Ok(overlay)
+}
+
+/// A decided command: its statements, its answer, its events, whether it is a cancel.
+struct Decided {
+    statements: Vec<Stmt>,
+    reply: Reply,
+    events: Vec<Event>,
+    cancel: bool,
+}
+
+impl Decided {
+    fn nothing(reply: Reply) -> Decided {
+        Decided {
+            statements: Vec::new(),
+            reply,
+            events: Vec::new(),
+            cancel: false,
+        }
+    }
+}
+
+/// Asks the domain what `request` writes, on the rows of `overlay`, and leaves its new rows
+/// there for the commands after it.
+fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> {
+    match request {
+        Request::Create { task, idempotency } => {
+            let id = idempotency.as_ref().map(key_id);
+            let stored = match &id {
+                Some(id) => overlay
+                    .keys
+                    .get(id)
+                    .ok_or_else(|| DbError::Corrupt(String::from("a key was not read")))?
+                    .clone(),
+                None => None,
+            };
+            let write = match plan_create(task, stored.as_ref()) {
+                CreatePlan::Write(write) => write,
+                CreatePlan::KeyAnswered(record) => {
+                    return Ok(Decided::nothing(Reply::Created(
+                        CreateOutcome::KeyAnswered(record),
+                    )))
+                }
+            };
+            let mut statements = vec![create_statement(&write.task, &write.events)?];
+            if let (Some(record), Some(id)) = (idempotency, id) {
+                statements.push(put_record_statement(record, stored.is_some()));
+                overlay.keys.insert(id, Some(record.clone()));
+            }
+            overlay.tasks.insert(write.task.id, write.task.clone());
+            Ok(Decided {
+                statements,
+                events: write.events,
+                reply: Reply::Created(CreateOutcome::Created(write.task)),
+                cancel: false,
+            })
+        }
+        Request::Append {
+            task_id,
+            by,
+            expected,
+            steps,
+            snapshot,
+            at,
+        } => {
+            let Some(old) = overlay.tasks.get(task_id).cloned() else {
+                return Ok(Decided::nothing(Reply::Stepped(StepOutcome::NotFound)));
+            };
+            match plan_append(&old, steps, *by, *expected, snapshot.as_ref(), *at) {
+                Ok(write) => {
+                    let statements = task_statements(
+                        &old,
+                        &write.task,
+                        &write.events,
+                        &write.responses,
+                        write.snapshot,
+                    )?;
+                    overlay.tasks.insert(old.id, write.task.clone());
+                    let (outcome, events) = write.applied();
+                    Ok(Decided {
+                        statements,
+                        reply: Reply::Stepped(outcome),
+                        events,
+                        cancel: false,
+                    })
+                }
+                Err(refusal) => Ok(Decided::nothing(Reply::Stepped(StepOutcome::Refused {
+                    task: old,
+                    refusal,
+                }))),
+            }
+        }
+        Request::Claim { by, at } => {
+            while let Some(id) = overlay.claimable.pop_front() {
+                let Some(old) = overlay.tasks.get(&id).cloned() else {
+                    continue;
+                };
+                if old.status != TaskStatus::Queued {
+                    continue;
+                }
+                let write = plan_claim(&old, *by, *at).map_err(|refusal| {
+                    ops::corrupt(format!("a queued task refused a claim: {refusal}"))
+                })?;
+                let statements = task_statements(
+                    &old,
+                    &write.task,
+                    &write.events,
+                    &write.responses,
+                    write.snapshot,
+                )?;
+                overlay.tasks.insert(id, write.task.clone());
+                return Ok(Decided {
+                    statements,
+                    reply: Reply::Claimed(Some(write.task)),
+                    events: write.events,
+                    cancel: false,
+                });
+            }
+            Ok(Decided::nothing(Reply::Claimed(None)))
+        }
+        Request::Cancel {
+            task_id,
+            client_id,
+            at,
+        } => {
+            let Some(old) = overlay.tasks.get(task_id).cloned() else {
+                return Ok(Decided::nothing(Reply::Cancelled(CancelOutcome::NotFound)));
+            };
+            let plan = plan_cancel(&old, *client_id, *at)
+                .map_err(|refusal| ops::corrupt(format!("a cancel was refused: {refusal}")))?;
+            let Some(write) = plan.write else {
+                return Ok(Decided::nothing(Reply::Cancelled(plan.outcome)));
+            };
+            let statements = task_statements(
+                &old,
+                &write.task,
+                &write.events,
+                &write.responses,
+                write.snapshot,
+            )?;
+            overlay.tasks.insert(old.id, write.task.clone());
+            Ok(Decided {
+                statements,
+                reply: Reply::Cancelled(plan.outcome),
+                events: write.events,
+                cancel: true,
+            })
+        }
+    }
+}
+
+/// Events as the five arrays the writes `unnest`: sequence numbers, codes, times, data, items.
+type EventArrays = (Vec<i64>, Vec<i64>, Vec<i64>, Vec<String>, Vec<Option<i64>>);
+
+fn event_arrays(events: &[Event]) -> Result<EventArrays, DbError> {
+    let mut arrays: EventArrays = Default::default();
+    for event in events {
+        let row = EventRow::encode(event)?;
+        arrays.0.push(row.sequence_number);
+        arrays.1.push(row.code);
+        arrays.2.push(row.created_at);
+        arrays.3.push(row.data.into_owned());
+        arrays.4.push(row.item);
+    }
+    Ok(arrays)
+}
+
+fn push_events(params: &mut Vec<Param>, events: &[Event]) -> Result<(), DbError> {
+    let (sequences, codes, times, data, items) = event_arrays(events)?;
+    params.push(Box::new(sequences));
+    params.push(Box::new(codes));
+    params.push(Box::new(times));
+    params.push(Box::new(data));
+    params.push(Box::new(items));
+    Ok(())
+}
+
+/// P-2: a new task's row, its spec and its first events, in one statement.
+const CREATE_SQL: &str = "WITH t AS (INSERT INTO tasks (id, client_id, status, model, on_restart, \
+     created_at, started_at, finished_at, last_sequence_number, restarts, error, response_id, \
+     owner, background, items_opened, item_open) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)), \
+     s AS (INSERT INTO task_specs (task_id, spec, metadata, accepted_by) \
+     VALUES ($1, $17, $18, $19)) \
+     INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
+     SELECT $1, * FROM unnest($20::bigint[], $21::bigint[], $22::bigint[], $23::text[], \
+     $24::bigint[])";
+
+fn create_statement(task: &Task, events: &[Event]) -> Result<Stmt, DbError> {
+    let mut params: Vec<Param> = vec![
+        Box::new(key(task.id)),
+        Box::new(client_key(task.client_id)),
+        Box::new(task.status.as_str()),
+        Box::new(task.model.as_str().to_owned()),
+        Box::new(task.on_restart.as_str()),
+        Box::new(task.created_at.as_millis()),
+        Box::new(task.started_at.map(Timestamp::as_millis)),
+        Box::new(task.finished_at.map(Timestamp::as_millis)),
+        Box::new(to_i64(task.last_sequence_number)?),
+        Box::new(i64::from(task.restarts)),
+        Box::new(codec::error_text(task)?),
+        Box::new(codec::stored_response_id(task)),
+        Box::new(instance_key(task.owner)),
+        Box::new(task.background),
+        Box::new(i64::from(task.items.opened)),
+        Box::new(task.items.open),
+        Box::new(codec::spec_to_text(&task.spec)?),
+        Box::new(codec::metadata_to_text(&task.metadata)?),
+        Box::new(instance_key(task.accepted_by)),
+    ];
+    push_events(&mut params, events)?;
+    Ok(Stmt::new(String::from(CREATE_SQL), params))
+}
+
+/// P-3: a task's row as a compare-and-set on the row as read, and its events, in one statement;
+/// a row that moved under the transaction fails it as a lost race (`lmsp_expect_one`).
+const WRITE_TASK_SQL: &str = "WITH u AS (UPDATE tasks SET status = $1, started_at = $2, \
+     finished_at = $3, last_sequence_number = $4, restarts = $5, error = $6, owner = $7, \
+     items_opened = $8, item_open = $9 \
+     WHERE id = $10 AND status = $11 AND last_sequence_number = $12 AND owner = $13 RETURNING 1), \
+     e AS (INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
+     SELECT $10, * FROM unnest($14::bigint[], $15::bigint[], $16::bigint[], $17::text[], \
+     $18::bigint[])) \
+     SELECT lmsp_expect_one(count(*)) FROM u";
+
+const RESPONSE_SQL: &str = "INSERT INTO responses (id, task_id, doc) VALUES ($1, $2, $3) \
+     ON CONFLICT (id) DO UPDATE SET task_id = EXCLUDED.task_id, doc = EXCLUDED.doc";
+
+const SNAPSHOT_PUT_SQL: &str =
+    "INSERT INTO snapshots (task_id, sequence_number, state) VALUES ($1, $2, $3) \
+     ON CONFLICT (task_id) DO UPDATE SET sequence_number = EXCLUDED.sequence_number, \
+     state = EXCLUDED.state";
+
+const SNAPSHOT_DROP_SQL: &str = "DELETE FROM snapshots WHERE task_id = $1";
+
+/// The statements of a decided task write (`ops::tasks::write_task`'s, fewer of them).
+fn task_statements(
+    old: &Task,
+    new: &Task,
+    events: &[Event],
+    responses: &[&Response],
+    snapshot: SnapshotChange<'_>,
+) -> Result<Vec<Stmt>, DbError> {
+    let mut params: Vec<Param> = vec![
+        Box::new(new.status.as_str()),
+        Box::new(new.started_at.map(Timestamp::as_millis)),
+        Box::new(new.finished_at.map(Timestamp::as_millis)),
+        Box::new(to_i64(new.last_sequence_number)?),
+        Box::new(i64::from(new.restarts)),
+        Box::new(codec::error_text(new)?),
+        Box::new(instance_key(new.owner)),
+        Box::new(i64::from(new.items.opened)),
+        Box::new(new.items.open),
+        Box::new(key(old.id)),
+        Box::new(old.status.as_str()),
+        Box::new(to_i64(old.last_sequence_number)?),
+        Box::new(instance_key(old.owner)),
+    ];
+    push_events(&mut params, events)?;
+    let mut statements = vec![Stmt::new(String::from(WRITE_TASK_SQL), params)];
+    for response in responses {
+        statements.push(Stmt::new(
+            String::from(RESPONSE_SQL),
+            vec![
+                Box::new(response.id.to_string()),
+                Box::new(key(response.task_id)),
+                Box::new(codec::response_to_text(response)?),
+            ],
+        ));
+    }
+    match snapshot {
+        SnapshotChange::Keep => {}
+        SnapshotChange::Drop => statements.push(Stmt::new(
+            String::from(SNAPSHOT_DROP_SQL),
+            vec![Box::new(key(old.id))],
+        )),
+        SnapshotChange::Put(snapshot) => statements.push(Stmt::new(
+            String::from(SNAPSHOT_PUT_SQL),
+            vec![
+                Box::new(key(old.id)),
+                Box::new(to_i64(snapshot.sequence_number)?),
+                Box::new(snapshot.state.clone()),
+            ],
+        )),
+    }
+    Ok(statements)
+}
+
+/// I-8: a key's record. Over a record the transaction read and locked it is an upsert; where it
+/// read none, a plain insert, whose unique violation (a concurrent request inserted one
+/// meanwhile) is a lost race: the command is run again and decides on that record.
+fn put_record_statement(record: &IdempotencyRecord, existed: bool) -> Stmt {
+    let row = IdempotencyRow::encode(record);
+    let conflict = if existed {
+        " ON CONFLICT (client_id, operation, key) DO UPDATE SET digest = EXCLUDED.digest, \
+         reply = EXCLUDED.reply, reply_task = EXCLUDED.reply_task, \
+         held_until = EXCLUDED.held_until, held_by = EXCLUDED.held_by, \
+         created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at"
+    } else {
+        ""
+    };
+    let mut stmt = Stmt::new(
+        format!(
+            "INSERT INTO idempotency_keys (client_id, operation, key, digest, reply, reply_task, \
+             held_until, held_by, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10){conflict}"
+        ),
+        vec![
+            Box::new(client_key(record.scope.client_id)),
+            Box::new(record.scope.operation.as_str().to_owned()),
+            Box::new(record.key.as_str().to_owned()),
+            Box::new(row.digest),
+            Box::new(row.reply),
+            Box::new(row.reply_task),
+            Box::new(row.held_until),
+            Box::new(row.held_by),
+            Box::new(row.created_at),
+            Box::new(row.expires_at),
+        ],
+    );
+    stmt.race_on_conflict = !existed;
+    stmt
+}
+
+/// Writes the decided commands, each in its savepoint, pipelined. `None`: all written;
+/// `Some((i, error))`: the `i`-th command failed with `error`, the transaction was rolled back
+/// to its savepoint (the commands before it stay written, those after it are not).
+async fn write(
+    conn: &deadpool_postgres::ClientWrapper,
+    decided: &[Result<Decided, DbError>],
+) -> Result<Option<(usize, DbError)>, DbError> {
+    let mut items: Vec<Item<'_>> = Vec::new();
+    // Which command each item belongs to.
+    let mut owners: Vec<usize> = Vec::new();
+    let mut races: Vec<bool> = Vec::new();
+    for (index, decision) in decided.iter().enumerate() {
+        let Ok(decided) = decision else { continue };
+        if decided.statements.is_empty() {
+            continue;
+        }
+        items.push(Item::Simple("SAVEPOINT cmd"));
+        owners.push(index);
+        races.push(false);
+        for statement in &decided.statements {
+            items.push(Item::Statement(statement));
+            owners.push(index);
+            races.push(statement.race_on_conflict);
+        }
+        items.push(Item::Simple("RELEASE cmd"));
+        owners.push(index);
+        races.push(false);
+    }
+    if items.is_empty() {
+        return Ok(None);
+    }
+    let results = pipeline(conn, &items).await?;
+    let failed =
+        results
+            .into_iter()
+            .zip(owners.iter().zip(&races))
+            .find_map(|(result, (owner, race))| {
+                result.err().map(|error| {
+                    let error = match error.code() {
+                        Some(code) if *race && *code == SqlState::UNIQUE_VIOLATION => {
+                            DbError::Retry
+                        }
+                        _ => DbError::Sql(error),
+                    };
+                    (*owner, error)
+                })
+            });
+    let Some((index, error)) = failed else {
+        return Ok(None);
+    };
+    // Undoes the failed command alone; if even that fails, the transaction is lost.
+    conn.batch_execute("ROLLBACK TO SAVEPOINT cmd; RELEASE SAVEPOINT cmd")
+        .await?;
+    Ok(Some((index, error)))
+}
+
+/// A statement parameter.
+type Param = Box<dyn ToSql + Sync + Send>;
+
+/// A statement and its parameters, prepared (once per connection) when it is first run.
+struct Stmt {
+    sql: String,
+    params: Vec<Param>,
+    /// Whether a unique violation of this statement is a lost race (run the command again).
+    race_on_conflict: bool,
+}
+
+impl Stmt {
+    fn new(sql: String, params: Vec<Param>) -> Stmt {
+        Stmt {
+            sql,
+            params,
+            race_on_conflict: false,
+        }
+    }
+}
+
+/// One message of a pipeline: a simple-protocol command, or a statement.
+#[derive(Clone, Copy)]
+enum Item<'a> {
+    Simple(&'static str),
+    Statement(&'a Stmt),
+}
+
+/// A pipelined request's result: its rows, or the error it failed with.
+type Answer = Result<Vec<Row>, tokio_postgres::Error>;
+
+/// Sends `items` in order without waiting between them (one round trip for all), and returns
+/// each one's result. After a failure PostgreSQL refuses the rest of the transaction's
+/// statements, so each later one fails too. `Err`: a statement could not even be prepared.
+async fn pipeline(
+    conn: &deadpool_postgres::ClientWrapper,
+    items: &[Item<'_>],
+) -> Result<Vec<Answer>, DbError> {
+    let mut prepared = Vec::with_capacity(items.len());
+    for item in items {
+        prepared.push(match item {
+            Item::Simple(_) => None,
+            Item::Statement(stmt) => Some(conn.prepare_cached(&stmt.sql).await?),
+        });
+    }
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = items
+        .iter()
+        .map(|item| match item {
+            Item::Simple(_) => Vec::new(),
+            Item::Statement(stmt) => stmt
+                .params
+                .iter()
+                .map(|param| param.as_ref() as &(dyn ToSql + Sync))
+                .collect(),
+        })
+        .collect();
+    let client: &tokio_postgres::Client = conn;
+    let futures: Vec<Pin<Box<dyn Future<Output = Answer> + Send + '_>>> = items
+        .iter()
+        .zip(prepared.iter().zip(&params))
+        .map(|(item, (statement, params))| {
+            let future: Pin<Box<dyn Future<Output = Answer> + Send + '_>> = match (item, statement)
+            {
+                (_, Some(statement)) => Box::pin(client.query(statement, params)),
+                (Item::Simple(sql), None) => {
+                    let sql: &'static str = sql;
+                    Box::pin(async move { client.batch_execute(sql).await.map(|()| Vec::new()) })
+                }
+                (Item::Statement(_), None) => Box::pin(std::future::ready(Ok(Vec::new()))),
+            };
+            future
+        })
+        .collect();
+    Ok(in_order(futures).await)
+}
+
+/// Polls `futures` to their ends, each first poll in order (tokio-postgres sends a request on
+/// its future's first poll, so the requests go out in this order, all before any answer).
+/// Answers come back in order too, so later polls walk from the first unfinished one and stop at
+/// the first that is still waiting.
+async fn in_order<'a, T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send + 'a>>>) -> Vec<T> {
+    let mut done: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    let mut first = 0;
+    let mut sent = false;
+    std::future::poll_fn(|cx| {
+        let mut index = first;
+        while index < futures.len() {
+            if done[index].is_none() {
+                match futures[index].as_mut().poll(cx) {
+                    Poll::Ready(value) => done[index] = Some(value),
+                    Poll::Pending if sent => break,
+                    Poll::Pending => {}
+                }
+            }
+            index += 1;
+        }
+        sent = true;
+        while first < done.len() && done[first].is_some() {
+            first += 1;
+        }
+        if first == done.len() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
+}
