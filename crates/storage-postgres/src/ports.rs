@@ -18,7 +18,6 @@ use lmsp_domain::ports::{
     Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError,
     TaskFilter, TaskStore,
 };
-use lmsp_domain::schedule::TierAging;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
@@ -91,12 +90,7 @@ impl TaskStore for PostgresStore {
         }
     }
 
-    async fn claim(
-        &self,
-        by: InstanceId,
-        at: Timestamp,
-        _aging: TierAging,
-    ) -> Result<Option<Task>, StoreError> {
+    async fn claim_next(&self, by: InstanceId, at: Timestamp) -> Result<Option<Task>, StoreError> {
         match self.writer.run(Request::Claim { by, at }).await? {
             Reply::Claimed(task) => Ok(task),
             other => Err(mismatched(&other)),
