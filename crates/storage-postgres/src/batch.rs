@@ -453,7 +453,7 @@ async fn read(
     begin: bool,
 ) -> Result<Overlay, DbError> {
     let mut task_ids: Vec<TaskId> = Vec::new();
-    let mut claims = 0_u64;
+    let (mut claims, mut cancels) = (0_u64, 0_u64);
     let mut records: Vec<&IdempotencyRecord> = Vec::new();
     for command in commands {
         match &command.request {
@@ -461,11 +461,14 @@ async fn read(
             Request::Append { task_id, .. } => task_ids.push(*task_id),
             Request::Cancel { task_id, .. } => {
                 task_ids.push(*task_id);
-                // A cancel may take a queued task from under a claim of the same batch.
-                claims += u64::from(claims > 0);
+                cancels += 1;
             }
             Request::Claim { .. } => claims += 1,
         }
+    }
+    if claims > 0 {
+        // A cancel of the batch may take a queued task from under its claims.
+        claims += cancels;
     }
     task_ids.sort();
     task_ids.dedup();
@@ -1020,4 +1023,35 @@ async fn in_order<'a, T>(mut futures: Vec<Pin<Box<dyn Future<Output = T> + Send 
     })
     .await;
     done.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Each future is polled first in the order given (so a pipeline's requests go out in that
+    /// order), and each result comes back in its own place, whichever finished first.
+    #[tokio::test]
+    async fn in_order_polls_first_in_order_and_keeps_each_result_in_its_place() {
+        let polled = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let futures: Vec<Pin<Box<dyn Future<Output = usize> + Send>>> = (0..5)
+            .map(|index| {
+                let polled = Arc::clone(&polled);
+                let future: Pin<Box<dyn Future<Output = usize> + Send>> = Box::pin(async move {
+                    polled.lock().unwrap().push(index);
+                    // Later ones finish first.
+                    tokio::task::yield_now().await;
+                    for _ in 0..(5 - index) {
+                        tokio::task::yield_now().await;
+                    }
+                    index * 10
+                });
+                future
+            })
+            .collect();
+        assert_eq!(in_order(futures).await, vec![0, 10, 20, 30, 40]);
+        assert_eq!(*polled.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+    }
 }
