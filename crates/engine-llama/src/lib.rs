@@ -51,9 +51,11 @@ mod checkpoint;
 mod generation;
 mod run;
 mod sampling;
+mod schema;
 pub mod state;
 
 pub use checkpoint::CheckpointSettings;
+pub use schema::{check_schema, SchemaError};
 
 use cache::PromptCache;
 use checkpoint::Checkpoints;
