@@ -16,9 +16,10 @@ use rand::RngCore;
 use lmsp_domain::auth::Scope;
 use lmsp_domain::idempotency::{KeyClaim, Operation, StoredReply};
 use lmsp_domain::ports::{CreateOutcome, StoreError};
-use lmsp_domain::validation::SubmitRequest;
+use lmsp_domain::validation::{check_tool_answers, SubmitRequest, ValidationError};
 use lmsp_domain::{
     Input, Message, NewTask, Response, ResponseId, Role, Task, TaskId, TaskSpec, TaskStatus,
+    ToolCall,
 };
 
 use crate::caller::Caller;
@@ -321,9 +322,9 @@ impl Service {
             return Err(AppError::ShuttingDown);
         }
         let core = &self.inner.core;
-        if core.store.model(&request.model).await?.is_none() {
+        let Some(record) = core.store.model(&request.model).await? else {
             return Err(AppError::ModelNotFound(request.model.to_string()));
-        }
+        };
         let input = match request.previous_response_id {
             Some(previous) => {
                 self.continued_input(caller, previous, &request.input)
@@ -331,6 +332,7 @@ impl Service {
             }
             None => request.input.clone(),
         };
+        check_tool_answers(&input).map_err(AppError::Invalid)?;
         let seed = request.seed.unwrap_or_else(|| rand::rngs::OsRng.next_u64());
         let task = Task::new_queued(NewTask {
             id: TaskId::from_ulid(core.next_ulid()),
@@ -349,10 +351,22 @@ impl Service {
                 temperature: request.temperature,
                 top_p: request.top_p,
                 previous_response_id: request.previous_response_id,
+                controls: request.controls.clone(),
             },
             metadata: request.metadata.clone(),
             created_at: self.now(),
         });
+        let engine = record
+            .engine()
+            .and_then(|kind| self.inner.workers.engines().get(kind));
+        if let Some(engine) = engine {
+            engine.check(&task.spec).map_err(|unsupported| {
+                AppError::Invalid(ValidationError::new(
+                    unsupported.param,
+                    unsupported.message,
+                ))
+            })?;
+        }
         let kept = key.map(|(_, kept_for)| kept_for(&task));
         let record = key
             .zip(kept.clone())
@@ -406,8 +420,16 @@ impl Service {
             })?;
         let mut messages = earlier.spec.input.messages();
         messages.push(Message {
-            role: Role::Assistant,
-            content: response.output_text,
+            tool_calls: response
+                .calls
+                .iter()
+                .map(|call| ToolCall {
+                    call_id: call.item.call_id(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                })
+                .collect(),
+            ..Message::new(Role::Assistant, response.output_text)
         });
         messages.extend(input.messages());
         Ok(Input::Messages(messages))

@@ -23,10 +23,12 @@ use tokio_util::task::TaskTracker;
 use lmsp_domain::ports::{
     EngineError, GenerationItem, GenerationJob, ResumePoint, Snapshot, StepOutcome, StoreError,
 };
-use lmsp_domain::resume::resume_point;
+use lmsp_domain::resume::{resume_point, run_so_far, RunSoFar};
 use lmsp_domain::transition::advance_all;
 use lmsp_domain::worker::{after_refusal, resumed, AfterRefusal, Resumed};
-use lmsp_domain::{Event, Response, Step, Task, TaskError, TaskErrorCode, TaskId, Usage};
+use lmsp_domain::{
+    Controls, Event, Response, Step, Task, TaskError, TaskErrorCode, TaskId, TokenLogprob, Usage,
+};
 
 use crate::engines::Engines;
 use crate::lifecycle::Lifecycle;
@@ -329,21 +331,19 @@ async fn run(pool: &Pool, task: Task, resumed: bool) -> Ending {
     if let Err(error) = loaded {
         return Ending::Failed(engine_task_error(&error));
     }
-    let (mut current, resume, mut output) = if resumed {
+    let (mut current, resume, so_far) = if resumed {
         match resume_from_log(pool, &task).await {
-            Ok(Some(resume)) => {
-                let text = resume.text_so_far.clone();
-                (task, Some(resume), text)
-            }
-            Ok(None) => (task, None, String::new()),
+            Ok(Some((resume, so_far))) => (task, Some(resume), so_far),
+            Ok(None) => (task, None, RunSoFar::default()),
             Err(_) => return Ending::StoreGaveUp,
         }
     } else {
         match append(pool, &task, vec![Step::Loaded], None).await {
-            Appended::Applied(task) => (task, None, String::new()),
+            Appended::Applied(task) => (task, None, RunSoFar::default()),
             Appended::Ended(ending) => return ending,
         }
     };
+    let mut output = Output::new(current.spec.controls.clone(), so_far);
     let job = GenerationJob {
         model,
         spec: current.spec.clone(),
@@ -372,7 +372,15 @@ async fn run(pool: &Pool, task: Task, resumed: bool) -> Ending {
                 }
                 item = generation.next_item() => item,
             };
-            let last = !matches!(item, Ok(Some(GenerationItem::Delta { .. })));
+            let last = !matches!(
+                item,
+                Ok(Some(
+                    GenerationItem::Delta { .. }
+                        | GenerationItem::Logprobs { .. }
+                        | GenerationItem::CallStarted { .. }
+                        | GenerationItem::ArgumentsDelta { .. }
+                ))
+            );
             match item {
                 Ok(Some(item)) => {
                     if items_sender.send(Ok(item)).await.is_err() {
@@ -405,11 +413,13 @@ async fn run(pool: &Pool, task: Task, resumed: bool) -> Ending {
     }
     match ending {
         Ending::Completed(usage) => {
+            let so_far = output.into_run();
             let response = Response {
                 id: current.response_id,
                 task_id: current.id,
                 model: current.model.clone(),
-                output_text: output,
+                output_text: so_far.text,
+                calls: so_far.calls,
                 usage,
                 created_at: current.created_at,
                 completed_at: core.now(),
@@ -490,7 +500,7 @@ async fn drive(
     pool: &Pool,
     current: &mut Task,
     items: &mut mpsc::Receiver<Result<GenerationItem, EngineError>>,
-    output: &mut String,
+    output: &mut Output,
     cancel: &CancellationToken,
 ) -> Ending {
     let stop_now = pool.life.stop_now.clone();
@@ -509,19 +519,18 @@ async fn drive(
         let mut steps = Vec::new();
         let mut state = None;
         let mut ending = None;
-        let mut text = String::new();
         let mut item = Some(first);
         while let Some(next) = item.take() {
             match next {
-                Ok(GenerationItem::Delta {
-                    text: delta,
-                    state: after,
-                }) => {
-                    text.push_str(&delta);
-                    steps.push(Step::Output { delta });
-                    state = Some(after);
+                Ok(GenerationItem::Finished { usage }) => {
+                    output.finish(&mut steps);
+                    ending = Some(Ending::Completed(usage));
                 }
-                Ok(GenerationItem::Finished { usage }) => ending = Some(Ending::Completed(usage)),
+                Ok(other) => match output.take(other, &mut steps) {
+                    After::State(after) => state = Some(after),
+                    After::NoSnapshot => state = None,
+                    After::Same => {}
+                },
                 Err(error) => ending = Some(Ending::Failed(engine_task_error(&error))),
             }
             if ending.is_none() && steps.len() < MAX_BATCH {
@@ -529,10 +538,16 @@ async fn drive(
             }
         }
         if !steps.is_empty() {
+            let core = &pool.core;
+            let written = advance_all(current, &steps, core.instance, None, core.now())
+                .map(|advanced| advanced.events)
+                .unwrap_or_default();
             match append(pool, current, steps, state).await {
                 Appended::Applied(task) => {
                     *current = task;
-                    output.push_str(&text);
+                    for event in &written {
+                        output.run.follow(&event.payload);
+                    }
                 }
                 Appended::Ended(ending) => return ending,
             }
@@ -543,9 +558,148 @@ async fn drive(
     }
 }
 
+/// What an item means for the snapshot of the batch it is in.
+enum After {
+    /// The engine state right after the item's steps.
+    State(Vec<u8>),
+    /// The batch's steps go past any state the engine gave (text held back or cut at a stop
+    /// string): the batch is written without a snapshot.
+    NoSnapshot,
+    /// Nothing changes.
+    Same,
+}
+
+/// What a run has written, and turns the engine's items into steps: log probabilities join the
+/// delta they describe, a call's end is made explicit, text is cut at the first stop string
+/// (whatever the engine), and text that may be the start of a stop string is held back until
+/// the next text shows it is not (its state is not snapshotted meanwhile, so a resumed run
+/// continues from before it and produces it again).
+struct Output {
+    controls: Controls,
+    /// What the run's committed steps wrote.
+    run: RunSoFar,
+    /// Text held back: it may be the start of a stop string.
+    held: String,
+    /// Log probabilities waiting for their delta.
+    logprobs: Option<Vec<TokenLogprob>>,
+    /// The open call: its function and its arguments so far.
+    call: Option<(String, String)>,
+    /// Whether the run made a call (text after one is dropped: a response's message comes first).
+    called: bool,
+    /// A stop string was met: the rest of the output is dropped.
+    stopped: bool,
+}
+
+impl Output {
+    fn new(controls: Controls, run: RunSoFar) -> Self {
+        let call = run
+            .calls
+            .last()
+            .filter(|_| run.call_open)
+            .map(|call| (call.name.clone(), call.arguments.clone()));
+        let called = !run.calls.is_empty();
+        Self {
+            controls,
+            run,
+            held: String::new(),
+            logprobs: None,
+            call,
+            called,
+            stopped: false,
+        }
+    }
+
+    fn into_run(self) -> RunSoFar {
+        self.run
+    }
+
+    fn close_call(&mut self, steps: &mut Vec<Step>) {
+        if let Some((name, arguments)) = self.call.take() {
+            steps.push(Step::CallDone { name, arguments });
+        }
+    }
+
+    fn text_step(&mut self, delta: String, steps: &mut Vec<Step>) {
+        if delta.is_empty() {
+            return;
+        }
+        match self.logprobs.take() {
+            Some(logprobs) => steps.push(Step::OutputLogprobs { delta, logprobs }),
+            None => steps.push(Step::Output { delta }),
+        }
+    }
+
+    /// The steps of one item, and what it means for the batch's snapshot.
+    fn take(&mut self, item: GenerationItem, steps: &mut Vec<Step>) -> After {
+        if self.stopped {
+            return After::Same;
+        }
+        match item {
+            GenerationItem::Logprobs { tokens } => {
+                self.logprobs.get_or_insert_with(Vec::new).extend(tokens);
+                After::Same
+            }
+            GenerationItem::Delta { text, state } => {
+                if self.call.is_some() || self.called {
+                    self.close_call(steps);
+                    self.logprobs = None;
+                    return After::State(state);
+                }
+                self.held.push_str(&text);
+                if let Some(at) = self.controls.stop_at(&self.held) {
+                    let mut before = std::mem::take(&mut self.held);
+                    before.truncate(at);
+                    self.text_step(before, steps);
+                    self.stopped = true;
+                    // The text after the stop string is never written: no snapshot covers it.
+                    return After::NoSnapshot;
+                }
+                let keep = self.controls.stop_holdback(&self.held);
+                let cut = self.held.len() - keep;
+                let ready: String = self.held.drain(..cut).collect();
+                self.text_step(ready, steps);
+                if self.held.is_empty() {
+                    After::State(state)
+                } else {
+                    After::NoSnapshot
+                }
+            }
+            GenerationItem::CallStarted { name, state } => {
+                let held = std::mem::take(&mut self.held);
+                self.text_step(held, steps);
+                self.close_call(steps);
+                self.call = Some((name.clone(), String::new()));
+                self.called = true;
+                steps.push(Step::CallStarted { name });
+                After::State(state)
+            }
+            GenerationItem::ArgumentsDelta { text, state } => {
+                if let Some((_, arguments)) = &mut self.call {
+                    arguments.push_str(&text);
+                    steps.push(Step::CallArguments { delta: text });
+                }
+                After::State(state)
+            }
+            GenerationItem::Finished { .. } => After::Same,
+        }
+    }
+
+    /// The steps that end the output: the held text, the open call.
+    fn finish(&mut self, steps: &mut Vec<Step>) {
+        if !self.stopped {
+            let held = std::mem::take(&mut self.held);
+            self.text_step(held, steps);
+        }
+        self.close_call(steps);
+    }
+}
+
 /// Where a resumed task continues (I-6), from its snapshot and its log up to it
 /// ([`resume_point`]); `None` for a task without a snapshot (it starts over).
-async fn resume_from_log(pool: &Pool, task: &Task) -> Result<Option<ResumePoint>, Abandoned> {
+async fn resume_from_log(
+    pool: &Pool,
+    task: &Task,
+) -> Result<Option<(ResumePoint, RunSoFar)>, Abandoned> {
     let core = &pool.core;
     let policy = core.settings.store_retry;
     let stop_now = &pool.life.stop_now;
@@ -566,5 +720,6 @@ async fn resume_from_log(pool: &Pool, task: &Task) -> Result<Option<ResumePoint>
             break;
         }
     }
-    Ok(Some(resume_point(task, snapshot, &log)))
+    let so_far = run_so_far(task, snapshot.sequence_number, &log);
+    Ok(Some((resume_point(task, snapshot, &log), so_far)))
 }

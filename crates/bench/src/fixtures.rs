@@ -74,6 +74,7 @@ pub fn task(owner: InstanceId, client: ClientId, policy: RestartPolicy) -> anyho
             temperature: None,
             top_p: None,
             previous_response_id: None,
+        controls: Default::default(),
         },
         metadata: Metadata::new(),
         created_at: Timestamp::from_millis(id.ulid().timestamp_ms() as i64),
@@ -102,6 +103,7 @@ pub fn complete(task: &Task, text: &str, at: Timestamp) -> Step {
             task_id: task.id,
             model: task.model.clone(),
             output_text: text.to_owned(),
+            calls: Vec::new(),
             usage: Usage {
                 input_tokens: 4,
                 output_tokens: 16,

@@ -14,6 +14,7 @@ use crate::model::ModelId;
 use crate::status::TaskStatus;
 use crate::task::{ItemStatus, Response, Task, TaskError};
 use crate::time::Timestamp;
+use crate::tools::TokenLogprob;
 
 /// The kind of an event; its name is [`EventKind::name`].
 #[derive(
@@ -65,6 +66,19 @@ pub enum EventKind {
     /// Terminal: cancelled.
     #[strum(serialize = "response.cancelled")]
     Cancelled,
+    /// A run opens a function call item (OpenAI's `response.output_item.added` of a
+    /// `function_call`).
+    #[strum(serialize = "response.function_call.added")]
+    FunctionCallAdded,
+    /// A piece of the open call's arguments.
+    #[strum(serialize = "response.function_call_arguments.delta")]
+    FunctionCallArgumentsDelta,
+    /// The open call's arguments are complete.
+    #[strum(serialize = "response.function_call_arguments.done")]
+    FunctionCallArgumentsDone,
+    /// The call item is closed (OpenAI's `response.output_item.done` of a `function_call`).
+    #[strum(serialize = "response.function_call.done")]
+    FunctionCallDone,
 }
 
 /// A string that names no event kind.
@@ -98,6 +112,10 @@ impl EventKind {
             | EventKind::OutputTextDone
             | EventKind::ContentPartDone
             | EventKind::OutputItemDone
+            | EventKind::FunctionCallAdded
+            | EventKind::FunctionCallArgumentsDelta
+            | EventKind::FunctionCallArgumentsDone
+            | EventKind::FunctionCallDone
             | EventKind::Resumed => TaskStatus::Running,
             EventKind::Cancelling => TaskStatus::Cancelling,
             EventKind::Completed => TaskStatus::Completed,
@@ -139,6 +157,18 @@ pub struct ClosedItem {
     pub status: ItemStatus,
 }
 
+/// A function call of a run: its item (whose index makes its ids, `fc_…` and `call_…`), the
+/// function and its arguments (whole, or so far).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallItem {
+    /// The item.
+    pub item: ItemId,
+    /// The function called.
+    pub name: String,
+    /// The arguments: JSON text as the engine wrote it.
+    pub arguments: String,
+}
+
 /// What an event says. The variant decides the [`EventKind`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventPayload {
@@ -171,6 +201,34 @@ pub enum EventPayload {
         /// The text.
         delta: String,
     },
+    /// A piece of output of the open item with its tokens' log probabilities (when the task asked
+    /// for them); of kind [`EventKind::OutputTextDelta`] like a plain delta.
+    OutputTextLogprobs {
+        /// The item it belongs to.
+        item: ItemId,
+        /// The text.
+        delta: String,
+        /// The log probabilities of the tokens that make the text.
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// A run opens a function call item.
+    FunctionCallAdded {
+        /// The item.
+        item: ItemId,
+        /// The function called.
+        name: String,
+    },
+    /// A piece of the open call's arguments.
+    FunctionCallArgumentsDelta {
+        /// The call's item.
+        item: ItemId,
+        /// The text.
+        delta: String,
+    },
+    /// The call's arguments are complete.
+    FunctionCallArgumentsDone(CallItem),
+    /// The call item is closed.
+    FunctionCallDone(CallItem),
     /// The item's text is complete.
     OutputTextDone(ClosedItem),
     /// The item's text part is complete.
@@ -212,7 +270,15 @@ impl EventPayload {
             EventPayload::InProgress => EventKind::InProgress,
             EventPayload::OutputItemAdded { .. } => EventKind::OutputItemAdded,
             EventPayload::ContentPartAdded { .. } => EventKind::ContentPartAdded,
-            EventPayload::OutputTextDelta { .. } => EventKind::OutputTextDelta,
+            EventPayload::OutputTextDelta { .. } | EventPayload::OutputTextLogprobs { .. } => {
+                EventKind::OutputTextDelta
+            }
+            EventPayload::FunctionCallAdded { .. } => EventKind::FunctionCallAdded,
+            EventPayload::FunctionCallArgumentsDelta { .. } => {
+                EventKind::FunctionCallArgumentsDelta
+            }
+            EventPayload::FunctionCallArgumentsDone(_) => EventKind::FunctionCallArgumentsDone,
+            EventPayload::FunctionCallDone(_) => EventKind::FunctionCallDone,
             EventPayload::OutputTextDone(_) => EventKind::OutputTextDone,
             EventPayload::ContentPartDone(_) => EventKind::ContentPartDone,
             EventPayload::OutputItemDone(_) => EventKind::OutputItemDone,
@@ -225,12 +291,26 @@ impl EventPayload {
         }
     }
 
+    /// The output text this event adds, if it is a delta (with or without log probabilities).
+    pub fn text_delta(&self) -> Option<(ItemId, &str)> {
+        match self {
+            EventPayload::OutputTextDelta { item, delta }
+            | EventPayload::OutputTextLogprobs { item, delta, .. } => Some((*item, delta)),
+            _ => None,
+        }
+    }
+
     /// The output item this event is about, if any.
     pub fn item(&self) -> Option<ItemId> {
         match self {
             EventPayload::OutputItemAdded { item }
             | EventPayload::ContentPartAdded { item }
-            | EventPayload::OutputTextDelta { item, .. } => Some(*item),
+            | EventPayload::OutputTextDelta { item, .. }
+            | EventPayload::OutputTextLogprobs { item, .. }
+            | EventPayload::FunctionCallAdded { item, .. }
+            | EventPayload::FunctionCallArgumentsDelta { item, .. } => Some(*item),
+            EventPayload::FunctionCallArgumentsDone(call)
+            | EventPayload::FunctionCallDone(call) => Some(call.item),
             EventPayload::OutputTextDone(closed)
             | EventPayload::ContentPartDone(closed)
             | EventPayload::OutputItemDone(closed) => Some(closed.item),
@@ -265,7 +345,7 @@ mod tests {
 
     #[test]
     fn kinds_round_trip_through_their_names() {
-        assert_eq!(EventKind::ALL.len(), 15);
+        assert_eq!(EventKind::ALL.len(), 19);
         for kind in EventKind::ALL {
             assert_eq!(EventKind::parse(kind.name()), Ok(*kind));
             assert!(kind.name().starts_with("response."), "{kind:?}");

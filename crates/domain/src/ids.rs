@@ -129,6 +129,24 @@ impl ItemId {
     pub fn output_index(&self) -> u32 {
         self.output_index
     }
+
+    /// The item before this one in the same response (`None` for the first).
+    pub fn previous(&self) -> Option<Self> {
+        self.output_index.checked_sub(1).map(|output_index| Self {
+            task: self.task,
+            output_index,
+        })
+    }
+
+    /// The item's id when it is a function call (`fc_…`).
+    pub fn function_call_id(&self) -> String {
+        format!("fc_{}{:02}", self.task, self.output_index)
+    }
+
+    /// The id of the call the item is (`call_…`), which a tool's answer names.
+    pub fn call_id(&self) -> String {
+        format!("call_{}{:02}", self.task, self.output_index)
+    }
 }
 
 impl fmt::Display for ItemId {
@@ -174,6 +192,10 @@ mod tests {
         assert!(first.contains(&task.ulid().to_string()));
         assert_ne!(first, ItemId::of(task, 1).to_string());
         assert_eq!(ItemId::of(task, 3).output_index(), 3);
+        let call = ItemId::of(task, 1);
+        assert!(call.function_call_id().starts_with("fc_"));
+        assert!(call.call_id().starts_with("call_"));
+        assert_ne!(call.call_id(), ItemId::of(task, 2).call_id());
     }
 
     #[test]

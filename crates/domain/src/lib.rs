@@ -19,6 +19,7 @@ pub mod resume;
 pub mod status;
 pub mod task;
 pub mod time;
+pub mod tools;
 pub mod transition;
 pub mod validation;
 pub mod worker;
@@ -26,7 +27,7 @@ pub mod writes;
 
 pub use cancel::{decide_cancel, CancelDecision, CancelReply};
 pub use error_code::TaskErrorCode;
-pub use event::{ClosedItem, Event, EventKind, EventPayload, QueueReason};
+pub use event::{CallItem, ClosedItem, Event, EventKind, EventPayload, QueueReason};
 pub use ids::{ClientId, InstanceId, ItemId, MalformedId, ResponseId, ServiceId, TaskId};
 pub use model::{
     Digest, EngineKind, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource,
@@ -39,5 +40,9 @@ pub use task::{
     TaskError, TaskSpec, Usage,
 };
 pub use time::Timestamp;
+pub use tools::{
+    Controls, FunctionTool, JsonText, Logprob, OutputFormat, Penalty, TokenLogprob, ToolCall,
+    ToolChoice, TopLogprob,
+};
 pub use transition::{advance, advance_all, transition, Advanced, Refusal, Step, StepKind};
 pub use validation::{SubmitDraft, SubmitRequest};

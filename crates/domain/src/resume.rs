@@ -1,37 +1,146 @@
-//! Where a resumed run continues (I-6): its snapshot's engine state, and the text of the deltas
-//! that snapshot covers, read from the task's log.
+//! Where a resumed run continues (I-6): its snapshot's engine state, and the text and calls of
+//! the events that snapshot covers, read from the task's log.
 
-use crate::event::{Event, EventPayload};
+use crate::event::{CallItem, Event, EventPayload};
+use crate::ids::ItemId;
 use crate::ports::{ResumePoint, Snapshot};
 use crate::task::Task;
 
 /// The resume point of `task` from its `snapshot` and its log from the first event (`log` may go
 /// on past the snapshot; what follows it is not read).
 ///
-/// The text is that of the deltas of the open output item up to the snapshot's last event. A
-/// task without an open item (one the first release wrote) has the text of the deltas after its
-/// last `response.queued` up to the snapshot: its run's, since each restart queued it again.
+/// The text is that of the deltas of the open output item up to the snapshot's last event (or,
+/// when the run went on to make calls, of its message). A task without an open item (one the
+/// first release wrote) has the text of the deltas after its last `response.queued` up to the
+/// snapshot: its run's, since each restart queued it again.
 pub fn resume_point<'a>(
     task: &Task,
     snapshot: Snapshot,
     log: impl IntoIterator<Item = &'a Event>,
 ) -> ResumePoint {
+    let so_far = run_so_far(task, snapshot.sequence_number, log);
+    ResumePoint {
+        state: snapshot.state,
+        text_so_far: so_far.text,
+    }
+}
+
+/// What a run had produced up to an event of its log: its message's text and its function calls
+/// (the last one's arguments as far as they go, when `call_open`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunSoFar {
+    /// The message's text.
+    pub text: String,
+    /// The calls, in order.
+    pub calls: Vec<CallItem>,
+    /// Whether the last call's arguments were still being written.
+    pub call_open: bool,
+}
+
+impl RunSoFar {
+    /// Follows one event of the run's own log (a worker following what it writes).
+    pub fn follow(&mut self, payload: &EventPayload) {
+        match payload {
+            EventPayload::FunctionCallAdded { item, name } => {
+                self.calls.push(CallItem {
+                    item: *item,
+                    name: name.clone(),
+                    arguments: String::new(),
+                });
+                self.call_open = true;
+            }
+            EventPayload::FunctionCallArgumentsDelta { delta, .. } => {
+                if let Some(call) = self.calls.last_mut() {
+                    call.arguments.push_str(delta);
+                }
+            }
+            EventPayload::FunctionCallDone(done) => {
+                if let Some(call) = self.calls.last_mut() {
+                    call.arguments.clone_from(&done.arguments);
+                }
+                self.call_open = false;
+            }
+            payload => {
+                if let Some((_, delta)) = payload.text_delta() {
+                    self.text.push_str(delta);
+                }
+            }
+        }
+    }
+}
+
+/// What the run of `task` that the events up to `up_to` belong to had produced (see
+/// [`resume_point`] for which run that is).
+pub fn run_so_far<'a>(
+    task: &Task,
+    up_to: u64,
+    log: impl IntoIterator<Item = &'a Event>,
+) -> RunSoFar {
     let open = task.items.open_item(task.id);
-    let mut text = String::new();
+    // The first item the current run opened: items before it are earlier runs'.
+    let mut first_of_run: Option<u32> = None;
+    let mut deltas: Vec<(ItemId, &str)> = Vec::new();
+    let mut calls: Vec<CallItem> = Vec::new();
+    let mut call_open = false;
     for event in log {
-        if event.sequence_number > snapshot.sequence_number {
+        if event.sequence_number > up_to {
             break;
         }
         match &event.payload {
-            EventPayload::Queued { .. } if open.is_none() => text.clear(),
-            EventPayload::OutputTextDelta { item, delta } if open.is_none_or(|o| o == *item) => {
-                text.push_str(delta);
+            EventPayload::Queued { .. } => {
+                first_of_run = None;
+                if open.is_none() {
+                    deltas.clear();
+                    calls.clear();
+                    call_open = false;
+                }
             }
-            _ => {}
+            EventPayload::OutputItemAdded { item } => {
+                first_of_run.get_or_insert(item.output_index());
+            }
+            EventPayload::FunctionCallAdded { item, name } => {
+                first_of_run.get_or_insert(item.output_index());
+                calls.push(CallItem {
+                    item: *item,
+                    name: name.clone(),
+                    arguments: String::new(),
+                });
+                call_open = true;
+            }
+            EventPayload::FunctionCallArgumentsDelta { item, delta } => {
+                if let Some(call) = calls.iter_mut().rev().find(|call| call.item == *item) {
+                    call.arguments.push_str(delta);
+                }
+            }
+            EventPayload::FunctionCallDone(done) => {
+                if let Some(call) = calls.iter_mut().rev().find(|call| call.item == done.item) {
+                    call.arguments.clone_from(&done.arguments);
+                }
+                call_open = false;
+            }
+            payload => {
+                if let Some(delta) = payload.text_delta() {
+                    deltas.push(delta);
+                }
+            }
         }
     }
-    ResumePoint {
-        state: snapshot.state,
-        text_so_far: text,
+    let belongs = |item: ItemId| match open {
+        None => true,
+        Some(open) => {
+            item == open || first_of_run.is_some_and(|first| item.output_index() >= first)
+        }
+    };
+    let text = deltas
+        .into_iter()
+        .filter(|(item, _)| belongs(*item))
+        .map(|(_, delta)| delta)
+        .collect();
+    calls.retain(|call| belongs(call.item));
+    let call_open = call_open && !calls.is_empty();
+    RunSoFar {
+        text,
+        calls,
+        call_open,
     }
 }

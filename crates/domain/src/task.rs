@@ -6,12 +6,13 @@ use std::sync::Arc;
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::error_code::TaskErrorCode;
-use crate::event::EventPayload;
+use crate::event::{CallItem, EventPayload};
 use crate::ids::{ClientId, InstanceId, ItemId, ResponseId, TaskId};
 use crate::model::ModelId;
 use crate::recovery::RestartPolicy;
 use crate::status::TaskStatus;
 use crate::time::Timestamp;
+use crate::tools::{Controls, ToolCall};
 
 /// Free-form string pairs a client attaches to a task (at most 16; see validation).
 pub type Metadata = BTreeMap<String, String>;
@@ -30,6 +31,8 @@ pub enum Role {
     User,
     /// The model's earlier turn.
     Assistant,
+    /// A tool's answer to a call of the assistant (`tool_call_id` names the call).
+    Tool,
 }
 
 impl Role {
@@ -51,6 +54,22 @@ pub struct Message {
     pub role: Role,
     /// What is said.
     pub content: String,
+    /// The calls an `assistant` turn made (empty for any other role).
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers (`None` for any other role).
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message of `role` saying `content`, with no tool calls.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
 }
 
 /// What the model is asked: a plain prompt or a conversation.
@@ -66,10 +85,7 @@ impl Input {
     /// The input as messages: a prompt is one `user` message.
     pub fn messages(&self) -> Vec<Message> {
         match self {
-            Input::Text(text) => vec![Message {
-                role: Role::User,
-                content: text.clone(),
-            }],
+            Input::Text(text) => vec![Message::new(Role::User, text.clone())],
             Input::Messages(messages) => messages.clone(),
         }
     }
@@ -114,6 +130,8 @@ pub struct TaskSpec {
     pub top_p: Option<Fraction>,
     /// The response whose conversation this one continues, as the request named it.
     pub previous_response_id: Option<ResponseId>,
+    /// Tools, the output's format, stop strings, penalties and log probabilities.
+    pub controls: Controls,
 }
 
 impl TaskSpec {
@@ -122,10 +140,7 @@ impl TaskSpec {
     pub fn conversation(&self) -> Vec<Message> {
         let mut messages = Vec::new();
         if let Some(instructions) = &self.instructions {
-            messages.push(Message {
-                role: Role::System,
-                content: instructions.clone(),
-            });
+            messages.push(Message::new(Role::System, instructions.clone()));
         }
         messages.extend(self.input.messages());
         messages
@@ -349,6 +364,9 @@ pub struct Response {
     pub model: ModelId,
     /// The generated text: the deltas after the last `response.queued`, joined.
     pub output_text: String,
+    /// The function calls the run made after its text, in order (each an output item of its
+    /// own); empty when it made none.
+    pub calls: Vec<CallItem>,
     /// Token counts.
     pub usage: Usage,
     /// When its task was created.

@@ -9,12 +9,13 @@
 //! exactly what they return, so there is one place where the rules live.
 
 use crate::cancel::decide_cancel;
-use crate::event::{ClosedItem, Event, EventPayload};
-use crate::ids::InstanceId;
+use crate::event::{CallItem, ClosedItem, Event, EventPayload};
+use crate::ids::{InstanceId, ItemId};
 use crate::model::ModelId;
 use crate::status::TaskStatus;
 use crate::task::{ItemStatus, Response, Task, TaskError};
 use crate::time::Timestamp;
+use crate::tools::TokenLogprob;
 
 /// Something that can happen to a task while the service runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +32,31 @@ pub enum Step {
     Output {
         /// The text.
         delta: String,
+    },
+    /// Output with its tokens' log probabilities (`running → running`), like [`Step::Output`].
+    OutputLogprobs {
+        /// The text.
+        delta: String,
+        /// The log probabilities of its tokens.
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// The engine starts a function call (`running → running`): the call opens an item of its
+    /// own after the run's message (which stays open until the completion closes it).
+    CallStarted {
+        /// The function called.
+        name: String,
+    },
+    /// A piece of the open call's arguments (`running → running`).
+    CallArguments {
+        /// The text.
+        delta: String,
+    },
+    /// The open call is complete (`running → running`): its item is closed.
+    CallDone {
+        /// The function called.
+        name: String,
+        /// The whole arguments.
+        arguments: String,
     },
     /// The engine finished (`running → completed`): the item is closed and the response stored.
     Complete {
@@ -92,7 +118,11 @@ impl Step {
         match self {
             Step::Claim { .. } => StepKind::Claim,
             Step::Loaded => StepKind::Loaded,
-            Step::Output { .. } => StepKind::Output,
+            Step::Output { .. }
+            | Step::OutputLogprobs { .. }
+            | Step::CallStarted { .. }
+            | Step::CallArguments { .. }
+            | Step::CallDone { .. } => StepKind::Output,
             Step::Complete { .. } => StepKind::Complete,
             Step::Fail { .. } => StepKind::Fail,
             Step::RequestCancel => StepKind::RequestCancel,
@@ -205,8 +235,8 @@ fn events_of(task: &Task, step: &Step) -> Vec<EventPayload> {
             });
             events
         }
-        Step::Complete { response } => {
-            let mut events = Vec::with_capacity(6);
+        Step::OutputLogprobs { delta, logprobs } => {
+            let mut events = Vec::with_capacity(3);
             let item = match open {
                 Some(item) => item,
                 None => {
@@ -214,14 +244,50 @@ fn events_of(task: &Task, step: &Step) -> Vec<EventPayload> {
                     task.items.next_item(task.id)
                 }
             };
-            let closed = ClosedItem {
+            events.push(EventPayload::OutputTextLogprobs {
                 item,
-                text: response.output_text.clone(),
-                status: ItemStatus::Completed,
+                delta: delta.clone(),
+                logprobs: logprobs.clone(),
+            });
+            events
+        }
+        Step::CallStarted { name } => vec![EventPayload::FunctionCallAdded {
+            item: task.items.next_item(task.id),
+            name: name.clone(),
+        }],
+        Step::CallArguments { delta } => vec![EventPayload::FunctionCallArgumentsDelta {
+            item: open.unwrap_or_else(|| last_item(task)),
+            delta: delta.clone(),
+        }],
+        Step::CallDone { name, arguments } => {
+            let call = CallItem {
+                item: open.unwrap_or_else(|| last_item(task)),
+                name: name.clone(),
+                arguments: arguments.clone(),
             };
-            events.push(EventPayload::OutputTextDone(closed.clone()));
-            events.push(EventPayload::ContentPartDone(closed.clone()));
-            events.push(EventPayload::OutputItemDone(closed));
+            vec![
+                EventPayload::FunctionCallArgumentsDone(call.clone()),
+                EventPayload::FunctionCallDone(call),
+            ]
+        }
+        Step::Complete { response } => {
+            let mut events = Vec::with_capacity(6);
+            // A run that made calls has a message only when it wrote text before them: the item
+            // before its first call, closed now like any message.
+            let item = match (response.calls.first(), open) {
+                (None, Some(item)) => Some(item),
+                (None, None) => {
+                    events.extend(opening());
+                    Some(task.items.next_item(task.id))
+                }
+                (Some(first), _) => first
+                    .item
+                    .previous()
+                    .filter(|_| !response.output_text.is_empty()),
+            };
+            if let Some(item) = item {
+                events.extend(closing(item, &response.output_text));
+            }
             events.push(EventPayload::Completed {
                 response: response.clone(),
             });
@@ -233,6 +299,25 @@ fn events_of(task: &Task, step: &Step) -> Vec<EventPayload> {
         Step::RequestCancel => decide_cancel(task.status).event().into_iter().collect(),
         Step::AcknowledgeCancel => vec![EventPayload::Cancelled],
     }
+}
+
+/// The events that close a message item as completed with `text`.
+fn closing(item: ItemId, text: &str) -> [EventPayload; 3] {
+    let closed = ClosedItem {
+        item,
+        text: text.to_owned(),
+        status: ItemStatus::Completed,
+    };
+    [
+        EventPayload::OutputTextDone(closed.clone()),
+        EventPayload::ContentPartDone(closed.clone()),
+        EventPayload::OutputItemDone(closed),
+    ]
+}
+
+/// The last item `task` opened (the first, when it opened none).
+fn last_item(task: &Task) -> ItemId {
+    ItemId::of(task.id, task.items.opened.saturating_sub(1))
 }
 
 /// A task after permitted steps, and the numbered events to store with it.
@@ -317,7 +402,13 @@ pub(crate) fn apply(task: &Task, decided: Transition, at: Timestamp) -> Advanced
                 next.items.opened += 1;
                 next.items.open = true;
             }
-            EventPayload::OutputItemDone(_) => next.items.open = false,
+            EventPayload::FunctionCallAdded { .. } => {
+                next.items.opened += 1;
+                next.items.open = true;
+            }
+            EventPayload::OutputItemDone(_) | EventPayload::FunctionCallDone(_) => {
+                next.items.open = false;
+            }
             EventPayload::Failed { error } => next.error = Some(error.clone()),
             _ => {}
         }

@@ -9,6 +9,10 @@ use crate::ids::ResponseId;
 use crate::model::ModelId;
 use crate::recovery::RestartPolicy;
 use crate::task::{Fraction, Input, Message, Metadata, Role};
+use crate::tools::{
+    Controls, FunctionTool, OutputFormat, Penalty, ToolCall, ToolChoice, MAX_STOP_STRINGS,
+    MAX_TOP_LOGPROBS,
+};
 
 /// The most metadata pairs a task may carry.
 pub const MAX_METADATA_PAIRS: usize = 16;
@@ -50,6 +54,32 @@ pub struct SubmitDraft {
     pub metadata: Option<Metadata>,
     /// The earlier response this one continues.
     pub previous_response_id: Option<String>,
+    /// Tools, format and sampling controls.
+    pub controls: DraftControls,
+}
+
+/// Tools, the output format and sampling controls as the adapter parsed them: typed (schemas
+/// already parsed and checked as JSON by the adapter), their values not yet checked.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DraftControls {
+    /// The functions the model may call.
+    pub tools: Vec<FunctionTool>,
+    /// Whether and which tool to call (`None`: auto).
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether a run may make several calls (`None`: yes).
+    pub parallel_tool_calls: Option<bool>,
+    /// The output's form.
+    pub format: OutputFormat,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// -2…2.
+    pub presence_penalty: Option<f64>,
+    /// -2…2.
+    pub frequency_penalty: Option<f64>,
+    /// `Some(n)`: log probabilities asked for, with `n` (0…20) alternatives.
+    pub top_logprobs: Option<u64>,
+    /// How many choices (only 1).
+    pub n: Option<u64>,
 }
 
 /// The input of a draft.
@@ -74,6 +104,22 @@ pub struct DraftMessage {
     pub role: String,
     /// What is said.
     pub content: String,
+    /// The calls an `assistant` turn made.
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` turn answers.
+    pub tool_call_id: Option<String>,
+}
+
+impl DraftMessage {
+    /// A message with no tool calls.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
 }
 
 /// A validated request for work.
@@ -103,6 +149,8 @@ pub struct SubmitRequest {
     pub metadata: Metadata,
     /// The earlier response whose conversation comes first.
     pub previous_response_id: Option<ResponseId>,
+    /// Tools, format and sampling controls.
+    pub controls: Controls,
 }
 
 /// A rejected request: a message, and the field at fault.
@@ -150,6 +198,7 @@ pub fn validate_submit(draft: SubmitDraft) -> Result<SubmitRequest, ValidationEr
     let temperature = sampling(draft.temperature, "temperature", MAX_TEMPERATURE)?;
     let top_p = sampling(draft.top_p, "top_p", 1.0)?;
     let metadata = validate_metadata(draft.metadata.unwrap_or_default())?;
+    let controls = validate_controls(draft.controls)?;
     let previous_response_id = draft
         .previous_response_id
         .map(|id| {
@@ -174,7 +223,124 @@ pub fn validate_submit(draft: SubmitDraft) -> Result<SubmitRequest, ValidationEr
         top_p,
         metadata,
         previous_response_id,
+        controls,
     })
+}
+
+/// Whether `name` may name a function or a format: 1–64 of `a-z A-Z 0-9 _ -`.
+pub fn is_valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn penalty(value: Option<f64>, param: &str) -> Result<Option<Penalty>, ValidationError> {
+    value
+        .map(|value| {
+            Penalty::new(value)
+                .ok_or_else(|| invalid(param, format!("`{param}` must be a number from -2 to 2")))
+        })
+        .transpose()
+}
+
+fn validate_controls(draft: DraftControls) -> Result<Controls, ValidationError> {
+    if draft.n.is_some_and(|n| n != 1) {
+        return Err(invalid("n", "`n` must be 1: LMSP makes one choice"));
+    }
+    for (index, tool) in draft.tools.iter().enumerate() {
+        if !is_valid_name(&tool.name) {
+            return Err(invalid(
+                &format!("tools[{index}].name"),
+                "a function's name is 1–64 letters, digits, `_` or `-`",
+            ));
+        }
+        if draft.tools[..index].iter().any(|t| t.name == tool.name) {
+            return Err(invalid(
+                &format!("tools[{index}].name"),
+                format!("two tools are named `{}`", tool.name),
+            ));
+        }
+    }
+    let tool_choice = draft.tool_choice.unwrap_or_default();
+    match &tool_choice {
+        ToolChoice::Function(name) if !draft.tools.iter().any(|t| &t.name == name) => {
+            return Err(invalid(
+                "tool_choice",
+                format!("`tool_choice` names `{name}`, which is not one of `tools`"),
+            ));
+        }
+        ToolChoice::Required if draft.tools.is_empty() => {
+            return Err(invalid(
+                "tool_choice",
+                "`tool_choice` is `required` but there are no `tools`",
+            ));
+        }
+        _ => {}
+    }
+    if let OutputFormat::JsonSchema { name, .. } = &draft.format {
+        if !is_valid_name(name) {
+            return Err(invalid(
+                "text.format.name",
+                "a format's name is 1–64 letters, digits, `_` or `-`",
+            ));
+        }
+    }
+    if draft.stop.len() > MAX_STOP_STRINGS {
+        return Err(invalid("stop", "`stop` holds at most 4 strings"));
+    }
+    if draft.stop.iter().any(String::is_empty) {
+        return Err(invalid("stop", "stop strings must not be empty"));
+    }
+    let top_logprobs = match draft.top_logprobs {
+        None => None,
+        Some(n) if n <= u64::from(MAX_TOP_LOGPROBS) => u8::try_from(n).ok(),
+        Some(_) => {
+            return Err(invalid(
+                "top_logprobs",
+                "`top_logprobs` must be an integer from 0 to 20",
+            ))
+        }
+    };
+    Ok(Controls {
+        tools: draft.tools,
+        tool_choice,
+        parallel_tool_calls: draft.parallel_tool_calls.unwrap_or(true),
+        format: draft.format,
+        stop: draft.stop,
+        presence_penalty: penalty(draft.presence_penalty, "presence_penalty")?,
+        frequency_penalty: penalty(draft.frequency_penalty, "frequency_penalty")?,
+        top_logprobs,
+    })
+}
+
+/// Checks that every `tool` message of a conversation answers a call an earlier `assistant`
+/// message made (by `call_id`); the param names the first that does not.
+pub fn check_tool_answers(input: &Input) -> Result<(), ValidationError> {
+    let Input::Messages(messages) = input else {
+        return Ok(());
+    };
+    for (index, message) in messages.iter().enumerate() {
+        if message.role != Role::Tool {
+            continue;
+        }
+        let answered = message.tool_call_id.as_deref().is_some_and(|id| {
+            messages[..index]
+                .iter()
+                .flat_map(|earlier| &earlier.tool_calls)
+                .any(|call| call.call_id == id)
+        });
+        if !answered {
+            return Err(invalid(
+                &format!("input[{index}].call_id"),
+                format!(
+                    "no earlier function call has the call id `{}`",
+                    message.tool_call_id.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn sampling(
@@ -207,12 +373,14 @@ fn validate_input(input: DraftInput) -> Result<Input, ValidationError> {
                 let role = Role::parse(&item.role).ok_or_else(|| {
                     invalid(
                         &format!("input[{index}].role"),
-                        "`role` must be system, developer, user or assistant",
+                        "`role` must be system, developer, user, assistant or tool",
                     )
                 })?;
                 Ok(Message {
                     role,
                     content: item.content,
+                    tool_calls: item.tool_calls,
+                    tool_call_id: item.tool_call_id,
                 })
             })
             .collect::<Result<Vec<_>, _>>()
@@ -288,10 +456,7 @@ mod tests {
     #[test]
     fn defaults_fill_what_is_left_out() {
         let request = validate_submit(SubmitDraft {
-            input: DraftInput::Messages(vec![DraftMessage {
-                role: "developer".into(),
-                content: "hi".into(),
-            }]),
+            input: DraftInput::Messages(vec![DraftMessage::new("developer", "hi")]),
             instructions: Some(String::new()),
             ..draft()
         })
@@ -302,20 +467,14 @@ mod tests {
         assert_eq!(request.instructions, None, "empty instructions are none");
         assert_eq!(
             request.input,
-            Input::Messages(vec![Message {
-                role: Role::Developer,
-                content: "hi".into()
-            }])
+            Input::Messages(vec![Message::new(Role::Developer, "hi")])
         );
     }
 
     /// I-9: every value rule rejects with the field it names.
     #[test]
     fn each_broken_rule_names_its_field_i9() {
-        let message = |role: &str| DraftMessage {
-            role: role.into(),
-            content: "x".into(),
-        };
+        let message = |role: &str| DraftMessage::new(role, "x");
         let cases: Vec<(SubmitDraft, &str)> = vec![
             (
                 SubmitDraft {

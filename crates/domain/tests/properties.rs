@@ -1354,10 +1354,7 @@ fn expected_request(draft: &SubmitDraft) -> SubmitRequest {
             DraftInput::Messages(messages) => Input::Messages(
                 messages
                     .iter()
-                    .map(|m| Message {
-                        role: role(&m.role),
-                        content: m.content.clone(),
-                    })
+                    .map(|m| Message::new(role(&m.role), m.content.clone()))
                     .collect(),
             ),
         },
@@ -1379,6 +1376,7 @@ fn expected_request(draft: &SubmitDraft) -> SubmitRequest {
             .previous_response_id
             .as_deref()
             .map(|id| ResponseId::parse(id).unwrap()),
+        controls: Default::default(),
     }
 }
 
@@ -1391,10 +1389,7 @@ fn valid_input() -> impl Strategy<Value = DraftInput> {
     prop_oneof![
         "[a-zA-Z ]{0,12}[a-z][a-zA-Z ]{0,12}".prop_map(DraftInput::Text),
         proptest::collection::vec(
-            (role, ".{0,10}").prop_map(|(role, content)| DraftMessage {
-                role: role.into(),
-                content
-            }),
+            (role, ".{0,10}").prop_map(|(role, content)| DraftMessage::new(role, content)),
             1..4
         )
         .prop_map(DraftInput::Messages),
@@ -1475,6 +1470,7 @@ prop_compose! {
             top_p,
             metadata,
             previous_response_id,
+            controls: Default::default(),
         }
     }
 }
@@ -1541,7 +1537,7 @@ prop_compose! {
                 (prop_oneof![
                     select(vec!["system", "user", "bot", "User", ""]).prop_map(String::from),
                     any::<String>(),
-                ], any_text()).prop_map(|(role, content)| DraftMessage { role, content }),
+                ], any_text()).prop_map(|(role, content)| DraftMessage::new(role, content)),
                 0..4,
             ).prop_map(DraftInput::Messages),
         ]),
@@ -1654,7 +1650,7 @@ fn any_breakage() -> impl Strategy<Value = Breakage> {
         Just(Breakage::Model("x".repeat(129))),
         select(vec!["", " ", "\t\n"]).prop_map(|t| Breakage::BlankInput(t.into())),
         Just(Breakage::NoMessages),
-        (0usize..3, select(vec!["bot", "User", "", "tool"])).prop_map(|(index, role)| {
+        (0usize..3, select(vec!["bot", "User", "", "function"])).prop_map(|(index, role)| {
             Breakage::Role {
                 index,
                 role: role.into(),
@@ -1694,10 +1690,7 @@ fn break_one_rule(draft: &mut SubmitDraft, breakage: Breakage) -> String {
         }
         Breakage::Role { index, role } => {
             let mut messages: Vec<DraftMessage> = (0..=index)
-                .map(|_| DraftMessage {
-                    role: "user".into(),
-                    content: "hi".into(),
-                })
+                .map(|_| DraftMessage::new("user", "hi"))
                 .collect();
             messages[index].role = role;
             draft.input = DraftInput::Messages(messages);

@@ -54,6 +54,7 @@ fn job(model: &ModelToLoad, tokens: u32, resume: Option<ResumePoint>) -> Generat
             temperature: Fraction::new(1.0),
             top_p: None,
             previous_response_id: None,
+        controls: Default::default(),
         }),
         resume,
     }
@@ -75,6 +76,7 @@ async fn timed(
                 deltas.push((text, state));
             }
             GenerationItem::Finished { .. } => break,
+            _ => {}
         }
     }
     (first.unwrap_or_default(), start.elapsed(), deltas)

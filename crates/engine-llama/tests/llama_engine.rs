@@ -77,6 +77,7 @@ fn spec(input: Input, max: u32, seed: u64, temperature: Option<f64>) -> Arc<Task
         temperature: temperature.and_then(Fraction::new),
         top_p: None,
         previous_response_id: None,
+    controls: Default::default(),
     })
 }
 
@@ -98,6 +99,7 @@ async fn collect(mut generation: Box<dyn Generation>) -> (Vec<(String, Vec<u8>)>
                 assert_eq!(generation.next_item().await.unwrap(), None);
                 return (deltas, usage);
             }
+            Some(other) => panic!("a plain run sends no {other:?}"),
             None => panic!("the generation ended without finishing"),
         }
     }
@@ -215,18 +217,9 @@ async fn usage_counts_the_prompt_tokens_of_the_whole_conversation() {
     let engine = engine();
     let mut spec = (*spec(
         Input::Messages(vec![
-            Message {
-                role: Role::User,
-                content: "count".into(),
-            },
-            Message {
-                role: Role::Assistant,
-                content: "ok".into(),
-            },
-            Message {
-                role: Role::User,
-                content: "go on".into(),
-            },
+            Message::new(Role::User, "count"),
+            Message::new(Role::Assistant, "ok"),
+            Message::new(Role::User, "go on"),
         ]),
         5,
         0,
@@ -375,6 +368,7 @@ async fn dropped_pulls_lose_nothing() {
             Ok(item) => match item.unwrap() {
                 Some(GenerationItem::Delta { text, state }) => deltas.push((text, state)),
                 Some(GenerationItem::Finished { usage }) => break usage,
+                Some(other) => panic!("a plain run sends no {other:?}"),
                 None => panic!("ended without finishing"),
             },
         }
@@ -450,6 +444,7 @@ async fn several_generations_run_at_once() {
             match generation.next_item().await.unwrap() {
                 Some(GenerationItem::Delta { text, .. }) => texts[i].push_str(&text),
                 Some(GenerationItem::Finished { usage }) => done[i] = Some(usage),
+                Some(other) => panic!("a plain run sends no {other:?}"),
                 None => panic!("ended without finishing"),
             }
         }

@@ -24,6 +24,7 @@ async fn run(engine: &LlamaEngine, job: GenerationJob) -> (Vec<(String, Vec<u8>)
         match generation.next_item().await.unwrap() {
             Some(GenerationItem::Delta { text, state }) => deltas.push((text, state)),
             Some(GenerationItem::Finished { usage }) => return (deltas, usage),
+            Some(other) => panic!("a plain run sends no {other:?}"),
             None => panic!("ended without finishing"),
         }
     }
@@ -72,6 +73,7 @@ proptest! {
             temperature: temperature.and_then(Fraction::new),
             top_p: top_p.and_then(Fraction::new),
             previous_response_id: None,
+        controls: Default::default(),
         });
         let job = |resume| GenerationJob { model: model.clone(), spec: Arc::clone(&spec), resume };
         let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -197,7 +197,31 @@ fn role_name(role: Role) -> &'static str {
         Role::System | Role::Developer => "system",
         Role::User => "user",
         Role::Assistant => "assistant",
+        Role::Tool => "tool",
     }
+}
+
+/// A message in Chat Completions' shape: an assistant's calls as `tool_calls`, a tool's answer
+/// with its `tool_call_id`.
+fn message_json(message: &Message) -> Value {
+    let mut json = json!({"role": role_name(message.role), "content": message.content});
+    if !message.tool_calls.is_empty() {
+        json["tool_calls"] = message
+            .tool_calls
+            .iter()
+            .map(|call| {
+                json!({
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                })
+            })
+            .collect();
+    }
+    if let Some(id) = &message.tool_call_id {
+        json["tool_call_id"] = json!(id);
+    }
+    json
 }
 
 /// The chat messages for a job: its conversation, and when resuming, the text so far as the
@@ -205,7 +229,7 @@ fn role_name(role: Role) -> &'static str {
 fn messages(conversation: &[Message], text_so_far: Option<&str>) -> Vec<Value> {
     let mut messages: Vec<Value> = conversation
         .iter()
-        .map(|m| json!({"role": role_name(m.role), "content": m.content}))
+        .map(message_json)
         .collect();
     if let Some(text) = text_so_far.filter(|t| !t.is_empty()) {
         messages.push(json!({"role": "assistant", "content": text}));

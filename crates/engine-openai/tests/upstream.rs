@@ -134,6 +134,7 @@ fn job(max_output_tokens: u32, resume: Option<ResumePoint>) -> GenerationJob {
             temperature: lmsp_domain::task::Fraction::new(0.5),
             top_p: None,
             previous_response_id: None,
+        controls: Default::default(),
         }),
         resume,
     }
@@ -158,7 +159,7 @@ fn text(items: &[GenerationItem]) -> String {
         .iter()
         .filter_map(|item| match item {
             GenerationItem::Delta { text, .. } => Some(text.as_str()),
-            GenerationItem::Finished { .. } => None,
+            _ => None,
         })
         .collect()
 }
@@ -434,7 +435,7 @@ async fn a_resume_on_llama_cpp_continues_the_templated_prompt_and_counts_its_tok
             GenerationItem::Delta { state, .. } => {
                 Some(u64::from_le_bytes(state.as_slice().try_into().unwrap()))
             }
-            GenerationItem::Finished { .. } => None,
+            _ => None,
         })
         .collect();
     assert_eq!(states, [7, 10], "6 before, then llama.cpp's own counts");

@@ -11,11 +11,12 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use lmsp_domain::event::{ClosedItem, Event, EventKind, EventPayload, QueueReason};
+use lmsp_domain::event::{CallItem, ClosedItem, Event, EventKind, EventPayload, QueueReason};
 use lmsp_domain::ids::{ItemId, TaskId};
 use lmsp_domain::model::ModelId;
 use lmsp_domain::task::{ItemStatus, Response, Task};
 use lmsp_domain::time::Timestamp;
+use lmsp_domain::tools::{Logprob, TokenLogprob, TopLogprob};
 
 use crate::{corrupt, error_from_text, error_to_text, from_i64, to_i64, DbError};
 
@@ -24,7 +25,11 @@ use crate::{corrupt, error_from_text, error_to_text, from_i64, to_i64, DbError};
 pub struct EventCode;
 
 impl EventCode {
-    const KINDS: [(EventKind, i64); 15] = [
+    /// The code of a `response.output_text.delta` that carries log probabilities (its data is a
+    /// document, not the bare text).
+    pub const DELTA_WITH_LOGPROBS: i64 = 20;
+
+    const KINDS: [(EventKind, i64); 20] = [
         (EventKind::Created, 1),
         (EventKind::Loading, 2),
         (EventKind::InProgress, 3),
@@ -40,9 +45,22 @@ impl EventCode {
         (EventKind::OutputTextDone, 13),
         (EventKind::ContentPartDone, 14),
         (EventKind::OutputItemDone, 15),
+        (EventKind::FunctionCallAdded, 16),
+        (EventKind::FunctionCallArgumentsDelta, 17),
+        (EventKind::FunctionCallArgumentsDone, 18),
+        (EventKind::FunctionCallDone, 19),
+        (EventKind::OutputTextDelta, Self::DELTA_WITH_LOGPROBS),
     ];
 
-    /// The code of a kind.
+    /// The code of an event's row: its kind's, but for a delta with log probabilities.
+    pub fn of_payload(payload: &EventPayload) -> i64 {
+        match payload {
+            EventPayload::OutputTextLogprobs { .. } => Self::DELTA_WITH_LOGPROBS,
+            other => Self::of(other.kind()),
+        }
+    }
+
+    /// The code of a kind (a plain delta's, for [`EventKind::OutputTextDelta`]).
     pub fn of(kind: EventKind) -> i64 {
         Self::KINDS
             .iter()
@@ -66,6 +84,86 @@ struct IncompleteItem {
     text: String,
 }
 
+/// The data of a delta with log probabilities.
+#[derive(Debug, Serialize, Deserialize)]
+struct LogprobsDelta {
+    text: String,
+    logprobs: Vec<TokenDoc>,
+}
+
+/// One token's log probability (short names: there is one per token).
+#[derive(Debug, Serialize, Deserialize)]
+struct TokenDoc {
+    t: String,
+    b: Vec<u8>,
+    l: f64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    top: Vec<TokenDoc>,
+}
+
+fn token_doc(token: &str, bytes: &[u8], logprob: Logprob) -> TokenDoc {
+    TokenDoc {
+        t: token.to_owned(),
+        b: bytes.to_vec(),
+        l: logprob.get(),
+        top: Vec::new(),
+    }
+}
+
+fn logprob_of(value: f64) -> Result<Logprob, DbError> {
+    Logprob::new(value).ok_or_else(|| corrupt(format!("a log probability of {value}")))
+}
+
+fn tokens_to_docs(tokens: &[TokenLogprob]) -> Vec<TokenDoc> {
+    tokens
+        .iter()
+        .map(|token| TokenDoc {
+            top: token
+                .top
+                .iter()
+                .map(|top| token_doc(&top.token, &top.bytes, top.logprob))
+                .collect(),
+            ..token_doc(&token.token, &token.bytes, token.logprob)
+        })
+        .collect()
+}
+
+fn tokens_from_docs(docs: Vec<TokenDoc>) -> Result<Vec<TokenLogprob>, DbError> {
+    docs.into_iter()
+        .map(|doc| {
+            Ok(TokenLogprob {
+                logprob: logprob_of(doc.l)?,
+                top: doc
+                    .top
+                    .into_iter()
+                    .map(|top| {
+                        Ok(TopLogprob {
+                            logprob: logprob_of(top.l)?,
+                            token: top.t,
+                            bytes: top.b,
+                        })
+                    })
+                    .collect::<Result<_, DbError>>()?,
+                token: doc.t,
+                bytes: doc.b,
+            })
+        })
+        .collect()
+}
+
+/// The data of a function call's start.
+#[derive(Debug, Serialize, Deserialize)]
+struct CallStart {
+    name: String,
+}
+
+/// The data of a function call's end.
+#[derive(Debug, Serialize, Deserialize)]
+struct CallDoc {
+    name: String,
+    arguments: String,
+}
+
 /// An event's data in its stored form.
 pub fn event_data(payload: &EventPayload) -> Result<Cow<'_, str>, DbError> {
     Ok(match payload {
@@ -85,7 +183,23 @@ pub fn event_data(payload: &EventPayload) -> Result<Cow<'_, str>, DbError> {
             })?),
         },
         EventPayload::Loading { model } => Cow::Borrowed(model.as_str()),
-        EventPayload::OutputTextDelta { delta, .. } => Cow::Borrowed(delta.as_str()),
+        EventPayload::OutputTextDelta { delta, .. }
+        | EventPayload::FunctionCallArgumentsDelta { delta, .. } => Cow::Borrowed(delta.as_str()),
+        EventPayload::OutputTextLogprobs {
+            delta, logprobs, ..
+        } => Cow::Owned(serde_json::to_string(&LogprobsDelta {
+            text: delta.clone(),
+            logprobs: tokens_to_docs(logprobs),
+        })?),
+        EventPayload::FunctionCallAdded { name, .. } => {
+            Cow::Owned(serde_json::to_string(&CallStart { name: name.clone() })?)
+        }
+        EventPayload::FunctionCallArgumentsDone(call) | EventPayload::FunctionCallDone(call) => {
+            Cow::Owned(serde_json::to_string(&CallDoc {
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            })?)
+        }
         EventPayload::Queued { reason } => Cow::Owned(serde_json::to_string(reason.as_str())?),
         EventPayload::Resumed {
             from_sequence_number,
@@ -144,7 +258,7 @@ impl<'a> EventRow<'a> {
     pub fn encode(event: &'a Event) -> Result<Self, DbError> {
         Ok(EventRow {
             sequence_number: to_i64(event.sequence_number)?,
-            code: EventCode::of(event.kind()),
+            code: EventCode::of_payload(&event.payload),
             created_at: event.created_at.as_millis(),
             data: event_data(&event.payload)?,
             item: event
@@ -211,6 +325,27 @@ impl<'a> EventRow<'a> {
                 })
             }
         };
+        let call = |data: &str| -> Result<CallItem, DbError> {
+            let doc: CallDoc = serde_json::from_str(data)?;
+            Ok(CallItem {
+                item,
+                name: doc.name,
+                arguments: doc.arguments,
+            })
+        };
+        if self.code == EventCode::DELTA_WITH_LOGPROBS {
+            let doc: LogprobsDelta = serde_json::from_str(&data)?;
+            return Ok(Event {
+                task_id,
+                sequence_number: from_i64(self.sequence_number)?,
+                created_at: Timestamp::from_millis(self.created_at),
+                payload: EventPayload::OutputTextLogprobs {
+                    item,
+                    delta: doc.text,
+                    logprobs: tokens_from_docs(doc.logprobs)?,
+                },
+            });
+        }
         let payload = match EventCode::kind(self.code)? {
             EventKind::Created => EventPayload::Created {
                 task: Box::new(task()?.as_created()),
@@ -243,6 +378,20 @@ impl<'a> EventRow<'a> {
                 error: error_from_text(&data)?,
             },
             EventKind::Cancelled => EventPayload::Cancelled,
+            EventKind::FunctionCallAdded => {
+                let start: CallStart = serde_json::from_str(&data)?;
+                EventPayload::FunctionCallAdded {
+                    item,
+                    name: start.name,
+                }
+            }
+            EventKind::FunctionCallArgumentsDelta => {
+                EventPayload::FunctionCallArgumentsDelta { item, delta: data }
+            }
+            EventKind::FunctionCallArgumentsDone => {
+                EventPayload::FunctionCallArgumentsDone(call(&data)?)
+            }
+            EventKind::FunctionCallDone => EventPayload::FunctionCallDone(call(&data)?),
         };
         Ok(Event {
             task_id,
@@ -263,11 +412,65 @@ mod tests {
     #[test]
     fn every_kind_keeps_its_stored_code_and_no_code_is_shared() {
         for (kind, code) in EventCode::KINDS {
-            assert_eq!(EventCode::of(kind), code);
+            if code != EventCode::DELTA_WITH_LOGPROBS {
+                assert_eq!(EventCode::of(kind), code);
+            }
             assert_eq!(EventCode::kind(code).unwrap(), kind);
         }
         assert_eq!(EventCode::of(EventKind::OutputItemDone), 15);
+        assert_eq!(EventCode::of(EventKind::OutputTextDelta), 4);
         assert!(EventCode::kind(0).is_err());
-        assert!(EventCode::kind(16).is_err());
+        assert!(EventCode::kind(21).is_err());
+    }
+
+    /// The events of tools and log probabilities read back as written, without other rows.
+    #[test]
+    fn call_and_logprob_events_round_trip_through_their_rows() {
+        let task = TaskId::from_ulid(ulid::Ulid::from_parts(1_700_000_000_000, 9));
+        let item = ItemId::of(task, 1);
+        let token = |text: &str, logprob: f64| TokenLogprob {
+            token: text.into(),
+            bytes: text.as_bytes().to_vec(),
+            logprob: Logprob::new(logprob).unwrap(),
+            top: vec![TopLogprob {
+                token: "x".into(),
+                bytes: b"x".to_vec(),
+                logprob: Logprob::new(-3.5).unwrap(),
+            }],
+        };
+        let call = CallItem {
+            item,
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into(),
+        };
+        let payloads = [
+            EventPayload::OutputTextLogprobs {
+                item,
+                delta: "Hi there".into(),
+                logprobs: vec![token("Hi", -0.25), token(" there", 0.0)],
+            },
+            EventPayload::FunctionCallAdded {
+                item,
+                name: "get_weather".into(),
+            },
+            EventPayload::FunctionCallArgumentsDelta {
+                item,
+                delta: r#"{"ci"#.into(),
+            },
+            EventPayload::FunctionCallArgumentsDone(call.clone()),
+            EventPayload::FunctionCallDone(call),
+        ];
+        for (index, payload) in payloads.into_iter().enumerate() {
+            let event = Event {
+                task_id: task,
+                sequence_number: index as u64 + 5,
+                created_at: Timestamp::from_millis(1_700_000_000_000),
+                payload,
+            };
+            let row = EventRow::encode(&event).unwrap();
+            assert_eq!(row.needs(), Needs::default(), "{:?}", event.kind());
+            let back = row.decode(task, Sources::default()).unwrap();
+            assert_eq!(back, event);
+        }
     }
 }

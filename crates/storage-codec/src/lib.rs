@@ -33,7 +33,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use lmsp_domain::auth::{Scope, Scopes};
-use lmsp_domain::ids::{ResponseId, ServiceId, TaskId};
+use lmsp_domain::event::CallItem;
+use lmsp_domain::ids::{ItemId, ResponseId, ServiceId, TaskId};
+use lmsp_domain::tools::{
+    Controls, FunctionTool, JsonText, OutputFormat, Penalty, ToolCall, ToolChoice,
+};
 use lmsp_domain::model::ModelId;
 use lmsp_domain::ports::ServiceIdentity;
 use lmsp_domain::task::{
@@ -70,6 +74,8 @@ struct SpecDoc {
     top_p: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     previous_response_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    controls: Option<ControlsDoc>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -83,6 +89,157 @@ enum InputDoc {
 struct MessageDoc {
     role: String,
     content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<ToolCallDoc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ToolCallDoc {
+    call_id: String,
+    name: String,
+    arguments: String,
+}
+
+/// `task_specs.spec.controls`: absent in specs stored before tools existed, and when a task
+/// asks for none of them.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct ControlsDoc {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<ToolDoc>,
+    /// `auto`, `none`, `required`, or `function:<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    format: Option<FormatDoc>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    stop: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    top_logprobs: Option<u8>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct ToolDoc {
+    name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parameters: Option<String>,
+    #[serde(default)]
+    strict: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum FormatDoc {
+    JsonObject,
+    JsonSchema {
+        name: String,
+        schema: String,
+        #[serde(default)]
+        strict: bool,
+    },
+}
+
+fn controls_to_doc(controls: &Controls) -> Option<ControlsDoc> {
+    if *controls == Controls::default() {
+        return None;
+    }
+    Some(ControlsDoc {
+        tools: controls
+            .tools
+            .iter()
+            .map(|tool| ToolDoc {
+                name: tool.name.clone(),
+                description: tool.description.clone(),
+                parameters: tool.parameters.as_ref().map(|p| p.as_str().to_owned()),
+                strict: tool.strict,
+            })
+            .collect(),
+        tool_choice: match &controls.tool_choice {
+            ToolChoice::Auto => None,
+            ToolChoice::None => Some("none".into()),
+            ToolChoice::Required => Some("required".into()),
+            ToolChoice::Function(name) => Some(format!("function:{name}")),
+        },
+        parallel_tool_calls: (!controls.parallel_tool_calls).then_some(false),
+        format: match &controls.format {
+            OutputFormat::Text => None,
+            OutputFormat::JsonObject => Some(FormatDoc::JsonObject),
+            OutputFormat::JsonSchema {
+                name,
+                schema,
+                strict,
+            } => Some(FormatDoc::JsonSchema {
+                name: name.clone(),
+                schema: schema.as_str().to_owned(),
+                strict: *strict,
+            }),
+        },
+        stop: controls.stop.clone(),
+        presence_penalty: controls.presence_penalty.map(Penalty::get),
+        frequency_penalty: controls.frequency_penalty.map(Penalty::get),
+        top_logprobs: controls.top_logprobs,
+    })
+}
+
+fn penalty(value: Option<f64>) -> Result<Option<Penalty>, DbError> {
+    value
+        .map(|v| Penalty::new(v).ok_or_else(|| corrupt(format!("a penalty of {v}"))))
+        .transpose()
+}
+
+fn controls_from_doc(doc: Option<ControlsDoc>) -> Result<Controls, DbError> {
+    let Some(doc) = doc else {
+        return Ok(Controls::default());
+    };
+    let tool_choice = match doc.tool_choice.as_deref() {
+        None | Some("auto") => ToolChoice::Auto,
+        Some("none") => ToolChoice::None,
+        Some("required") => ToolChoice::Required,
+        Some(other) => match other.strip_prefix("function:") {
+            Some(name) => ToolChoice::Function(name.to_owned()),
+            None => return Err(corrupt(format!("a tool choice `{other}`"))),
+        },
+    };
+    Ok(Controls {
+        tools: doc
+            .tools
+            .into_iter()
+            .map(|tool| FunctionTool {
+                name: tool.name,
+                description: tool.description,
+                parameters: tool.parameters.map(JsonText::parsed),
+                strict: tool.strict,
+            })
+            .collect(),
+        tool_choice,
+        parallel_tool_calls: doc.parallel_tool_calls.unwrap_or(true),
+        format: match doc.format {
+            None => OutputFormat::Text,
+            Some(FormatDoc::JsonObject) => OutputFormat::JsonObject,
+            Some(FormatDoc::JsonSchema {
+                name,
+                schema,
+                strict,
+            }) => OutputFormat::JsonSchema {
+                name,
+                schema: JsonText::parsed(schema),
+                strict,
+            },
+        },
+        stop: doc.stop,
+        presence_penalty: penalty(doc.presence_penalty)?,
+        frequency_penalty: penalty(doc.frequency_penalty)?,
+        top_logprobs: doc.top_logprobs,
+    })
 }
 
 /// Encodes a task's spec.
@@ -95,6 +252,16 @@ pub fn spec_to_text(spec: &TaskSpec) -> Result<String, DbError> {
                 .map(|m| MessageDoc {
                     role: m.role.as_str().to_owned(),
                     content: m.content.clone(),
+                    tool_calls: m
+                        .tool_calls
+                        .iter()
+                        .map(|call| ToolCallDoc {
+                            call_id: call.call_id.clone(),
+                            name: call.name.clone(),
+                            arguments: call.arguments.clone(),
+                        })
+                        .collect(),
+                    tool_call_id: m.tool_call_id.clone(),
                 })
                 .collect(),
         ),
@@ -107,6 +274,7 @@ pub fn spec_to_text(spec: &TaskSpec) -> Result<String, DbError> {
         temperature: spec.temperature.map(Fraction::get),
         top_p: spec.top_p.map(Fraction::get),
         previous_response_id: spec.previous_response_id.map(|id| id.to_string()),
+        controls: controls_to_doc(&spec.controls),
     })?)
 }
 
@@ -129,6 +297,16 @@ pub fn spec_from_text(text: &str) -> Result<Arc<TaskSpec>, DbError> {
                         role: Role::parse(&m.role)
                             .ok_or_else(|| corrupt(format!("a message role `{}`", m.role)))?,
                         content: m.content,
+                        tool_calls: m
+                            .tool_calls
+                            .into_iter()
+                            .map(|call| ToolCall {
+                                call_id: call.call_id,
+                                name: call.name,
+                                arguments: call.arguments,
+                            })
+                            .collect(),
+                        tool_call_id: m.tool_call_id,
                     })
                 })
                 .collect::<Result<_, DbError>>()?,
@@ -145,6 +323,7 @@ pub fn spec_from_text(text: &str) -> Result<Arc<TaskSpec>, DbError> {
             .previous_response_id
             .map(|id| ResponseId::parse(&id).map_err(corrupt))
             .transpose()?,
+        controls: controls_from_doc(doc.controls)?,
     }))
 }
 
@@ -196,9 +375,20 @@ struct ResponseDoc {
     task_id: String,
     model: String,
     output_text: String,
+    /// The run's function calls; absent when it made none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    calls: Vec<CallRowDoc>,
     usage: UsageDoc,
     created_at: i64,
     completed_at: i64,
+}
+
+/// A function call of a stored response: its output index, function and arguments.
+#[derive(Debug, Serialize, Deserialize)]
+struct CallRowDoc {
+    index: u32,
+    name: String,
+    arguments: String,
 }
 
 /// Encodes a stored response.
@@ -208,6 +398,15 @@ pub fn response_to_text(response: &Response) -> Result<String, DbError> {
         task_id: response.task_id.to_string(),
         model: response.model.as_str().to_owned(),
         output_text: response.output_text.clone(),
+        calls: response
+            .calls
+            .iter()
+            .map(|call| CallRowDoc {
+                index: call.item.output_index(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            })
+            .collect(),
         usage: UsageDoc {
             input_tokens: response.usage.input_tokens,
             output_tokens: response.usage.output_tokens,
@@ -221,11 +420,21 @@ pub fn response_to_text(response: &Response) -> Result<String, DbError> {
 /// Decodes a stored response.
 pub fn response_from_text(text: &str) -> Result<Response, DbError> {
     let doc: ResponseDoc = serde_json::from_str(text)?;
+    let task_id = TaskId::parse(&doc.task_id).map_err(corrupt)?;
     Ok(Response {
         id: ResponseId::parse(&doc.id).map_err(corrupt)?,
-        task_id: TaskId::parse(&doc.task_id).map_err(corrupt)?,
+        task_id,
         model: ModelId::parse(&doc.model).map_err(corrupt)?,
         output_text: doc.output_text,
+        calls: doc
+            .calls
+            .into_iter()
+            .map(|call| CallItem {
+                item: ItemId::of(task_id, call.index),
+                name: call.name,
+                arguments: call.arguments,
+            })
+            .collect(),
         usage: Usage {
             input_tokens: doc.usage.input_tokens,
             output_tokens: doc.usage.output_tokens,
@@ -319,11 +528,13 @@ mod tests {
         assert_eq!(spec.max_output_tokens, 2);
         assert_eq!(spec.instructions, None);
         assert_eq!(spec.input.messages()[0].role, Role::System);
+        assert_eq!(spec.controls, Controls::default(), "no controls: the defaults");
         let response = response_from_text(
             r#"{"id":"resp_01M8XY941K0R7DKYWW76TXY2T5","task_id":"task_01M8XY93QXD0N2WZRTYKNEE4XH","model":"reference","output_text":"to read ","usage":{"input_tokens":3,"output_tokens":2},"created_at":1796301164286,"completed_at":1796301164595}"#,
         )
         .unwrap();
         assert_eq!(response.output_text, "to read ");
+        assert!(response.calls.is_empty());
         assert_eq!(response.usage.total_tokens(), 5);
         let error = error_from_text(
             r#"{"code":"model_digest_mismatch","message":"the model file does not match its stored digest"}"#,
@@ -344,10 +555,21 @@ mod tests {
     #[test]
     fn a_full_spec_round_trips() {
         let spec = TaskSpec {
-            input: Input::Messages(vec![Message {
-                role: Role::Developer,
-                content: "x".into(),
-            }]),
+            input: Input::Messages(vec![
+                Message::new(Role::Developer, "x"),
+                Message {
+                    tool_calls: vec![ToolCall {
+                        call_id: "call_1".into(),
+                        name: "get_weather".into(),
+                        arguments: "{}".into(),
+                    }],
+                    ..Message::new(Role::Assistant, "")
+                },
+                Message {
+                    tool_call_id: Some("call_1".into()),
+                    ..Message::new(Role::Tool, "sunny")
+                },
+            ]),
             instructions: Some("Be brief.".into()),
             max_output_tokens: 9,
             seed: 3,
@@ -356,6 +578,25 @@ mod tests {
             previous_response_id: Some(
                 ResponseId::parse("resp_01ARZ3NDEKTSV4RRFFQ69G5FAV").unwrap(),
             ),
+            controls: Controls {
+                tools: vec![FunctionTool {
+                    name: "get_weather".into(),
+                    description: Some("The weather".into()),
+                    parameters: Some(JsonText::parsed(r#"{"type":"object"}"#)),
+                    strict: true,
+                }],
+                tool_choice: ToolChoice::Function("get_weather".into()),
+                parallel_tool_calls: false,
+                format: OutputFormat::JsonSchema {
+                    name: "answer".into(),
+                    schema: JsonText::parsed(r#"{"type":"string"}"#),
+                    strict: true,
+                },
+                stop: vec!["END".into()],
+                presence_penalty: Penalty::new(0.5),
+                frequency_penalty: Penalty::new(-1.0),
+                top_logprobs: Some(3),
+            },
         };
         assert_eq!(
             *spec_from_text(&spec_to_text(&spec).unwrap()).unwrap(),

@@ -20,6 +20,7 @@ use lmsp_domain::ports::{InstanceInfo, ServiceIdentity, Snapshot};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::task::{Input, Metadata, NewTask, Response, Task, TaskError, TaskSpec, Usage};
 use lmsp_domain::time::Timestamp;
+use lmsp_domain::tools::Controls;
 use lmsp_domain::transition::Step;
 use lmsp_domain::TaskErrorCode;
 use ulid::Ulid;
@@ -110,6 +111,7 @@ impl TaskBuilder {
                     temperature: None,
                     top_p: None,
                     previous_response_id: None,
+                    controls: Controls::default(),
                 },
                 metadata: Metadata::new(),
                 created_at: Timestamp::from_millis(id.ulid().timestamp_ms() as i64),
@@ -185,6 +187,7 @@ pub fn response(task: &Task, text: &str, at: Timestamp) -> Response {
         task_id: task.id,
         model: task.model.clone(),
         output_text: text.to_owned(),
+        calls: Vec::new(),
         usage: Usage {
             input_tokens: 3,
             output_tokens: 2,

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 
 use crate::model::ModelToLoad;
 use crate::task::{TaskSpec, Usage};
+use crate::tools::TokenLogprob;
 
 /// Why an engine failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,6 +38,28 @@ pub enum GenerationItem {
         /// The engine state after this text.
         state: Vec<u8>,
     },
+    /// The log probabilities of the tokens of the next [`GenerationItem::Delta`], sent right
+    /// before it, only when the task asks for them (`controls.top_logprobs`).
+    Logprobs {
+        /// One per token of the next delta's text, in order.
+        tokens: Vec<TokenLogprob>,
+    },
+    /// A function call starts (the text so far, if any, is the run's message). Its id is the
+    /// service's (made from the task and the item's place), never the engine's.
+    CallStarted {
+        /// The function called (one of the task's tools).
+        name: String,
+        /// The engine state right after the call's start.
+        state: Vec<u8>,
+    },
+    /// A piece of the open call's arguments (JSON text). The call ends with the next
+    /// `CallStarted`, `Delta` or `Finished`.
+    ArgumentsDelta {
+        /// The text (whole characters).
+        text: String,
+        /// The engine state after this text.
+        state: Vec<u8>,
+    },
     /// The generation finished.
     Finished {
         /// Token counts of the whole output, in the engine's tokens (including any part before a
@@ -60,6 +83,17 @@ pub trait Generation: Send {
     async fn stop(&mut self);
 }
 
+/// A request an engine cannot carry out as asked (a schema keyword it cannot enforce, …): a 400
+/// naming `param`, and nothing created.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Unsupported {
+    /// The field at fault, e.g. `text.format.schema.pattern`.
+    pub param: String,
+    /// Human text.
+    pub message: String,
+}
+
 /// What a generation is asked to do.
 #[derive(Debug, Clone)]
 pub struct GenerationJob {
@@ -67,7 +101,9 @@ pub struct GenerationJob {
     pub model: ModelToLoad,
     /// The task's conversation, budget and sampling.
     pub spec: Arc<TaskSpec>,
-    /// When resuming: the state of the snapshot and the text produced before it.
+    /// When resuming: the state of the snapshot and the text produced before it. The engine's
+    /// state must hold whatever else it needs to continue exactly (e.g. where it is in a call's
+    /// arguments).
     pub resume: Option<ResumePoint>,
 }
 
@@ -98,6 +134,14 @@ pub trait Engine: Send + Sync {
     /// read. An engine in this process is always able, the default.
     async fn health(&self) -> EngineHealth {
         EngineHealth::Ok
+    }
+
+    /// Whether the engine can carry out what `spec` asks (its tools, format and sampling
+    /// controls), checked before the task is created. Cheap and pure; the default takes
+    /// everything.
+    fn check(&self, spec: &TaskSpec) -> Result<(), Unsupported> {
+        let _ = spec;
+        Ok(())
     }
 
     /// Loads a model (a no-op when it is loaded already). The app checks the file against its

@@ -22,6 +22,7 @@ mod tasks;
 pub use clients::{ClientStore, Redemption};
 pub use engine::{
     Engine, EngineError, EngineHealth, Generation, GenerationItem, GenerationJob, ResumePoint,
+    Unsupported,
 };
 pub use files::{ModelFileError, ModelFiles, Progress, VerifiedFile};
 pub use idempotency::{IdempotencyStore, KeyedInsert};

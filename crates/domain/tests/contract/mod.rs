@@ -9,7 +9,7 @@
 // Each test binary that includes this module uses its own part of it.
 #![allow(dead_code)]
 
-use lmsp_domain::event::{ClosedItem, EventKind, EventPayload, QueueReason};
+use lmsp_domain::event::{CallItem, ClosedItem, EventKind, EventPayload, QueueReason};
 use lmsp_domain::ids::{InstanceId, ItemId};
 use lmsp_domain::recovery::{Move, RestartPolicy};
 use lmsp_domain::task::{ItemStatus, Task, TaskError};
@@ -112,6 +112,33 @@ pub fn expected_events(
                 item,
                 delta: delta.clone(),
             });
+        }
+        Step::OutputLogprobs { delta, logprobs } => {
+            let item = item_of_the_run(&mut events);
+            events.push(EventPayload::OutputTextLogprobs {
+                item,
+                delta: delta.clone(),
+                logprobs: logprobs.clone(),
+            });
+        }
+        // A call opens an item of its own; its arguments and its end are about the open item
+        // (the last one opened).
+        Step::CallStarted { name } => events.push(EventPayload::FunctionCallAdded {
+            item: next_item,
+            name: name.clone(),
+        }),
+        Step::CallArguments { delta } => events.push(EventPayload::FunctionCallArgumentsDelta {
+            item: open_item.unwrap_or(next_item.previous().unwrap_or(next_item)),
+            delta: delta.clone(),
+        }),
+        Step::CallDone { name, arguments } => {
+            let call = CallItem {
+                item: open_item.unwrap_or(next_item.previous().unwrap_or(next_item)),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            };
+            events.push(EventPayload::FunctionCallArgumentsDone(call.clone()));
+            events.push(EventPayload::FunctionCallDone(call));
         }
         Step::Complete { response } => {
             let item = item_of_the_run(&mut events);

@@ -76,6 +76,7 @@ pub fn queued_task(seed: u64, owner: InstanceId, policy: RestartPolicy) -> Task 
             temperature: None,
             top_p: None,
             previous_response_id: None,
+        controls: Default::default(),
         },
         metadata: BTreeMap::new(),
         created_at: Timestamp::from_millis(1_000),
@@ -89,6 +90,7 @@ pub fn response_of(task: &Task, output_text: &str, at: Timestamp) -> Response {
         task_id: task.id,
         model: task.model.clone(),
         output_text: output_text.to_owned(),
+        calls: Vec::new(),
         usage: Usage {
             input_tokens: 4,
             output_tokens: 2,

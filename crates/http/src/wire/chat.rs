@@ -8,10 +8,11 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use lmsp_domain::{Event, EventPayload, Response, Task, TaskStatus};
+use lmsp_domain::{CallItem, Event, EventPayload, Response, Task, TaskStatus, TokenLogprob};
 
 use crate::openapi as schema;
 use crate::wire::constant;
+use crate::wire::tools::{self, LogprobObject};
 
 constant!(
     /// `"chat.completion"`.
@@ -27,9 +28,12 @@ pub fn completion_id(task: &Task) -> String {
     format!("chatcmpl-{}", task.id.ulid())
 }
 
-/// Why the output ended: `length` when it reached the budget, else `stop`.
+/// Why the output ended: `tool_calls` when the run made calls, `length` when it reached the
+/// budget, else `stop`.
 fn finish_reason(task: &Task, response: &Response) -> &'static str {
-    if response.usage.output_tokens >= u64::from(task.spec.max_output_tokens) {
+    if !response.calls.is_empty() {
+        "tool_calls"
+    } else if response.usage.output_tokens >= u64::from(task.spec.max_output_tokens) {
         "length"
     } else {
         "stop"
@@ -42,8 +46,67 @@ pub struct ChatMessage {
     /// Always `assistant`.
     #[schema(schema_with = schema::assistant_role)]
     pub role: &'static str,
-    /// The output text.
-    pub content: String,
+    /// The output text (`null` when the run made calls and wrote no text).
+    #[schema(required = true)]
+    pub content: Option<String>,
+    /// The calls the run made (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ChatToolCall>,
+}
+
+/// A call in a chat message (`{"id": "call_…", "type": "function", "function": {"name",
+/// "arguments"}}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ChatToolCall {
+    /// The call's id (`call_…`).
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: ChatFunction,
+}
+
+/// The function of a chat tool call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ChatFunction {
+    /// The function called.
+    pub name: String,
+    /// Its arguments: JSON text.
+    pub arguments: String,
+}
+
+/// A piece of a streamed call: its place among the message's calls, and on its first chunk its
+/// id, type and name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ChunkToolCall {
+    /// The call's place among the message's calls.
+    pub index: u32,
+    /// The call's id (first chunk only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first chunk only).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name (first chunk only) and a piece of the arguments.
+    pub function: ChunkFunction,
+}
+
+/// The function part of a streamed call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct ChunkFunction {
+    /// The function (first chunk only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A piece of the arguments.
+    pub arguments: String,
+}
+
+/// `logprobs` of a choice: the tokens of its content.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ChoiceLogprobs {
+    /// One per token of the content.
+    pub content: Vec<LogprobObject>,
 }
 
 /// The one choice of a completion.
@@ -53,12 +116,12 @@ pub struct ChatChoice {
     pub index: u32,
     /// The message.
     pub message: ChatMessage,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     #[schema(schema_with = schema::finish_reason)]
     pub finish_reason: &'static str,
-    /// Always `null`.
-    #[schema(required = true, value_type = Option<String>)]
-    pub logprobs: Option<()>,
+    /// The content's token log probabilities when `logprobs` asked for them, else `null`.
+    #[schema(required = true)]
+    pub logprobs: Option<ChoiceLogprobs>,
 }
 
 /// Token counts in chat's names.
@@ -116,8 +179,13 @@ pub struct ChatCompletion {
     pub task_id: String,
 }
 
-/// The chat completion of a completed task.
-pub fn completion(task: &Task, response: &Response) -> ChatCompletion {
+/// The chat completion of a completed task, with its content's log probabilities (when asked
+/// for, read from the log).
+pub fn completion(
+    task: &Task,
+    response: &Response,
+    logprobs: Option<Vec<TokenLogprob>>,
+) -> ChatCompletion {
     ChatCompletion {
         id: completion_id(task),
         object: ChatCompletionTag::Value,
@@ -127,13 +195,28 @@ pub fn completion(task: &Task, response: &Response) -> ChatCompletion {
             index: 0,
             message: ChatMessage {
                 role: "assistant",
-                content: response.output_text.clone(),
+                content: (response.calls.is_empty() || !response.output_text.is_empty())
+                    .then(|| response.output_text.clone()),
+                tool_calls: response.calls.iter().map(chat_tool_call).collect(),
             },
             finish_reason: finish_reason(task, response),
-            logprobs: None,
+            logprobs: logprobs.map(|tokens| ChoiceLogprobs {
+                content: tools::logprobs(&tokens),
+            }),
         }],
         usage: ChatUsage::of(response.usage),
         task_id: task.id.to_string(),
+    }
+}
+
+fn chat_tool_call(call: &CallItem) -> ChatToolCall {
+    ChatToolCall {
+        id: call.item.call_id(),
+        kind: "function",
+        function: ChatFunction {
+            name: call.name.clone(),
+            arguments: call.arguments.clone(),
+        },
     }
 }
 
@@ -145,12 +228,15 @@ pub enum FinishReason {
     Stop,
     /// The output reached `max_completion_tokens`.
     Length,
+    /// The run made function calls.
+    ToolCalls,
 }
 
 impl FinishReason {
     fn of(task: &Task, response: &Response) -> Self {
         match finish_reason(task, response) {
             "length" => Self::Length,
+            "tool_calls" => Self::ToolCalls,
             _ => Self::Stop,
         }
     }
@@ -168,25 +254,28 @@ pub struct ChunkDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub content: Option<String>,
+    /// A piece of a call (absent when the chunk carries none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ChunkToolCall>,
 }
 
 /// The one choice of a chunk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct ChunkChoice {
     /// Always 0.
     pub index: u32,
     /// What this chunk adds.
     pub delta: ChunkDelta,
-    /// `stop` or `length` in the chunk that ends the choice, else `null`.
+    /// `stop`, `length` or `tool_calls` in the chunk that ends the choice, else `null`.
     #[schema(required = true)]
     pub finish_reason: Option<FinishReason>,
-    /// Always `null`.
-    #[schema(required = true, value_type = Option<String>)]
-    pub logprobs: Option<()>,
+    /// The chunk's tokens' log probabilities when `logprobs` asked for them, else `null`.
+    #[schema(required = true)]
+    pub logprobs: Option<ChoiceLogprobs>,
 }
 
 /// A `chat.completion.chunk`: one `data:` of a chat completion stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 pub struct ChatCompletionChunk {
     /// The completion's id (`chatcmpl-…`), the same in every chunk.
     pub id: String,
@@ -233,7 +322,7 @@ pub struct ChatStreamError {
 
 /// One JSON `data:` of a chat completion stream (the stream ends with `data: [DONE]`, which is
 /// not JSON).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum ChatStreamData {
     /// A `chat.completion.chunk`.
@@ -259,6 +348,8 @@ pub struct ChunkRenderer {
     /// Deltas of items before this one belong to runs put back in the queue.
     first_item: u32,
     started: bool,
+    /// The calls streamed so far (their place among the message's calls).
+    calls: u32,
 }
 
 impl ChunkRenderer {
@@ -276,6 +367,7 @@ impl ChunkRenderer {
             include_usage,
             first_item,
             started: false,
+            calls: 0,
         }
     }
 
@@ -291,15 +383,33 @@ impl ChunkRenderer {
     }
 
     fn chunk(&self, delta: ChunkDelta, finish_reason: Option<FinishReason>) -> Chunk {
+        self.chunk_with(delta, finish_reason, None)
+    }
+
+    fn chunk_with(
+        &self,
+        delta: ChunkDelta,
+        finish_reason: Option<FinishReason>,
+        logprobs: Option<ChoiceLogprobs>,
+    ) -> Chunk {
         self.frame(
             vec![ChunkChoice {
                 index: 0,
                 delta,
                 finish_reason,
-                logprobs: None,
+                logprobs,
             }],
             None,
         )
+    }
+
+    fn call_chunk(&self, call: ChunkToolCall) -> Chunk {
+        let delta = ChunkDelta {
+            role: None,
+            content: None,
+            tool_calls: vec![call],
+        };
+        self.chunk(delta, None)
     }
 
     /// The first chunk, naming the role, once.
@@ -309,6 +419,7 @@ impl ChunkRenderer {
             let delta = ChunkDelta {
                 role: Some("assistant"),
                 content: Some(String::new()),
+                tool_calls: Vec::new(),
             };
             chunks.push(self.chunk(delta, None));
         }
@@ -336,8 +447,50 @@ impl ChunkRenderer {
                 let delta = ChunkDelta {
                     role: None,
                     content: Some(delta.clone()),
+                    tool_calls: Vec::new(),
                 };
                 chunks.push(self.chunk(delta, None));
+            }
+            EventPayload::OutputTextLogprobs {
+                item,
+                delta,
+                logprobs,
+            } if item.output_index() >= self.first_item => {
+                self.open(&mut chunks);
+                let delta = ChunkDelta {
+                    role: None,
+                    content: Some(delta.clone()),
+                    tool_calls: Vec::new(),
+                };
+                let logprobs = ChoiceLogprobs {
+                    content: tools::logprobs(logprobs),
+                };
+                chunks.push(self.chunk_with(delta, None, Some(logprobs)));
+            }
+            EventPayload::FunctionCallAdded { item, name } => {
+                self.open(&mut chunks);
+                self.calls += 1;
+                chunks.push(self.call_chunk(ChunkToolCall {
+                    index: self.calls - 1,
+                    id: Some(item.call_id()),
+                    kind: Some("function"),
+                    function: ChunkFunction {
+                        name: Some(name.clone()),
+                        arguments: String::new(),
+                    },
+                }));
+            }
+            EventPayload::FunctionCallArgumentsDelta { delta, .. } => {
+                self.open(&mut chunks);
+                chunks.push(self.call_chunk(ChunkToolCall {
+                    index: self.calls.saturating_sub(1),
+                    id: None,
+                    kind: None,
+                    function: ChunkFunction {
+                        name: None,
+                        arguments: delta.clone(),
+                    },
+                }));
             }
             EventPayload::Completed { response } => {
                 self.open(&mut chunks);
@@ -345,6 +498,7 @@ impl ChunkRenderer {
                 let empty = ChunkDelta {
                     role: None,
                     content: None,
+                    tool_calls: Vec::new(),
                 };
                 chunks.push(self.chunk(empty, Some(finish)));
                 if self.include_usage {

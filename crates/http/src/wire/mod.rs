@@ -11,6 +11,8 @@ pub mod native;
 pub mod openai;
 pub mod requests;
 pub mod service;
+pub mod tools;
+pub mod tools_in;
 
 use lmsp_domain::Timestamp;
 

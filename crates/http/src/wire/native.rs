@@ -11,6 +11,7 @@ use lmsp_domain::{ClosedItem, Event, EventPayload, ItemId, Task, TaskError, Task
 use crate::openapi as schema;
 use crate::wire::openai::{self, ResponseObject};
 use crate::wire::{constant, list_of, time};
+use crate::wire::tools::{self, CallDoneData, CallEventData, LogprobObject};
 
 constant!(
     /// `"task"`.
@@ -127,6 +128,9 @@ pub struct LoadingData {
 pub struct DeltaData {
     /// A piece of output; the deltas after the last `response.queued` joined are `output_text`.
     pub delta: String,
+    /// The log probabilities of its tokens, when the task asked for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<LogprobObject>>,
 }
 
 /// `data` of `response.output_item.added` and `response.content_part.added`.
@@ -261,6 +265,18 @@ pub enum EventBody {
     /// Terminal: cancelled.
     #[serde(rename = "response.cancelled")]
     Cancelled(EmptyData),
+    /// A run opens a function call item.
+    #[serde(rename = "response.function_call.added")]
+    FunctionCallAdded(CallEventData),
+    /// A piece of the open call's arguments.
+    #[serde(rename = "response.function_call_arguments.delta")]
+    FunctionCallArgumentsDelta(CallEventData),
+    /// The call's arguments are complete.
+    #[serde(rename = "response.function_call_arguments.done")]
+    FunctionCallArgumentsDone(CallDoneData),
+    /// The call item is closed.
+    #[serde(rename = "response.function_call.done")]
+    FunctionCallDone(CallDoneData),
 }
 
 /// An event's `type` and `data`; `task` is the event's task (for the response of
@@ -278,7 +294,24 @@ pub fn event_body(payload: &EventPayload, task: &Task) -> EventBody {
         EventPayload::ContentPartAdded { item } => EventBody::ContentPartAdded(ItemData::of(*item)),
         EventPayload::OutputTextDelta { delta, .. } => EventBody::OutputTextDelta(DeltaData {
             delta: delta.clone(),
+            logprobs: None,
         }),
+        EventPayload::OutputTextLogprobs {
+            delta, logprobs, ..
+        } => EventBody::OutputTextDelta(DeltaData {
+            delta: delta.clone(),
+            logprobs: Some(tools::logprobs(logprobs)),
+        }),
+        EventPayload::FunctionCallAdded { item, name } => {
+            EventBody::FunctionCallAdded(CallEventData::added(*item, name))
+        }
+        EventPayload::FunctionCallArgumentsDelta { item, delta } => {
+            EventBody::FunctionCallArgumentsDelta(CallEventData::delta(*item, delta))
+        }
+        EventPayload::FunctionCallArgumentsDone(call) => {
+            EventBody::FunctionCallArgumentsDone(CallDoneData::of(call))
+        }
+        EventPayload::FunctionCallDone(call) => EventBody::FunctionCallDone(CallDoneData::of(call)),
         EventPayload::OutputTextDone(closed) => EventBody::OutputTextDone(ItemDoneData::of(closed)),
         EventPayload::ContentPartDone(closed) => {
             EventBody::ContentPartDone(ItemDoneData::of(closed))

@@ -11,10 +11,12 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use lmsp_domain::auth::{Scope, Scopes};
-use lmsp_domain::validation::{DraftInput, DraftMessage, SubmitDraft};
+use lmsp_domain::validation::{DraftControls, DraftInput, DraftMessage, SubmitDraft};
+use lmsp_domain::ToolCall;
 
 use crate::error::ApiError;
 use crate::openapi as schema;
+use crate::wire::tools_in;
 
 /// A message's content: a string, or a list of text parts.
 #[derive(Debug, Clone, Deserialize)]
@@ -49,6 +51,55 @@ struct InputItem {
     status: Option<String>,
 }
 
+/// A Responses `function_call` input item (an earlier call echoed back).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FunctionCallIn {
+    #[serde(rename = "type")]
+    #[allow(dead_code)]
+    kind: String,
+    call_id: String,
+    name: String,
+    arguments: String,
+    #[allow(dead_code)]
+    id: Option<String>,
+    #[allow(dead_code)]
+    status: Option<String>,
+}
+
+/// A Responses `function_call_output` input item: a tool's answer to a call.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FunctionCallOutputIn {
+    #[serde(rename = "type")]
+    #[allow(dead_code)]
+    kind: String,
+    call_id: String,
+    output: Content,
+    #[allow(dead_code)]
+    id: Option<String>,
+    #[allow(dead_code)]
+    status: Option<String>,
+}
+
+/// A call in a chat `assistant` message.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChatToolCallIn {
+    id: String,
+    #[serde(rename = "type")]
+    #[allow(dead_code)]
+    kind: Option<String>,
+    function: ChatFunctionIn,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChatFunctionIn {
+    name: String,
+    arguments: String,
+}
+
 /// One message of a chat request.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,6 +108,16 @@ struct ChatMessageIn {
     content: Option<Content>,
     #[allow(dead_code)]
     name: Option<String>,
+    tool_calls: Option<Vec<ChatToolCallIn>>,
+    tool_call_id: Option<String>,
+    #[allow(dead_code)]
+    refusal: Option<Value>,
+    #[allow(dead_code)]
+    annotations: Option<Value>,
+    #[allow(dead_code)]
+    audio: Option<Value>,
+    #[allow(dead_code)]
+    function_call: Option<Value>,
 }
 
 /// Parses one element of a list with serde, its errors naming `prefix` and the inner path.
@@ -133,37 +194,66 @@ pub enum ResponseInput {
 }
 
 fn input_draft(input: ResponseInput) -> Result<DraftInput, ApiError> {
-    match input {
-        ResponseInput::Text(text) => Ok(DraftInput::Text(text)),
-        ResponseInput::Items(items) => items
-            .iter()
-            .enumerate()
-            .map(|(index, value)| {
-                let at = format!("input[{index}]");
-                if let Some(kind) = value.get("type").and_then(Value::as_str) {
-                    if kind != "message" {
-                        return Err(unsupported(
-                            &format!("{at}.type"),
-                            &format!("an input item of type `{kind}`"),
-                        ));
-                    }
-                }
+    let items = match input {
+        ResponseInput::Text(text) => return Ok(DraftInput::Text(text)),
+        ResponseInput::Items(items) => items,
+    };
+    let mut messages: Vec<DraftMessage> = Vec::new();
+    for (index, value) in items.iter().enumerate() {
+        let at = format!("input[{index}]");
+        match value.get("type").and_then(Value::as_str) {
+            None | Some("message") => {
                 let item: InputItem = parse_at(&at, value)?;
-                Ok(DraftMessage {
-                    role: item.role,
-                    content: content_text(item.content, &format!("{at}.content"))?,
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(DraftInput::Messages),
+                messages.push(DraftMessage::new(
+                    item.role,
+                    content_text(item.content, &format!("{at}.content"))?,
+                ));
+            }
+            Some("function_call") => {
+                let call: FunctionCallIn = parse_at(&at, value)?;
+                let call = ToolCall {
+                    call_id: call.call_id,
+                    name: call.name,
+                    arguments: call.arguments,
+                };
+                // Calls of one turn follow each other: they join the assistant message before.
+                match messages.last_mut() {
+                    Some(last) if last.role == "assistant" && !last.tool_calls.is_empty() => {
+                        last.tool_calls.push(call);
+                    }
+                    _ => messages.push(DraftMessage {
+                        tool_calls: vec![call],
+                        ..DraftMessage::new("assistant", "")
+                    }),
+                }
+            }
+            Some("function_call_output") => {
+                let output: FunctionCallOutputIn = parse_at(&at, value)?;
+                messages.push(DraftMessage {
+                    tool_call_id: Some(output.call_id),
+                    ..DraftMessage::new(
+                        "tool",
+                        content_text(output.output, &format!("{at}.output"))?,
+                    )
+                });
+            }
+            Some(kind) => {
+                return Err(unsupported(
+                    &format!("{at}.type"),
+                    &format!("an input item of type `{kind}`"),
+                ))
+            }
+        }
     }
+    Ok(DraftInput::Messages(messages))
 }
 
 /// The output format asked for (`text`): only plain text.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TextParam {
-    /// `{"type": "text"}` (the only format LMSP produces).
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "name",
+    /// "schema", "strict"}`.
     #[schema(value_type = Option<Object>)]
     pub format: Option<Value>,
     /// `low`, `medium` or `high`; accepted, with no effect.
@@ -217,55 +307,50 @@ pub struct CreateResponseRequest {
     pub store: Option<bool>,
     /// Accepted, with no effect.
     pub user: Option<String>,
-    /// The output format: only `{"format": {"type": "text"}}`.
+    /// The output format: `{"format": {"type": "text" | "json_object" | "json_schema", …}}`.
     pub text: Option<TextParam>,
-    /// Only an empty list: LMSP runs no tools.
+    /// Function tools (`{"type": "function", "name", "description", "parameters",
+    /// "strict"}`); any other type is a 400 naming it.
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Value>>,
-    /// Only `auto` or `none`.
-    #[schema(value_type = Option<String>)]
+    /// `auto` (default), `none`, `required` or `{"type": "function", "name"}`.
+    #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<Value>,
-    /// Accepted, with no effect (there are no tools).
+    /// Whether a run may make several calls (default `true`).
     pub parallel_tool_calls: Option<bool>,
     /// Only `null`: LMSP does no reasoning.
     #[schema(value_type = Option<Object>)]
     pub reasoning: Option<Value>,
-    /// Only an empty list.
+    /// Only `message.output_text.logprobs` (the deltas carry their tokens' log probabilities).
     pub include: Option<Vec<String>>,
+    /// With `include: ["message.output_text.logprobs"]`: how many alternatives per token, 0…20.
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<u64>,
     /// `disabled` or `auto`; accepted, with no effect.
     pub truncation: Option<String>,
-}
-
-fn check_tools(tools: Option<&Vec<Value>>, tool_choice: Option<&Value>) -> Result<(), ApiError> {
-    if tools.is_some_and(|tools| !tools.is_empty()) {
-        return Err(unsupported("tools", "tool use"));
-    }
-    match tool_choice {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(choice)) if choice == "auto" || choice == "none" => Ok(()),
-        Some(_) => Err(unsupported("tool_choice", "choosing a tool")),
-    }
 }
 
 impl CreateResponseRequest {
     /// The domain's draft of this request, or the 400 for what LMSP cannot do.
     pub fn into_draft(self) -> Result<SubmitDraft, ApiError> {
-        check_tools(self.tools.as_ref(), self.tool_choice.as_ref())?;
+        let tools = tools_in::response_tools(self.tools.as_deref().unwrap_or_default())?;
+        let tool_choice = tools_in::tool_choice(self.tool_choice.as_ref())?;
         if self.reasoning.as_ref().is_some_and(|r| !r.is_null()) {
             return Err(unsupported("reasoning", "reasoning"));
         }
-        if self.include.as_ref().is_some_and(|i| !i.is_empty()) {
-            return Err(unsupported("include", "including extra output"));
-        }
-        if let Some(format) = self.text.as_ref().and_then(|text| text.format.as_ref()) {
-            let kind = format.get("type").and_then(Value::as_str);
-            if kind != Some("text") {
+        let mut logprobs = false;
+        for (index, include) in self.include.iter().flatten().enumerate() {
+            if include == "message.output_text.logprobs" {
+                logprobs = true;
+            } else {
                 return Err(unsupported(
-                    "text.format.type",
-                    "an output format other than text",
+                    &format!("include[{index}]"),
+                    &format!("including `{include}`"),
                 ));
             }
         }
+        let format =
+            tools_in::text_format(self.text.as_ref().and_then(|text| text.format.as_ref()))?;
         if let Some(truncation) = &self.truncation {
             if truncation != "disabled" && truncation != "auto" {
                 return Err(ApiError::invalid(
@@ -287,6 +372,14 @@ impl CreateResponseRequest {
             top_p: self.top_p,
             metadata: self.metadata,
             previous_response_id: self.previous_response_id,
+            controls: DraftControls {
+                tools,
+                tool_choice,
+                parallel_tool_calls: self.parallel_tool_calls,
+                format,
+                top_logprobs: logprobs.then(|| self.top_logprobs.unwrap_or(0)),
+                ..DraftControls::default()
+            },
         })
     }
 }
@@ -325,9 +418,9 @@ pub struct ChatCompletionRequest {
     /// The sampler's seed.
     pub seed: Option<u64>,
     /// Only 1.
-    pub n: Option<u32>,
-    /// Only `null`: LMSP has no stop sequences.
-    #[schema(value_type = Option<String>)]
+    pub n: Option<u64>,
+    /// Up to 4 strings: the text ends before the first one generated, which is not returned.
+    #[schema(value_type = Option<Vec<String>>)]
     pub stop: Option<Value>,
     /// At most 16 string pairs.
     #[schema(schema_with = schema::metadata_request)]
@@ -336,22 +429,26 @@ pub struct ChatCompletionRequest {
     pub store: Option<bool>,
     /// Accepted, with no effect.
     pub user: Option<String>,
-    /// Only an empty list.
+    /// Function tools (`{"type": "function", "function": {"name", "description",
+    /// "parameters", "strict"}}`).
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Vec<Value>>,
-    /// Only `auto` or `none`.
-    #[schema(value_type = Option<String>)]
+    /// `auto`, `none`, `required` or `{"type": "function", "function": {"name"}}`.
+    #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<Value>,
-    /// Accepted, with no effect.
+    /// Whether a run may make several calls (default `true`).
     pub parallel_tool_calls: Option<bool>,
-    /// Only `{"type": "text"}`.
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "json_schema":
+    /// {"name", "schema", "strict"}}`.
     #[schema(value_type = Option<Object>)]
     pub response_format: Option<Value>,
-    /// Only `false`.
+    /// Whether to return the content's token log probabilities.
     pub logprobs: Option<bool>,
-    /// Only 0.
+    /// With `logprobs`: how many alternatives per token, 0…20.
+    pub top_logprobs: Option<u64>,
+    /// -2…2.
     pub frequency_penalty: Option<f64>,
-    /// Only 0.
+    /// -2…2.
     pub presence_penalty: Option<f64>,
     /// LMSP: what happens to the task when the service restarts before it finishes.
     #[schema(schema_with = schema::nullable_restart_policy)]
@@ -370,32 +467,10 @@ pub struct ChatDraft {
 impl ChatCompletionRequest {
     /// The domain's draft of this request, or the 400 for what LMSP cannot do.
     pub fn into_draft(self) -> Result<ChatDraft, ApiError> {
-        check_tools(self.tools.as_ref(), self.tool_choice.as_ref())?;
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(unsupported("n", "more than one choice"));
-        }
-        if self.stop.as_ref().is_some_and(|stop| !stop.is_null()) {
-            return Err(unsupported("stop", "a stop sequence"));
-        }
-        if self.logprobs == Some(true) {
-            return Err(unsupported("logprobs", "log probabilities"));
-        }
-        for (param, value) in [
-            ("frequency_penalty", self.frequency_penalty),
-            ("presence_penalty", self.presence_penalty),
-        ] {
-            if value.is_some_and(|v| v != 0.0) {
-                return Err(unsupported(param, "a penalty"));
-            }
-        }
-        if let Some(format) = &self.response_format {
-            if format.get("type").and_then(Value::as_str) != Some("text") {
-                return Err(unsupported(
-                    "response_format.type",
-                    "an output format other than text",
-                ));
-            }
-        }
+        let tools = tools_in::chat_tools(self.tools.as_deref().unwrap_or_default())?;
+        let tool_choice = tools_in::tool_choice(self.tool_choice.as_ref())?;
+        let stop = tools_in::stop(self.stop.as_ref())?;
+        let format = tools_in::response_format(self.response_format.as_ref())?;
         if self.messages.is_empty() {
             return Err(ApiError::invalid(
                 "messages",
@@ -409,8 +484,8 @@ impl ChatCompletionRequest {
             .map(|(index, value)| {
                 let at = format!("messages[{index}]");
                 let message: ChatMessageIn = parse_at(&at, value)?;
-                if message.role == "tool" || message.role == "function" {
-                    return Err(unsupported(&format!("{at}.role"), "a tool message"));
+                if message.role == "function" {
+                    return Err(unsupported(&format!("{at}.role"), "a `function` message"));
                 }
                 let content = match message.content {
                     Some(content) => content_text(content, &format!("{at}.content"))?,
@@ -419,6 +494,17 @@ impl ChatCompletionRequest {
                 Ok(DraftMessage {
                     role: message.role,
                     content,
+                    tool_calls: message
+                        .tool_calls
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|call| ToolCall {
+                            call_id: call.id,
+                            name: call.function.name,
+                            arguments: call.function.arguments,
+                        })
+                        .collect(),
+                    tool_call_id: message.tool_call_id,
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -441,6 +527,18 @@ impl ChatCompletionRequest {
                 top_p: self.top_p,
                 metadata: self.metadata,
                 previous_response_id: None,
+                controls: DraftControls {
+                    tools,
+                    tool_choice,
+                    parallel_tool_calls: self.parallel_tool_calls,
+                    format,
+                    stop,
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    top_logprobs: (self.logprobs == Some(true))
+                        .then(|| self.top_logprobs.unwrap_or(0)),
+                    n: self.n,
+                },
             },
             include_usage,
         })

@@ -11,13 +11,17 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use serde_json::{json, Value};
 use utoipa::ToSchema;
 
-use lmsp_domain::{ItemId, Response, Task, TaskError, TaskStatus};
+use lmsp_domain::{
+    FunctionTool, ItemId, OutputFormat, Response, Task, TaskError, TaskStatus, ToolChoice,
+};
 
 use crate::openapi as schema;
 use crate::wire::constant;
 use crate::wire::native::TaskErrorObject;
+use crate::wire::tools::{FunctionCallItem, LogprobObject};
 
 mod stream;
 pub use stream::*;
@@ -38,10 +42,6 @@ constant!(
     /// `"output_text"`.
     OutputTextTag = "output_text"
 );
-constant!(
-    /// `"auto"`.
-    AutoTag = "auto"
-);
 
 /// The text part of an output message.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -54,8 +54,8 @@ pub struct OutputText {
     pub text: String,
     /// Always empty.
     pub annotations: Vec<String>,
-    /// Always empty.
-    pub logprobs: Vec<String>,
+    /// Always empty (the stream's deltas carry the log probabilities).
+    pub logprobs: Vec<LogprobObject>,
 }
 
 impl OutputText {
@@ -99,6 +99,16 @@ impl OutputMessage {
             content: text.map(OutputText::new).into_iter().collect(),
         }
     }
+}
+
+/// An output item: a message or a function call.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum OutputItem {
+    /// The assistant's message.
+    Message(OutputMessage),
+    /// A call of one of the request's functions.
+    FunctionCall(FunctionCallItem),
 }
 
 /// `usage.input_tokens_details`.
@@ -150,20 +160,82 @@ impl UsageObject {
     }
 }
 
-/// `text`: the output's format, always plain text.
+/// `text`: the output's format.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct TextConfig {
-    /// `{"type": "text"}`.
-    pub format: TextFormat,
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "name",
+    /// "schema", "strict"}`.
+    #[schema(value_type = Object)]
+    pub format: Value,
 }
 
-/// The plain-text format.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct TextFormat {
-    /// Always `text`.
-    #[serde(rename = "type")]
-    #[schema(schema_with = schema::text_format_type)]
-    pub kind: &'static str,
+/// The output format as the request gave it.
+fn format_json(format: &OutputFormat) -> Value {
+    match format {
+        OutputFormat::Text => json!({"type": "text"}),
+        OutputFormat::JsonObject => json!({"type": "json_object"}),
+        OutputFormat::JsonSchema {
+            name,
+            schema,
+            strict,
+        } => json!({
+            "type": "json_schema",
+            "name": name,
+            "schema": serde_json::from_str::<Value>(schema.as_str()).unwrap_or(Value::Null),
+            "strict": strict,
+        }),
+    }
+}
+
+/// A function tool as the request gave it.
+fn tool_json(tool: &FunctionTool) -> Value {
+    json!({
+        "type": "function",
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": tool
+            .parameters
+            .as_ref()
+            .and_then(|p| serde_json::from_str::<Value>(p.as_str()).ok()),
+        "strict": tool.strict,
+    })
+}
+
+/// The tool choice as the request gave it.
+fn tool_choice_json(choice: &ToolChoice) -> Value {
+    match choice {
+        ToolChoice::Auto => json!("auto"),
+        ToolChoice::None => json!("none"),
+        ToolChoice::Required => json!("required"),
+        ToolChoice::Function(name) => json!({"type": "function", "name": name}),
+    }
+}
+
+/// The output items of a completed response: its message (when it wrote text, or made no call),
+/// then its calls.
+pub fn output_items(task: &Task, response: &Response) -> Vec<OutputItem> {
+    let mut items = Vec::new();
+    let message = match response.calls.first() {
+        None => Some(last_item(task)),
+        Some(first) => first
+            .item
+            .previous()
+            .filter(|_| !response.output_text.is_empty()),
+    };
+    if let Some(item) = message {
+        items.push(OutputItem::Message(OutputMessage::of(
+            item,
+            "completed",
+            Some(&response.output_text),
+        )));
+    }
+    items.extend(
+        response
+            .calls
+            .iter()
+            .map(|call| OutputItem::FunctionCall(FunctionCallItem::completed(call))),
+    );
+    items
 }
 
 /// A response: OpenAI's `response` object, with LMSP's own fields.
@@ -192,8 +264,8 @@ pub struct ResponseObject {
     pub max_output_tokens: u32,
     /// The client's string pairs.
     pub metadata: BTreeMap<String, String>,
-    /// The last run's message, once the task completed; empty before.
-    pub output: Vec<OutputMessage>,
+    /// The last run's message and function calls, once the task completed; empty before.
+    pub output: Vec<OutputItem>,
     /// The output's text (`""` until the task completed).
     pub output_text: String,
     /// Token counts once completed, or `null`.
@@ -217,14 +289,15 @@ pub struct ResponseObject {
     /// Nucleus sampling's mass asked for, or `null`.
     #[schema(required = true)]
     pub top_p: Option<f64>,
-    /// Always empty: LMSP runs no tools.
-    pub tools: Vec<String>,
-    // Always `auto`.
-    #[schema(inline)]
-    pub tool_choice: AutoTag,
-    /// Always `false`.
+    /// The function tools the request gave.
+    #[schema(value_type = Vec<Object>)]
+    pub tools: Vec<Value>,
+    /// `auto`, `none`, `required` or `{"type": "function", "name"}`.
+    #[schema(value_type = Object)]
+    pub tool_choice: Value,
+    /// Whether a run may make several calls.
     pub parallel_tool_calls: bool,
-    /// The output format: plain text.
+    /// The output format.
     pub text: TextConfig,
     /// Always `true`: every task is stored.
     pub store: bool,
@@ -279,10 +352,7 @@ pub fn response_in(
         background: task.background,
         max_output_tokens: task.spec.max_output_tokens,
         metadata: task.metadata.clone(),
-        output: stored
-            .map(|r| OutputMessage::of(last_item(task), "completed", Some(&r.output_text)))
-            .into_iter()
-            .collect(),
+        output: stored.map(|r| output_items(task, r)).unwrap_or_default(),
         output_text: stored.map(|r| r.output_text.clone()).unwrap_or_default(),
         usage: stored.map(|r| UsageObject::of(r.usage)),
         error: error
@@ -293,11 +363,11 @@ pub fn response_in(
         previous_response_id: task.spec.previous_response_id.map(|id| id.to_string()),
         temperature: task.spec.temperature.map(|t| t.get()),
         top_p: task.spec.top_p.map(|t| t.get()),
-        tools: Vec::new(),
-        tool_choice: AutoTag::Value,
-        parallel_tool_calls: false,
+        tools: task.spec.controls.tools.iter().map(tool_json).collect(),
+        tool_choice: tool_choice_json(&task.spec.controls.tool_choice),
+        parallel_tool_calls: task.spec.controls.parallel_tool_calls,
         text: TextConfig {
-            format: TextFormat { kind: "text" },
+            format: format_json(&task.spec.controls.format),
         },
         store: true,
         task_id: task.id.to_string(),

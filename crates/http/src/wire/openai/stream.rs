@@ -8,7 +8,8 @@ use lmsp_domain::{
     ClosedItem, Event, EventPayload, ItemId, ItemStatus, Response, Task, TaskError, TaskStatus,
 };
 
-use super::{response_in, OutputMessage, OutputText, ResponseObject};
+use super::{response_in, OutputItem, OutputMessage, OutputText, ResponseObject};
+use crate::wire::tools::{self, FunctionCallItem, LogprobObject};
 use crate::openapi as schema;
 use crate::wire::constant;
 
@@ -81,8 +82,8 @@ pub struct OutputItemEvent {
     pub sequence_number: u64,
     /// The item's place in the output (one per run of the task).
     pub output_index: u32,
-    /// The message.
-    pub item: OutputMessage,
+    /// The message or function call.
+    pub item: OutputItem,
 }
 
 /// The type of a content part event.
@@ -144,8 +145,8 @@ pub struct TextDeltaEvent {
     pub content_index: u32,
     /// The text.
     pub delta: String,
-    /// Always empty.
-    pub logprobs: Vec<String>,
+    /// The log probabilities of its tokens (empty unless `include` asked for them).
+    pub logprobs: Vec<LogprobObject>,
 }
 
 /// `response.output_text.done`: the text part's whole text.
@@ -165,8 +166,53 @@ pub struct TextDoneEvent {
     pub content_index: u32,
     /// The whole text.
     pub text: String,
-    /// Always empty.
-    pub logprobs: Vec<String>,
+    /// Always empty (the deltas carry them).
+    pub logprobs: Vec<LogprobObject>,
+}
+
+constant!(
+    /// `"response.function_call_arguments.delta"`.
+    ArgumentsDeltaTag = "response.function_call_arguments.delta"
+);
+constant!(
+    /// `"response.function_call_arguments.done"`.
+    ArgumentsDoneTag = "response.function_call_arguments.done"
+);
+
+/// `response.function_call_arguments.delta`: a piece of a call's arguments.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ArgumentsDeltaEvent {
+    // Always `response.function_call_arguments.delta`.
+    #[schema(inline)]
+    #[serde(rename = "type")]
+    pub kind: ArgumentsDeltaTag,
+    /// The log's sequence number it renders.
+    pub sequence_number: u64,
+    /// The call's item (`fc_…`).
+    pub item_id: String,
+    /// The call's place in the output.
+    pub output_index: u32,
+    /// The text.
+    pub delta: String,
+}
+
+/// `response.function_call_arguments.done`: a call's whole arguments.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ArgumentsDoneEvent {
+    // Always `response.function_call_arguments.done`.
+    #[schema(inline)]
+    #[serde(rename = "type")]
+    pub kind: ArgumentsDoneTag,
+    /// The log's sequence number it renders.
+    pub sequence_number: u64,
+    /// The call's item (`fc_…`).
+    pub item_id: String,
+    /// The call's place in the output.
+    pub output_index: u32,
+    /// The function called.
+    pub name: String,
+    /// The whole arguments.
+    pub arguments: String,
 }
 
 /// `error`: the task failed. Sent just before `response.failed`, with the same sequence number
@@ -205,6 +251,10 @@ pub enum ResponseStreamEvent {
     TextDelta(TextDeltaEvent),
     /// `response.output_text.done`.
     TextDone(TextDoneEvent),
+    /// `response.function_call_arguments.delta`.
+    ArgumentsDelta(ArgumentsDeltaEvent),
+    /// `response.function_call_arguments.done`.
+    ArgumentsDone(ArgumentsDoneEvent),
     /// `error`.
     Error(ErrorEvent),
 }
@@ -227,12 +277,12 @@ pub struct StreamRenderer {
     task: Task,
 }
 
-fn item_json(closed: &ClosedItem) -> OutputMessage {
+fn item_json(closed: &ClosedItem) -> OutputItem {
     let status = match closed.status {
         ItemStatus::Completed => "completed",
         ItemStatus::Incomplete => "incomplete",
     };
-    OutputMessage::of(closed.item, status, Some(&closed.text))
+    OutputItem::Message(OutputMessage::of(closed.item, status, Some(&closed.text)))
 }
 
 impl StreamRenderer {
@@ -280,6 +330,20 @@ impl StreamRenderer {
                 part,
             })
         };
+        let text_delta = |item: ItemId, delta: &str, logprobs: Vec<LogprobObject>| {
+            item_event(
+                "response.output_text.delta",
+                ResponseStreamEvent::TextDelta(TextDeltaEvent {
+                    kind: TextDeltaTag::Value,
+                    sequence_number: seq,
+                    item_id: item.to_string(),
+                    output_index: item.output_index(),
+                    content_index: 0,
+                    delta: delta.to_owned(),
+                    logprobs,
+                }),
+            )
+        };
         match &event.payload {
             EventPayload::Created { .. } => {
                 vec![self.lifecycle(LifecycleType::Created, seq, TaskStatus::Queued, None, None)]
@@ -303,25 +367,65 @@ impl StreamRenderer {
                     kind: OutputItemType::Added,
                     sequence_number: seq,
                     output_index: item.output_index(),
-                    item: OutputMessage::of(*item, "in_progress", None),
+                    item: OutputItem::Message(OutputMessage::of(*item, "in_progress", None)),
+                }),
+            )],
+            EventPayload::FunctionCallAdded { item, name } => vec![item_event(
+                "response.output_item.added",
+                ResponseStreamEvent::OutputItem(OutputItemEvent {
+                    kind: OutputItemType::Added,
+                    sequence_number: seq,
+                    output_index: item.output_index(),
+                    item: OutputItem::FunctionCall(FunctionCallItem::of(
+                        *item,
+                        name,
+                        "",
+                        "in_progress",
+                    )),
+                }),
+            )],
+            EventPayload::FunctionCallArgumentsDelta { item, delta } => vec![item_event(
+                "response.function_call_arguments.delta",
+                ResponseStreamEvent::ArgumentsDelta(ArgumentsDeltaEvent {
+                    kind: ArgumentsDeltaTag::Value,
+                    sequence_number: seq,
+                    item_id: item.function_call_id(),
+                    output_index: item.output_index(),
+                    delta: delta.clone(),
+                }),
+            )],
+            EventPayload::FunctionCallArgumentsDone(call) => vec![item_event(
+                "response.function_call_arguments.done",
+                ResponseStreamEvent::ArgumentsDone(ArgumentsDoneEvent {
+                    kind: ArgumentsDoneTag::Value,
+                    sequence_number: seq,
+                    item_id: call.item.function_call_id(),
+                    output_index: call.item.output_index(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                }),
+            )],
+            EventPayload::FunctionCallDone(call) => vec![item_event(
+                "response.output_item.done",
+                ResponseStreamEvent::OutputItem(OutputItemEvent {
+                    kind: OutputItemType::Done,
+                    sequence_number: seq,
+                    output_index: call.item.output_index(),
+                    item: OutputItem::FunctionCall(FunctionCallItem::completed(call)),
                 }),
             )],
             EventPayload::ContentPartAdded { item } => vec![item_event(
                 "response.content_part.added",
                 part(ContentPartType::Added, *item, OutputText::new("")),
             )],
-            EventPayload::OutputTextDelta { item, delta } => vec![item_event(
-                "response.output_text.delta",
-                ResponseStreamEvent::TextDelta(TextDeltaEvent {
-                    kind: TextDeltaTag::Value,
-                    sequence_number: seq,
-                    item_id: item.to_string(),
-                    output_index: item.output_index(),
-                    content_index: 0,
-                    delta: delta.clone(),
-                    logprobs: Vec::new(),
-                }),
-            )],
+            EventPayload::OutputTextDelta { item, delta } => {
+                vec![text_delta(*item, delta, Vec::new())]
+            }
+            EventPayload::OutputTextLogprobs {
+                item,
+                delta,
+                logprobs,
+            } => vec![text_delta(*item, delta, tools::logprobs(logprobs))],
             EventPayload::OutputTextDone(closed) => vec![item_event(
                 "response.output_text.done",
                 ResponseStreamEvent::TextDone(TextDoneEvent {
