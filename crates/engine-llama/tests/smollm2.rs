@@ -89,6 +89,7 @@ fn spec(input: &str, max: u32, seed: u64, temperature: f64, top_p: Option<f64>) 
         temperature: Fraction::new(temperature),
         top_p: top_p.and_then(Fraction::new),
         previous_response_id: None,
+        controls: Default::default(),
     })
 }
 
@@ -108,6 +109,7 @@ async fn collect(mut generation: Box<dyn Generation>) -> (Deltas, Usage) {
         match generation.next_item().await.unwrap() {
             Some(GenerationItem::Delta { text, state }) => deltas.push((text, state)),
             Some(GenerationItem::Finished { usage }) => return (deltas, usage),
+            Some(other) => panic!("a plain run sends no {other:?}"),
             None => panic!("the generation ended without finishing"),
         }
     }
