@@ -1,9 +1,11 @@
 //! The engine's own figures on any GGUF file, in process (no HTTP): tokens per second with and
 //! without KV checkpoints, a repeated prompt's time to first token with and without the prompt
-//! cache, and resume latency (restart → next token) after N tokens with and without checkpoints.
+//! cache, and resume latency (restart → next token) after N tokens with and without checkpoints;
+//! with `--grammar`, only tokens per second of an output constrained by a JSON schema's grammar
+//! against the same run unconstrained.
 //!
 //! `cargo run --release -p lmsp-engine-llama --example engine_figures -- MODEL.gguf
-//! [--threads N] [--tokens N] [--every N] [--resume-max N]`
+//! [--threads N] [--tokens N] [--every N] [--resume-max N] [--grammar 1]`
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // A measuring tool.
 
@@ -17,6 +19,7 @@ use lmsp_domain::model::{
 use lmsp_domain::ports::{Engine, GenerationItem, GenerationJob, ResumePoint};
 use lmsp_domain::task::{Fraction, Input, TaskSpec};
 use lmsp_domain::time::Timestamp;
+use lmsp_domain::tools::{Controls, JsonText, OutputFormat};
 use lmsp_engine_llama::{CheckpointSettings, LlamaEngine, LlamaSettings};
 
 const PROMPT: &str =
@@ -42,6 +45,19 @@ fn model(path: &str) -> ModelToLoad {
 }
 
 fn job(model: &ModelToLoad, tokens: u32, resume: Option<ResumePoint>) -> GenerationJob {
+    controlled(model, tokens, resume, Controls::default())
+}
+
+/// A schema whose instances are long (an array of up to 200 short strings), for `--grammar`.
+const LONG_SCHEMA: &str = r#"{"type": "object", "properties": {"story": {"type": "array",
+    "items": {"type": "string", "maxLength": 40}, "maxItems": 200}}, "required": ["story"]}"#;
+
+fn controlled(
+    model: &ModelToLoad,
+    tokens: u32,
+    resume: Option<ResumePoint>,
+    controls: Controls,
+) -> GenerationJob {
     GenerationJob {
         model: model.clone(),
         spec: Arc::new(TaskSpec {
@@ -54,7 +70,7 @@ fn job(model: &ModelToLoad, tokens: u32, resume: Option<ResumePoint>) -> Generat
             temperature: Fraction::new(1.0),
             top_p: None,
             previous_response_id: None,
-        controls: Default::default(),
+            controls,
         }),
         resume,
     }
@@ -93,6 +109,7 @@ async fn main() {
         .next()
         .expect("usage: engine_figures MODEL.gguf [--threads N] [--tokens N] [--every N]");
     let (mut threads, mut tokens, mut every, mut resume_max) = (1u32, 600u32, 256u32, 500u32);
+    let mut grammar = false;
     while let Some(flag) = args.next() {
         let value: u32 = args.next().expect("a value").parse().expect("a number");
         match flag.as_str() {
@@ -100,6 +117,7 @@ async fn main() {
             "--tokens" => tokens = value,
             "--every" => every = value,
             "--resume-max" => resume_max = value,
+            "--grammar" => grammar = value != 0,
             other => panic!("unknown flag {other}"),
         }
     }
@@ -117,6 +135,31 @@ async fn main() {
             every: NonZeroU32::new(every).unwrap(),
             max_bytes: 8 << 30,
         });
+    if grammar {
+        plain.load(&model).await.unwrap();
+        let constrained = Controls {
+            format: OutputFormat::JsonSchema {
+                name: String::from("story"),
+                schema: JsonText::parsed(LONG_SCHEMA),
+                strict: true,
+            },
+            ..Controls::default()
+        };
+        for (what, controls) in [
+            ("unconstrained", Controls::default()),
+            ("under a JSON schema's grammar", constrained),
+        ] {
+            let mut best = 0.0f64;
+            for _ in 0..2 {
+                let (first, total, deltas) =
+                    timed(&plain, controlled(&model, tokens, None, controls.clone())).await;
+                let rate = (deltas.len() as f64 - 1.0) / (total - first).as_secs_f64();
+                best = best.max(rate);
+            }
+            println!("tokens/s ({tokens} tokens, {threads} thread(s)) {what}: {best:.1}");
+        }
+        return;
+    }
     let cached = LlamaEngine::new(settings)
         .unwrap()
         .with_prompt_cache(256 << 20);

@@ -21,10 +21,21 @@
 //! same result. The budget counts the same tokens: a resumed run never generates past
 //! `max_output_tokens` in all.
 //!
+//! **Tools, structured output, sampling controls** (docs/llama-tools.md). A JSON format or a
+//! forced call constrains the output while it is sampled, by a grammar that llama.cpp makes from
+//! the schema; schema keywords that grammar cannot enforce are refused before a task is created
+//! ([`check_schema`], [`check_controls`], through [`Engine::check`]). The grammar's and the
+//! penalties' state, the held-back text of a possible stop string and where a call is are all
+//! rebuilt on a resume from the output tokens, so a run killed inside a constrained JSON or a
+//! call's arguments continues exactly.
+//!
 //! The crate's rooms: this file (settings, the backend, loading and caching models, the
 //! [`Engine`] port), `run` (one generation's thread and its schedule), `sampling` (how a token is
-//! drawn), `checkpoint` (KV checkpoints on disk), `cache` (the prompt cache), `generation` (the
-//! async side of a generation) and [`state`] (what a resume needs).
+//! drawn, and its log probabilities), `controls` (what a task's tools, format and controls ask of
+//! a run), `schema` (which JSON schemas a grammar enforces), `steer` (penalties and grammars),
+//! `shape` (what the tokens become: text, a call's start, its arguments), `checkpoint` (KV
+//! checkpoints on disk), `cache` (the prompt cache), `generation` (the async side of a
+//! generation) and [`state`] (what a resume needs).
 //!
 //! **Stopping.** The generating thread checks a stop flag between tokens and between prompt
 //! chunks of [`LlamaSettings::batch_size`] tokens; [`Generation::stop`] sets it, closes the
@@ -43,18 +54,23 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
 use lmsp_domain::model::{Digest, ModelToLoad};
-use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationJob};
+use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationJob, Unsupported};
+use lmsp_domain::task::TaskSpec;
 use tokio::sync::OnceCell;
 
 mod cache;
 mod checkpoint;
+mod controls;
 mod generation;
 mod run;
 mod sampling;
 mod schema;
+mod shape;
 pub mod state;
+mod steer;
 
 pub use checkpoint::CheckpointSettings;
+pub use controls::check_controls;
 pub use schema::{check_schema, SchemaError};
 
 use cache::PromptCache;
@@ -241,6 +257,11 @@ fn load_model(
 
 #[async_trait]
 impl Engine for LlamaEngine {
+    /// Refuses a format or tool parameters with a schema keyword the grammar cannot enforce.
+    fn check(&self, spec: &TaskSpec) -> Result<(), Unsupported> {
+        check_controls(&spec.controls)
+    }
+
     async fn load(&self, model: &ModelToLoad) -> Result<(), EngineError> {
         self.model(model).await.map(|_| ())
     }

@@ -16,6 +16,7 @@ use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::vocab::LlamaVocab;
 use llama_cpp_2::LlamaStateSeqFlags;
 use lmsp_domain::model::Digest;
 use lmsp_domain::ports::{EngineError, GenerationItem};
@@ -24,9 +25,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cache::PromptCache;
 use crate::checkpoint::Checkpoints;
+use crate::controls::{conversation, Asked};
 use crate::generation::LlamaGeneration;
-use crate::sampling::{draw_seed, Sampling};
+use crate::sampling::{draw_seed, Probabilities, Sampling};
+use crate::shape::{Piece, Shaper, Step};
 use crate::state::{GenerationState, RunName};
+use crate::steer::Steer;
 use crate::{LlamaSettings, LoadedModel};
 
 /// How many items a generating thread may send ahead of its consumer.
@@ -177,8 +181,14 @@ impl Run {
     fn generate(&self, resume: Resume) -> Result<(), Halt> {
         let model = &self.loaded.model;
         let vocab = model.vocab();
-        let (prompt, special) = prompt_text(&self.loaded, &self.spec.conversation());
+        let asked = Asked::of(&self.spec.controls)
+            .map_err(|error| Halt::Failed(EngineError::Failed(error.to_string())))?;
+        let (prompt, special) = prompt_text(
+            &self.loaded,
+            &conversation(self.spec.conversation(), asked.tools_text.as_deref()),
+        );
         let prompt_tokens = vocab.tokenize(prompt.as_bytes(), true, special);
+        let fresh = matches!(resume, Resume::Fresh);
         let mut state = match resume {
             Resume::Fresh => GenerationState::default(),
             Resume::State(state) => state,
@@ -329,6 +339,40 @@ impl Run {
         }
         let mut next_position = all_len;
 
+        // The samplers with a memory and the shaping of the output, rebuilt from the tokens
+        // generated so far exactly as the uninterrupted run built them (what they gave then was
+        // sent then).
+        let window = self.spec.max_output_tokens;
+        let steer = Steer::new(model, asked.plan, window).map_err(|e| failed("a grammar", e))?;
+        let (shaper, first) = Shaper::new(asked.mode, asked.stops);
+        let mut out = Output {
+            state: GenerationState::default().with_run(run),
+            shaper,
+            steer,
+            logprobs: Vec::new(),
+        };
+        if let Some(name) = &first.arguments_of {
+            out.steer
+                .enter_arguments(name)
+                .map_err(|e| failed("a grammar", e))?;
+        }
+        let mut ended = false;
+        if fresh {
+            // A resume (even with no token yet: after a named call's start) sent these already.
+            self.send_step(&vocab, first, &out.state, &mut out.logprobs)?;
+        } else {
+            for &token in &output {
+                ended |= out.advance(&vocab, LlamaToken(token), None)?.stopped;
+            }
+            out.logprobs.clear();
+            if out.state != state {
+                return Err(failed(
+                    "the resume state",
+                    "its tokens do not make its pending bytes",
+                ));
+            }
+        }
+
         let sampling = Sampling::of(&self.spec);
         let every = self.checkpoints.as_ref().map(|c| c.every());
         let mut all_tokens: Vec<LlamaToken> = Vec::new();
@@ -336,49 +380,59 @@ impl Run {
             all_tokens.extend(prompt_tokens.iter().copied());
             all_tokens.extend(output.iter().map(|&t| LlamaToken(t)));
         }
-        loop {
+        while !ended {
             if self.stopped() {
                 return Err(Halt::Stopped);
             }
-            if state.tokens().len() >= max || next_position >= n_ctx_usize {
+            if out.state.tokens().len() >= max || next_position >= n_ctx_usize {
                 break;
             }
-            let index = u64::try_from(state.tokens().len()).unwrap_or(u64::MAX);
-            let token = match &logits {
-                Some(stored) => draw(sampling, self.spec.seed, index, stored),
-                None => draw(sampling, self.spec.seed, index, context.get_logits_ith(0)),
+            let index = u64::try_from(out.state.tokens().len()).unwrap_or(u64::MAX);
+            let wanted = asked.top_logprobs.filter(|_| !out.shaper.in_call());
+            let (token, probabilities) = match &logits {
+                Some(stored) => draw(
+                    sampling,
+                    self.spec.seed,
+                    index,
+                    stored,
+                    &mut out.steer,
+                    wanted,
+                ),
+                None => draw(
+                    sampling,
+                    self.spec.seed,
+                    index,
+                    context.get_logits_ith(0),
+                    &mut out.steer,
+                    wanted,
+                ),
             };
             if vocab.is_eog(token) {
                 break;
             }
-            let piece = vocab.token_to_piece(token, false, None);
-            let text = state.push(token.0, &piece);
-            if !text.is_empty() {
-                self.send(GenerationItem::Delta {
-                    text,
-                    state: state.encode(),
-                })?;
-            }
-            if state.tokens().len() < max && next_position < n_ctx_usize {
+            let step = out.advance(&vocab, token, probabilities)?;
+            ended = step.stopped;
+            self.send_step(&vocab, step, &out.state, &mut out.logprobs)?;
+            if !ended && out.state.tokens().len() < max && next_position < n_ctx_usize {
                 self.decode_one(&mut context, &mut batch, token, next_position)?;
                 next_position += 1;
                 logits = None;
                 if let (Some(every), Some(checkpoints)) = (every, &self.checkpoints) {
                     all_tokens.push(token);
-                    let covered = state.tokens().len();
-                    if covered % every == 0 {
+                    let covered = out.state.tokens().len();
+                    if covered.is_multiple_of(every) {
                         checkpoints.save(&context, run, digest, covered, &all_tokens);
                     }
                 }
             }
         }
-        let rest = state.flush();
-        if !rest.is_empty() {
-            self.send(GenerationItem::Delta {
-                text: rest,
-                state: state.encode(),
-            })?;
+        if !ended {
+            let rest = out.state.flush();
+            let mut step = out.shaper.feed(&rest);
+            step.pieces.extend(out.shaper.finish());
+            self.send_step(&vocab, step, &out.state, &mut out.logprobs)?;
         }
+        let state = out.state;
         tracing::debug!(cached_tokens, input_tokens, "a llama generation finished");
         self.send(GenerationItem::Finished {
             usage: Usage {
@@ -389,6 +443,41 @@ impl Run {
         })?;
         if let Some(checkpoints) = &self.checkpoints {
             checkpoints.forget(run);
+        }
+        Ok(())
+    }
+
+    /// Sends what one step of the output gave, each piece with the state after it (a text
+    /// piece after the log probabilities of its tokens, when asked for).
+    fn send_step(
+        &self,
+        vocab: &LlamaVocab<'_>,
+        step: Step,
+        state: &GenerationState,
+        logprobs: &mut Vec<Probabilities>,
+    ) -> Result<(), Halt> {
+        for piece in step.pieces {
+            let item = match piece {
+                Piece::Text(text) => {
+                    if !logprobs.is_empty() {
+                        let tokens = logprobs.drain(..).map(|p| p.of_vocab(vocab)).collect();
+                        self.send(GenerationItem::Logprobs { tokens })?;
+                    }
+                    GenerationItem::Delta {
+                        text,
+                        state: state.encode(),
+                    }
+                }
+                Piece::Call { name } => GenerationItem::CallStarted {
+                    name,
+                    state: state.encode(),
+                },
+                Piece::Arguments(text) => GenerationItem::ArgumentsDelta {
+                    text,
+                    state: state.encode(),
+                },
+            };
+            self.send(item)?;
         }
         Ok(())
     }
@@ -439,10 +528,54 @@ impl Run {
     }
 }
 
-/// Draws output token `index` from `logits` as `sampling` says: the same as llama.cpp's
-/// `llama_sampler_sample` on a context's logits (the candidates in token order), so a draw from
-/// cached logits equals one from freshly evaluated ones.
-fn draw(sampling: Sampling, seed: u64, index: u64, logits: &[f32]) -> LlamaToken {
+/// A run's output as it grows: its tokens and pending bytes, its shaping, its penalties and
+/// grammar, and the log probabilities of tokens whose text is not sent yet.
+struct Output<'m> {
+    state: GenerationState,
+    shaper: Shaper,
+    steer: Steer<'m>,
+    logprobs: Vec<Probabilities>,
+}
+
+impl Output<'_> {
+    /// Takes one generated token (drawn now, or replayed on a resume): the grammar and penalties
+    /// record it, its text goes to the shaper, and a call's start switches the grammar to its
+    /// arguments'.
+    fn advance(
+        &mut self,
+        vocab: &LlamaVocab<'_>,
+        token: LlamaToken,
+        probabilities: Option<Probabilities>,
+    ) -> Result<Step, Halt> {
+        self.steer
+            .accept(token)
+            .map_err(|error| failed("the output", error))?;
+        let piece = vocab.token_to_piece(token, false, None);
+        let text = self.state.push(token.0, &piece);
+        self.logprobs.extend(probabilities);
+        let step = self.shaper.feed(&text);
+        if let Some(name) = &step.arguments_of {
+            self.steer
+                .enter_arguments(name)
+                .map_err(|error| failed("a grammar", error))?;
+        }
+        Ok(step)
+    }
+}
+
+/// Draws output token `index` from `logits` as `sampling` says, after `steer`'s penalties and
+/// grammar: the same as llama.cpp's `llama_sampler_sample` on a context's logits (the candidates
+/// in token order), so a draw from cached logits equals one from freshly evaluated ones. With
+/// `top_logprobs`, also the drawn token's log probability and the likeliest alternatives, from
+/// the model's own distribution (the logits before penalties and grammar).
+fn draw(
+    sampling: Sampling,
+    seed: u64,
+    index: u64,
+    logits: &[f32],
+    steer: &mut Steer<'_>,
+    top_logprobs: Option<u8>,
+) -> (LlamaToken, Option<Probabilities>) {
     let mut candidates = LlamaTokenDataArray::from_iter(
         logits.iter().enumerate().map(|(id, &logit)| {
             LlamaTokenData::new(
@@ -453,6 +586,9 @@ fn draw(sampling: Sampling, seed: u64, index: u64, logits: &[f32]) -> LlamaToken
         }),
         false,
     );
+    if steer.active() {
+        steer.apply(&mut candidates);
+    }
     let mut sampler = match sampling {
         Sampling::Greedy => LlamaSampler::greedy(),
         Sampling::Random { temperature, top_p } => LlamaSampler::chain_simple([
@@ -462,7 +598,9 @@ fn draw(sampling: Sampling, seed: u64, index: u64, logits: &[f32]) -> LlamaToken
         ]),
     };
     candidates.apply_sampler(&mut sampler);
-    candidates.selected_token().unwrap_or(LlamaToken(0))
+    let token = candidates.selected_token().unwrap_or(LlamaToken(0));
+    let probabilities = top_logprobs.map(|top| Probabilities::of(logits, token, top));
+    (token, probabilities)
 }
 
 fn position(index: usize) -> Result<i32, Halt> {

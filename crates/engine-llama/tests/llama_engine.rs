@@ -77,7 +77,7 @@ fn spec(input: Input, max: u32, seed: u64, temperature: Option<f64>) -> Arc<Task
         temperature: temperature.and_then(Fraction::new),
         top_p: None,
         previous_response_id: None,
-    controls: Default::default(),
+        controls: Default::default(),
     })
 }
 

@@ -73,7 +73,7 @@ proptest! {
             temperature: temperature.and_then(Fraction::new),
             top_p: top_p.and_then(Fraction::new),
             previous_response_id: None,
-        controls: Default::default(),
+           controls: Default::default(),
         });
         let job = |resume| GenerationJob { model: model.clone(), spec: Arc::clone(&spec), resume };
         let runtime = tokio::runtime::Builder::new_multi_thread()
