@@ -20,6 +20,7 @@ mod chart;
 mod client;
 mod events;
 mod peer;
+mod pg_claims;
 mod phases;
 mod plan;
 mod postgres;

@@ -34,6 +34,12 @@ pub struct Plan {
     /// Output tokens of each streaming task in the PostgreSQL events figure (fewer than SQLite's:
     /// the same `stream_tasks`, a run of a few seconds).
     pub(crate) pg_stream_tokens: u32,
+    /// Tasks queued for the PostgreSQL claims figure.
+    pub(crate) pg_claim_queue: usize,
+    /// Concurrent claim loops per instance in the claims figure.
+    pub(crate) pg_claimers: usize,
+    /// How long each claims run lasts.
+    pub(crate) pg_claim_duration: Duration,
 }
 
 impl Plan {
@@ -66,6 +72,9 @@ impl Plan {
                 pgbench_seconds: 1,
                 pgbench_threads: 2,
                 pg_stream_tokens: 16,
+                pg_claim_queue: 3_000,
+                pg_claimers: 16,
+                pg_claim_duration: Duration::from_millis(300),
             }
         } else {
             Plan {
@@ -93,6 +102,9 @@ impl Plan {
                 pgbench_seconds: 5,
                 pgbench_threads: 2,
                 pg_stream_tokens: 100,
+                pg_claim_queue: 100_000,
+                pg_claimers: 16,
+                pg_claim_duration: Duration::from_secs(3),
             }
         };
         if let Some(reps) = cli.reps {

@@ -78,4 +78,8 @@ pub struct PgFigures {
     pub(crate) events_per_s: Spread,
     pub(crate) events_delay_p50: Spread,
     pub(crate) events_delay_p99: Spread,
+    /// Claims per second with `pg_claim_queue` tasks queued, one instance.
+    pub(crate) claims_one: Spread,
+    /// Claims per second, `pg_instances` instances on the same queue (summed).
+    pub(crate) claims_three: Spread,
 }

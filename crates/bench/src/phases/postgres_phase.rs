@@ -9,7 +9,7 @@ use super::{ulid_like, Outcome, Phases};
 use crate::results::{push_level, PgFigures, Results};
 use crate::server::{CpuMeter, Server};
 use crate::submit::{self, Request};
-use crate::{client, events, postgres};
+use crate::{client, events, pg_claims, postgres};
 
 impl Phases<'_> {
     /// Submits on PostgreSQL: `pgbench`'s insert-commit ceiling, then per repetition one
@@ -99,6 +99,18 @@ impl Phases<'_> {
             figures.events_per_s.push(run.per_s);
             figures.events_delay_p50.push(run.delay_p50_ms);
             figures.events_delay_p99.push(run.delay_p99_ms);
+
+            let name = postgres::database_name("claims");
+            let url = pg.create_database(&name).await?;
+            let run = self.pg_claims(&url).await;
+            pg.drop_database(&name).await?;
+            let (one, three) = run?;
+            println!(
+                "  rep {rep}: claims, {} queued, {} claim loops per instance: one instance {one:.0}/s, {} instances {three:.0}/s",
+                plan.pg_claim_queue, plan.pg_claimers, plan.pg_instances
+            );
+            figures.claims_one.push(one);
+            figures.claims_three.push(three);
         }
         if pg.is_owned() {
             eprintln!("  stopping and removing the cluster");
@@ -155,6 +167,23 @@ impl Phases<'_> {
             .map(|(meter, server)| meter.report(server))
             .collect();
         Ok((run, cpu.join("; ")))
+    }
+
+    /// Claims per second on `url` with `pg_claim_queue` tasks queued: one instance, then
+    /// `pg_instances` on what is left of the same queue.
+    async fn pg_claims(&self, url: &str) -> anyhow::Result<(f64, f64)> {
+        let plan = self.plan;
+        // Enough for both runs: the second starts on the queue the first left.
+        pg_claims::prepare(url, plan.pg_claim_queue, 64).await?;
+        let one = pg_claims::claims_per_s(url, 1, plan.pg_claimers, plan.pg_claim_duration).await?;
+        let three = pg_claims::claims_per_s(
+            url,
+            plan.pg_instances,
+            plan.pg_claimers,
+            plan.pg_claim_duration,
+        )
+        .await?;
+        Ok((one, three))
     }
 
     /// Persisted events with `stream_tasks` tasks streaming on one instance on `url`.

@@ -463,6 +463,27 @@ fn postgres_table(plan: &Plan, r: &Results) {
         problem,
     ));
     rows.push(plain_row(
+        format!(
+            "PostgreSQL: claims per second, {} queued, one instance, {} claim loops",
+            plan.pg_claim_queue, plan.pg_claimers
+        ),
+        &[&pg.claims_one],
+        "/s",
+        problem,
+    ));
+    rows.push(percent_row(
+        format!(
+            "PostgreSQL: claims per second, {} queued, {} instances (summed) vs one",
+            plan.pg_claim_queue, plan.pg_instances
+        ),
+        &pg.claims_three,
+        "/s",
+        pg.claims_one.median(),
+        format!("one instance: {}/s", n(pg.claims_one.median())),
+        Some(90.0),
+        problem,
+    ));
+    rows.push(plain_row(
         String::from("PostgreSQL: event created_at → SSE arrival, p50 / p99 (1 ms resolution)"),
         &[&pg.events_delay_p50, &pg.events_delay_p99],
         "ms",

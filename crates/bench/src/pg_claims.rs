@@ -1,0 +1,98 @@
+//! Claims per second on PostgreSQL with a long queue, in process: a deliberate exception to
+//! "through the binary" (like `purge.rs`), since no request measures a claim alone — a worker's
+//! claim is followed by its run. The figure is the storage port's `claim_next` on the PostgreSQL
+//! adapter, the call every worker of every instance makes.
+//!
+//! The queue is prepared through the port (`create_task`, 64 at a time: the adapter group-commits
+//! them). Each "instance" is a store of its own (its own pool, lanes and `LISTEN` connection) on
+//! the same database, registered as an instance, with `claimers` concurrent claim loops; the
+//! figure is claims committed per second, summed over the instances.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use lmsp_domain::ports::{CreateOutcome, TaskStore};
+use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::time::Timestamp;
+use lmsp_storage_postgres::{PostgresOptions, PostgresStore};
+
+use lmsp_bench::fixtures;
+
+/// Opens a store on `url` (the first one creates the schema).
+async fn open(url: &str) -> anyhow::Result<PostgresStore> {
+    Ok(PostgresStore::connect_without_listener(url, PostgresOptions::default()).await?)
+}
+
+/// Queues `tasks` tasks on the database at `url`, `parallel` creates at a time.
+pub async fn prepare(url: &str, tasks: usize, parallel: usize) -> anyhow::Result<()> {
+    let store = open(url).await?;
+    let owner = fixtures::register_instance(&store, fixtures::T0).await?;
+    let client = fixtures::client_id();
+    let store = &store;
+    let mut created = futures::stream::iter(0..tasks)
+        .map(|_| async move {
+            let task = fixtures::task(owner, client, RestartPolicy::Retry)?;
+            match store.create_task(task, None).await? {
+                CreateOutcome::Created(_) => Ok(()),
+                CreateOutcome::KeyAnswered(_) => {
+                    anyhow::bail!("a create without a key was answered by one")
+                }
+            }
+        })
+        .buffer_unordered(parallel.max(1));
+    while let Some(done) = created.next().await {
+        done?;
+    }
+    store.close().await;
+    Ok(())
+}
+
+/// Claims in `instances` stores on `url`, `claimers` loops each, for `duration` (or until the
+/// queue runs dry): claims per second, summed.
+pub async fn claims_per_s(
+    url: &str,
+    instances: usize,
+    claimers: usize,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let mut stores: Vec<(Arc<PostgresStore>, lmsp_domain::ids::InstanceId)> = Vec::new();
+    for _ in 0..instances.max(1) {
+        // A claimer's id (claims need no registered instance: no lease is checked).
+        stores.push((Arc::new(open(url).await?), fixtures::instance_id()));
+    }
+    let claimed = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut loops = Vec::new();
+    for (store, id) in &stores {
+        for _ in 0..claimers.max(1) {
+            let (store, id, claimed) = (Arc::clone(store), *id, Arc::clone(&claimed));
+            loops.push(tokio::spawn(async move {
+                let mut n = 0_u64;
+                while Instant::now() < deadline {
+                    let at = Timestamp::from_millis(fixtures::T0.as_millis() + 1 + n as i64);
+                    match store.claim_next(id, at).await? {
+                        Some(_) => {
+                            claimed.fetch_add(1, Ordering::Relaxed);
+                            n += 1;
+                        }
+                        // The queue ran dry: the run ends early, and its rate is over the time
+                        // it ran.
+                        None => break,
+                    }
+                }
+                Ok::<(), anyhow::Error>(())
+            }));
+        }
+    }
+    for handle in loops {
+        handle.await??;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    for (store, _) in &stores {
+        store.close().await;
+    }
+    Ok(claimed.load(Ordering::Relaxed) as f64 / seconds)
+}
