@@ -23,6 +23,7 @@ Run: target/openai-sdk-venv/bin/python tests/sdk/test_openai_sdk.py [-v]
 (the venv comes from scripts/openai-sdk-deps).
 """
 
+import json
 import os
 import sys
 import threading
@@ -32,6 +33,7 @@ import uuid
 
 import httpx2
 import openai
+import pydantic
 from openai import OpenAI
 from openai.types import Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -43,6 +45,9 @@ from openai.types.responses import (
     ResponseCreatedEvent,
     ResponseErrorEvent,
     ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionToolCall,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
     ResponseOutputItemAddedEvent,
@@ -808,7 +813,7 @@ class OpenAiSdk(unittest.TestCase):
         self.check_response(turn)
         # What LMSP cannot do is a 400 naming the field, never ignored.
         for param, extra in (
-            ("tools", {"tools": [{"type": "function", "name": "f", "parameters": {}}]}),
+            ("tools[0].type", {"tools": [{"type": "web_search"}]}),
             ("reasoning", {"reasoning": {"effort": "low"}}),
         ):
             with self.assertRaises(openai.BadRequestError) as caught:
@@ -971,6 +976,198 @@ class OpenAiSdk(unittest.TestCase):
             client.post("/pair", body=body, cast_to=object)
         self.assertEqual(caught.exception.code, "rate_limited")
         self.assertIn("retry-after", caught.exception.response.headers)
+
+
+    # ---- tools, structured outputs and sampling controls (issue 23) ----
+
+    WEATHER = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    }
+
+    def test_18_tool_loop_responses(self):
+        """responses.create with a function tool: a function_call output item, then its
+        function_call_output sent back (echoing the earlier items, and through
+        previous_response_id) gets a text answer; responses.stream shows the call's argument
+        events and the same final call."""
+        tools = [{"type": "function", "name": "get_weather", "description": "The weather",
+                  "parameters": self.WEATHER, "strict": True}]
+        question = [{"role": "user", "content": "What is the weather in Paris?"}]
+        first = self.client.responses.create(
+            model=MODEL, input=question, tools=tools, tool_choice="required"
+        )
+        validated(Response, first)
+        self.assertEqual(first.status, "completed")
+        call = first.output[0]
+        self.assertIsInstance(call, ResponseFunctionToolCall)
+        self.assertEqual(call.type, "function_call")
+        self.assertEqual(call.name, "get_weather")
+        self.assertTrue(call.call_id.startswith("call_"), call.call_id)
+        self.assertEqual(json.loads(call.arguments), {"city": "", "days": 1})
+        answer = {"type": "function_call_output", "call_id": call.call_id,
+                  "output": json.dumps({"celsius": 21})}
+        # The earlier items echoed back, as the SDK's own objects.
+        echoed = self.client.responses.create(
+            model=MODEL, input=[*question, *first.output, answer], tools=tools,
+            max_output_tokens=TOKENS,
+        )
+        validated(Response, echoed)
+        self.assertEqual(echoed.output[0].type, "message")
+        self.assertTrue(echoed.output_text)
+        chained = self.client.responses.create(
+            model=MODEL, previous_response_id=first.id, input=[answer], tools=tools,
+            max_output_tokens=TOKENS,
+        )
+        self.assertEqual(chained.output[0].type, "message")
+        self.assertTrue(chained.output_text)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.responses.create(
+                model=MODEL, previous_response_id=first.id,
+                input=[{**answer, "call_id": "call_unknown"}],
+            )
+        self.assertEqual(caught.exception.param, "input[0].call_id")
+        deltas = []
+        with self.client.responses.stream(
+            model=MODEL, input=question, tools=tools, tool_choice="required"
+        ) as stream:
+            for event in stream:
+                if event.type == "response.function_call_arguments.delta":
+                    self.assertIsInstance(event, ResponseFunctionCallArgumentsDeltaEvent)
+                    deltas.append(event.delta)
+                if event.type == "response.function_call_arguments.done":
+                    self.assertIsInstance(event, ResponseFunctionCallArgumentsDoneEvent)
+                    self.assertEqual(event.arguments, call.arguments)
+            final = stream.get_final_response()
+        self.assertEqual("".join(deltas), call.arguments)
+        self.assertEqual(final.output[0].arguments, call.arguments)
+
+    def test_19_tool_loop_chat(self):
+        """chat.completions.create with tools: tool_calls and finish_reason tool_calls; the
+        assistant message and a tool message sent back get text; the stream helper joins the
+        streamed arguments into the same call."""
+        tools = [{"type": "function", "function": {"name": "get_weather",
+                  "parameters": self.WEATHER, "strict": True}}]
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        first = self.client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
+        validated(ChatCompletion, first)
+        choice = first.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
+        call = choice.message.tool_calls[0]
+        self.assertEqual(call.type, "function")
+        self.assertEqual(call.function.name, "get_weather")
+        self.assertEqual(json.loads(call.function.arguments), {"city": "", "days": 1})
+        follow = self.client.chat.completions.create(
+            model=MODEL,
+            messages=[*messages, choice.message,
+                      {"role": "tool", "tool_call_id": call.id, "content": "21 degrees"}],
+            tools=tools,
+            max_completion_tokens=TOKENS,
+        )
+        validated(ChatCompletion, follow)
+        self.assertIn(follow.choices[0].finish_reason, ("stop", "length"))
+        self.assertTrue(follow.choices[0].message.content)
+        chunks = list(self.client.chat.completions.create(
+            model=MODEL, messages=messages, tools=tools, stream=True))
+        for chunk in chunks:
+            validated(ChatCompletionChunk, chunk)
+        arguments = "".join(
+            c.choices[0].delta.tool_calls[0].function.arguments or ""
+            for c in chunks if c.choices and c.choices[0].delta.tool_calls
+        )
+        self.assertEqual(arguments, call.function.arguments)
+        with self.client.chat.completions.stream(
+            model=MODEL, messages=messages, tools=tools
+        ) as stream:
+            final = stream.get_final_completion()
+        self.assertEqual(final.choices[0].message.tool_calls[0].function.arguments,
+                         call.function.arguments)
+        self.assertEqual(final.choices[0].finish_reason, "tool_calls")
+
+    def test_20_structured_outputs_parse(self):
+        """responses.parse(text_format=…) and chat.completions.parse(response_format=…) return
+        parsed pydantic objects; a pydantic function tool's arguments are parsed too."""
+
+        class Person(pydantic.BaseModel):
+            name: str
+            age: int
+            tags: list[str]
+
+        class GetWeather(pydantic.BaseModel):
+            city: str
+            days: int
+
+        parsed = self.client.responses.parse(model=MODEL, input="Describe a person",
+                                             text_format=Person)
+        self.assertIsInstance(parsed.output_parsed, Person)
+        self.assertEqual(parsed.output_parsed, Person(name="", age=0, tags=[]))
+        completion = self.client.chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": "Describe a person"}],
+            response_format=Person,
+        )
+        self.assertIsInstance(completion.choices[0].message.parsed, Person)
+        called = self.client.chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": "Weather?"}],
+            tools=[openai.pydantic_function_tool(GetWeather)], tool_choice="required",
+        )
+        arguments = called.choices[0].message.tool_calls[0].function.parsed_arguments
+        self.assertIsInstance(arguments, GetWeather)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.responses.create(
+                model=MODEL, input="x", tools=[{"type": "web_search"}])
+        self.assertEqual(caught.exception.param, "tools[0].type")
+
+    def test_21_stop(self):
+        """chat.completions.create(stop=…): the content ends before the first stop string."""
+        messages = [{"role": "user", "content": PROMPT}]
+        full = self.client.chat.completions.create(
+            model=MODEL, messages=messages, max_completion_tokens=TOKENS, seed=SEED)
+        text = full.choices[0].message.content
+        words = text.split()
+        stop = f" {words[3]} "
+        stopped = self.client.chat.completions.create(
+            model=MODEL, messages=messages, max_completion_tokens=TOKENS, seed=SEED,
+            stop=[stop])
+        self.assertEqual(stopped.choices[0].message.content, text[: text.index(stop)])
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.chat.completions.create(
+                model=MODEL, messages=messages, stop=["a", "b", "c", "d", "e"])
+        self.assertEqual(caught.exception.param, "stop")
+
+    def test_22_logprobs(self):
+        """Chat logprobs + top_logprobs (whole and streamed) and Responses
+        include=["message.output_text.logprobs"]: a log probability per token."""
+        messages = [{"role": "user", "content": PROMPT}]
+        completion = self.client.chat.completions.create(
+            model=MODEL, messages=messages, max_completion_tokens=6, seed=SEED,
+            logprobs=True, top_logprobs=2)
+        validated(ChatCompletion, completion)
+        content = completion.choices[0].logprobs.content
+        self.assertEqual(len(content), 6)
+        self.assertEqual("".join(t.token for t in content), completion.choices[0].message.content)
+        for token in content:
+            self.assertLessEqual(token.logprob, 0.0)
+            self.assertLessEqual(len(token.top_logprobs), 2)
+        streamed = [
+            token
+            for chunk in self.client.chat.completions.create(
+                model=MODEL, messages=messages, max_completion_tokens=6, seed=SEED,
+                logprobs=True, top_logprobs=2, stream=True)
+            if chunk.choices and chunk.choices[0].logprobs
+            for token in chunk.choices[0].logprobs.content
+        ]
+        self.assertEqual([t.token for t in streamed], [t.token for t in content])
+        response = self.client.responses.create(
+            model=MODEL, input=PROMPT, max_output_tokens=6, extra_body={"seed": SEED},
+            include=["message.output_text.logprobs"], top_logprobs=2)
+        validated(Response, response)
+        self.assertEqual(len(response.output[0].content[0].logprobs), 6)
+        events = list(self.client.responses.create(
+            model=MODEL, input=PROMPT, max_output_tokens=6, extra_body={"seed": SEED},
+            include=["message.output_text.logprobs"], top_logprobs=2, stream=True))
+        deltas = [e for e in events if e.type == "response.output_text.delta"]
+        self.assertTrue(all(len(e.logprobs) == 1 for e in deltas), deltas)
 
 
 def main():

@@ -332,7 +332,11 @@ impl Service {
             }
             None => request.input.clone(),
         };
-        check_tool_answers(&input).map_err(AppError::Invalid)?;
+        let earlier = match &input {
+            Input::Messages(all) => all.len().saturating_sub(request.input.messages().len()),
+            Input::Text(_) => 0,
+        };
+        check_tool_answers(&input, earlier).map_err(AppError::Invalid)?;
         let seed = request.seed.unwrap_or_else(|| rand::rngs::OsRng.next_u64());
         let task = Task::new_queued(NewTask {
             id: TaskId::from_ulid(core.next_ulid()),

@@ -420,6 +420,7 @@ async fn run(pool: &Pool, task: Task, resumed: bool) -> Ending {
                 model: current.model.clone(),
                 output_text: so_far.text,
                 calls: so_far.calls,
+                logprobs: so_far.logprobs,
                 usage,
                 created_at: current.created_at,
                 completed_at: core.now(),

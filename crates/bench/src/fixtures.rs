@@ -104,6 +104,7 @@ pub fn complete(task: &Task, text: &str, at: Timestamp) -> Step {
             model: task.model.clone(),
             output_text: text.to_owned(),
             calls: Vec::new(),
+            logprobs: Vec::new(),
             usage: Usage {
                 input_tokens: 4,
                 output_tokens: 16,

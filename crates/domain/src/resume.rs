@@ -3,6 +3,7 @@
 
 use crate::event::{CallItem, Event, EventPayload};
 use crate::ids::ItemId;
+use crate::tools::TokenLogprob;
 use crate::ports::{ResumePoint, Snapshot};
 use crate::task::Task;
 
@@ -35,6 +36,8 @@ pub struct RunSoFar {
     pub calls: Vec<CallItem>,
     /// Whether the last call's arguments were still being written.
     pub call_open: bool,
+    /// The log probabilities of the message's tokens (when the task asked for them).
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 impl RunSoFar {
@@ -64,6 +67,9 @@ impl RunSoFar {
                 if let Some((_, delta)) = payload.text_delta() {
                     self.text.push_str(delta);
                 }
+                if let EventPayload::OutputTextLogprobs { logprobs, .. } = payload {
+                    self.logprobs.extend(logprobs.iter().cloned());
+                }
             }
         }
     }
@@ -79,7 +85,7 @@ pub fn run_so_far<'a>(
     let open = task.items.open_item(task.id);
     // The first item the current run opened: items before it are earlier runs'.
     let mut first_of_run: Option<u32> = None;
-    let mut deltas: Vec<(ItemId, &str)> = Vec::new();
+    let mut deltas: Vec<(ItemId, &str, &[TokenLogprob])> = Vec::new();
     let mut calls: Vec<CallItem> = Vec::new();
     let mut call_open = false;
     for event in log {
@@ -118,9 +124,14 @@ pub fn run_so_far<'a>(
                 }
                 call_open = false;
             }
+            EventPayload::OutputTextLogprobs {
+                item,
+                delta,
+                logprobs,
+            } => deltas.push((*item, delta, logprobs)),
             payload => {
-                if let Some(delta) = payload.text_delta() {
-                    deltas.push(delta);
+                if let Some((item, delta)) = payload.text_delta() {
+                    deltas.push((item, delta, &[]));
                 }
             }
         }
@@ -131,10 +142,11 @@ pub fn run_so_far<'a>(
             item == open || first_of_run.is_some_and(|first| item.output_index() >= first)
         }
     };
-    let text = deltas
-        .into_iter()
-        .filter(|(item, _)| belongs(*item))
-        .map(|(_, delta)| delta)
+    deltas.retain(|(item, _, _)| belongs(*item));
+    let text = deltas.iter().map(|(_, delta, _)| *delta).collect();
+    let logprobs = deltas
+        .iter()
+        .flat_map(|(_, _, logprobs)| logprobs.iter().cloned())
         .collect();
     calls.retain(|call| belongs(call.item));
     let call_open = call_open && !calls.is_empty();
@@ -142,5 +154,6 @@ pub fn run_so_far<'a>(
         text,
         calls,
         call_open,
+        logprobs,
     }
 }

@@ -12,7 +12,7 @@ use crate::model::ModelId;
 use crate::recovery::RestartPolicy;
 use crate::status::TaskStatus;
 use crate::time::Timestamp;
-use crate::tools::{Controls, ToolCall};
+use crate::tools::{Controls, TokenLogprob, ToolCall};
 
 /// Free-form string pairs a client attaches to a task (at most 16; see validation).
 pub type Metadata = BTreeMap<String, String>;
@@ -367,6 +367,8 @@ pub struct Response {
     /// The function calls the run made after its text, in order (each an output item of its
     /// own); empty when it made none.
     pub calls: Vec<CallItem>,
+    /// The log probabilities of the output text's tokens, when the task asked for them.
+    pub logprobs: Vec<TokenLogprob>,
     /// Token counts.
     pub usage: Usage,
     /// When its task was created.

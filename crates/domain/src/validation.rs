@@ -314,13 +314,14 @@ fn validate_controls(draft: DraftControls) -> Result<Controls, ValidationError> 
     })
 }
 
-/// Checks that every `tool` message of a conversation answers a call an earlier `assistant`
-/// message made (by `call_id`); the param names the first that does not.
-pub fn check_tool_answers(input: &Input) -> Result<(), ValidationError> {
+/// Checks that every `tool` message of a conversation from index `first` on answers a call an
+/// earlier `assistant` message made (by `call_id`); the param names the first that does not, by
+/// its index counted from `first` (the messages before it are an earlier response's).
+pub fn check_tool_answers(input: &Input, first: usize) -> Result<(), ValidationError> {
     let Input::Messages(messages) = input else {
         return Ok(());
     };
-    for (index, message) in messages.iter().enumerate() {
+    for (index, message) in messages.iter().enumerate().skip(first) {
         if message.role != Role::Tool {
             continue;
         }
@@ -332,7 +333,7 @@ pub fn check_tool_answers(input: &Input) -> Result<(), ValidationError> {
         });
         if !answered {
             return Err(invalid(
-                &format!("input[{index}].call_id"),
+                &format!("input[{}].call_id", index - first),
                 format!(
                     "no earlier function call has the call id `{}`",
                     message.tool_call_id.as_deref().unwrap_or_default()

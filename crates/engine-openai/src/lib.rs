@@ -22,7 +22,10 @@ use serde_json::{json, Value};
 use lmsp_domain::ports::{
     Engine, EngineError, EngineHealth, Generation, GenerationItem, GenerationJob,
 };
-use lmsp_domain::{Message, ModelSource, ModelToLoad, Role, Usage};
+use lmsp_domain::{
+    Controls, JsonText, Logprob, Message, ModelSource, ModelToLoad, OutputFormat, Role,
+    TokenLogprob, ToolChoice, TopLogprob, Usage,
+};
 
 /// Where the upstream server is.
 #[derive(Debug, Clone)]
@@ -314,6 +317,12 @@ impl Engine for OpenAiEngine {
             // llama.cpp then reports the tokens predicted so far with every chunk.
             body["timings_per_token"] = json!(true);
         }
+        if job.resume.as_ref().is_some_and(|r| in_call(&r.state)) {
+            return Err(EngineError::Failed(String::from(
+                "the upstream engine cannot continue a function call's arguments after a restart",
+            )));
+        }
+        add_controls(&mut body, &job.spec.controls, endpoint == "chat/completions");
         if let Some(temperature) = job.spec.temperature {
             body["temperature"] = json!(temperature.get());
         }
@@ -348,13 +357,135 @@ impl Engine for OpenAiEngine {
             before: produced,
             finish_reason_seen: false,
             done: false,
+            in_call: false,
+            logprobs: job.spec.controls.top_logprobs.is_some(),
         }))
     }
 }
 
+/// Adds the task's tools, format, stop strings, penalties and log probabilities to an upstream
+/// request (tools and the format only to Chat Completions: the raw completion a resume uses
+/// takes text only).
+fn add_controls(body: &mut Value, controls: &Controls, chat: bool) {
+    let parsed = |text: &JsonText| serde_json::from_str::<Value>(text.as_str()).unwrap_or(json!({}));
+    if chat && !controls.tools.is_empty() {
+        body["tools"] = controls
+            .tools
+            .iter()
+            .map(|tool| {
+                let mut function = json!({"name": tool.name, "strict": tool.strict});
+                if let Some(description) = &tool.description {
+                    function["description"] = json!(description);
+                }
+                if let Some(parameters) = &tool.parameters {
+                    function["parameters"] = parsed(parameters);
+                }
+                json!({"type": "function", "function": function})
+            })
+            .collect();
+        body["tool_choice"] = match &controls.tool_choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Function(name) => json!({"type": "function", "function": {"name": name}}),
+        };
+        if !controls.parallel_tool_calls {
+            body["parallel_tool_calls"] = json!(false);
+        }
+    }
+    if chat {
+        match &controls.format {
+            OutputFormat::Text => {}
+            OutputFormat::JsonObject => body["response_format"] = json!({"type": "json_object"}),
+            OutputFormat::JsonSchema {
+                name,
+                schema,
+                strict,
+            } => {
+                body["response_format"] = json!({"type": "json_schema", "json_schema": {
+                    "name": name, "schema": parsed(schema), "strict": strict}});
+            }
+        }
+    }
+    if !controls.stop.is_empty() {
+        body["stop"] = json!(controls.stop);
+    }
+    if let Some(penalty) = controls.presence_penalty {
+        body["presence_penalty"] = json!(penalty.get());
+    }
+    if let Some(penalty) = controls.frequency_penalty {
+        body["frequency_penalty"] = json!(penalty.get());
+    }
+    if let Some(top) = controls.top_logprobs {
+        if chat {
+            body["logprobs"] = json!(true);
+            body["top_logprobs"] = json!(top);
+        } else {
+            body["n_probs"] = json!(top);
+        }
+    }
+}
+
+/// The state after `tokens` upstream tokens; one more byte (1) when it is inside a call's
+/// arguments, which a resume cannot continue.
+fn state_of(tokens: u64, in_call: bool) -> Vec<u8> {
+    let mut state = tokens.to_le_bytes().to_vec();
+    if in_call {
+        state.push(1);
+    }
+    state
+}
+
+/// Whether a state is inside a call's arguments.
+fn in_call(state: &[u8]) -> bool {
+    state.get(8) == Some(&1)
+}
+
+/// The log probabilities of a chunk's tokens (`logprobs.content`).
+fn token_logprobs(content: &[Value]) -> Vec<TokenLogprob> {
+    let bytes_of = |entry: &Value, token: &str| -> Vec<u8> {
+        entry["bytes"]
+            .as_array()
+            .map(|bytes| {
+                bytes
+                    .iter()
+                    .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+                    .collect()
+            })
+            .unwrap_or_else(|| token.as_bytes().to_vec())
+    };
+    content
+        .iter()
+        .map(|entry| {
+            let token = entry["token"].as_str().unwrap_or_default().to_owned();
+            TokenLogprob {
+                bytes: bytes_of(entry, &token),
+                logprob: Logprob::clamped(entry["logprob"].as_f64().unwrap_or(f64::NAN)),
+                top: entry["top_logprobs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|top| {
+                        let text = top["token"].as_str().unwrap_or_default().to_owned();
+                        TopLogprob {
+                            bytes: bytes_of(top, &text),
+                            logprob: Logprob::clamped(top["logprob"].as_f64().unwrap_or(f64::NAN)),
+                            token: text,
+                        }
+                    })
+                    .collect(),
+                token,
+            }
+        })
+        .collect()
+}
+
 /// The tokens a snapshot's state says were produced before it.
 fn tokens_in_state(state: &[u8]) -> u64 {
-    <[u8; 8]>::try_from(state).map_or(0, u64::from_le_bytes)
+    state
+        .get(..8)
+        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+        .map_or(0, u64::from_le_bytes)
 }
 
 /// An error's message followed by its causes'.
@@ -402,6 +533,10 @@ struct UpstreamGeneration {
     /// was cut off.
     finish_reason_seen: bool,
     done: bool,
+    /// Whether the upstream is writing a call's arguments.
+    in_call: bool,
+    /// Whether the task asked for log probabilities.
+    logprobs: bool,
 }
 
 impl UpstreamGeneration {
@@ -416,6 +551,8 @@ impl UpstreamGeneration {
             before: usage.output_tokens,
             finish_reason_seen: true,
             done: false,
+            in_call: false,
+            logprobs: false,
         };
         generation.finish();
         generation
@@ -460,10 +597,39 @@ impl UpstreamGeneration {
                 None => self.usage.output_tokens + 1,
             };
             self.first_token_deadline = None;
+            if self.logprobs {
+                if let Some(content) = choice["logprobs"]["content"].as_array() {
+                    self.pending.push_back(GenerationItem::Logprobs {
+                        tokens: token_logprobs(content),
+                    });
+                }
+            }
+            self.in_call = false;
             self.pending.push_back(GenerationItem::Delta {
                 text: text.to_owned(),
-                state: self.usage.output_tokens.to_le_bytes().to_vec(),
+                state: state_of(self.usage.output_tokens, false),
             });
+        }
+        for call in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            self.first_token_deadline = None;
+            self.usage.output_tokens = match chunk["timings"]["predicted_n"].as_u64() {
+                Some(predicted) => (self.before + predicted).max(self.usage.output_tokens),
+                None => self.usage.output_tokens + 1,
+            };
+            let function = &call["function"];
+            if let Some(name) = function["name"].as_str().filter(|n| !n.is_empty()) {
+                self.in_call = true;
+                self.pending.push_back(GenerationItem::CallStarted {
+                    name: name.to_owned(),
+                    state: state_of(self.usage.output_tokens, true),
+                });
+            }
+            if let Some(arguments) = function["arguments"].as_str().filter(|a| !a.is_empty()) {
+                self.pending.push_back(GenerationItem::ArgumentsDelta {
+                    text: arguments.to_owned(),
+                    state: state_of(self.usage.output_tokens, true),
+                });
+            }
         }
         if choice["finish_reason"].is_string() {
             // The usage chunk (`stream_options.include_usage`) comes after the finish reason;

@@ -6,6 +6,15 @@
 //! from the seed, the prompt and `i`, so the whole output is a pure function of the model
 //! digest, the input, the seed and `max_output_tokens`; the state after each delta (next token
 //! index and context words) is enough to continue exactly there (I-6).
+//!
+//! Tools and structured outputs are answered by a script ([`structured`]): a call of the chosen
+//! tool with the smallest valid arguments, or the smallest valid instance of the format's schema,
+//! in pieces; its state is the number of pieces written. With `top_logprobs` asked for, each
+//! delta comes after its token's log probability: the share of the chosen word among the
+//! context's followers, with the most frequent followers as the alternatives (a scripted piece
+//! is certain: 0).
+
+pub mod structured;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,6 +24,9 @@ use async_trait::async_trait;
 use lmsp_domain::model::{Digest, ModelToLoad};
 use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationItem, GenerationJob};
 use lmsp_domain::task::{Fraction, Usage};
+use lmsp_domain::{Logprob, TokenLogprob, TopLogprob};
+
+use crate::structured::Script;
 use tokio::sync::OnceCell;
 
 /// How slow the reference engine pretends to be.
@@ -109,6 +121,22 @@ impl Engine for ReferenceEngine {
         let prompt = job.spec.prompt_text();
         let base = splitmix64(job.spec.seed) ^ fnv1a64(prompt.as_bytes());
         let max = u64::from(job.spec.max_output_tokens);
+        let input_tokens = prompt.split_whitespace().count() as u64;
+        let top_logprobs = job.spec.controls.top_logprobs;
+        if let Some(script) = Script::of(&job.spec) {
+            let next = match &job.resume {
+                Some(resume) => decode_script_state(&resume.state)?,
+                None => 0,
+            };
+            return Ok(Box::new(ScriptedGeneration::new(
+                script,
+                next,
+                max,
+                input_tokens,
+                self.settings,
+                top_logprobs,
+            )));
+        }
         let (next, context) = match &job.resume {
             Some(resume) => {
                 let (next, context) = decode_state(&resume.state, &corpus)?;
@@ -127,11 +155,13 @@ impl Engine for ReferenceEngine {
             next,
             context,
             max,
-            input_tokens: prompt.split_whitespace().count() as u64,
+            input_tokens,
             settings: self.settings,
             sampling: Sampling::of(job.spec.temperature, job.spec.top_p),
             done: false,
             due: None,
+            top_logprobs,
+            queued: None,
         }))
     }
 }
@@ -298,11 +328,18 @@ struct ReferenceGeneration {
     /// When the word being waited for is due: set by the first pull that waits for it, so a
     /// pull dropped in the middle of the wait (a cancel's select) does not start it over.
     due: Option<tokio::time::Instant>,
+    /// How many alternatives of each token's log probability, when asked for.
+    top_logprobs: Option<u8>,
+    /// The delta whose log probabilities were just sent.
+    queued: Option<GenerationItem>,
 }
 
 #[async_trait]
 impl Generation for ReferenceGeneration {
     async fn next_item(&mut self) -> Result<Option<GenerationItem>, EngineError> {
+        if let Some(queued) = self.queued.take() {
+            return Ok(Some(queued));
+        }
         if self.done {
             return Ok(None);
         }
@@ -327,9 +364,14 @@ impl Generation for ReferenceGeneration {
             self.due = None;
         }
         let value = splitmix64(self.base ^ self.next.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        let word = match self.corpus.followers(&self.context) {
-            Some(followers) if !followers.is_empty() => self.sampling.pick(followers, value),
-            _ => u32::try_from(value % self.corpus.vocabulary.len() as u64).unwrap_or(0),
+        let followers = self
+            .corpus
+            .followers(&self.context)
+            .filter(|followers| !followers.is_empty())
+            .cloned();
+        let word = match &followers {
+            Some(followers) => self.sampling.pick(followers, value),
+            None => u32::try_from(value % self.corpus.vocabulary.len() as u64).unwrap_or(0),
         };
         self.context.push(word);
         if self.context.len() > 2 {
@@ -337,16 +379,216 @@ impl Generation for ReferenceGeneration {
         }
         self.next += 1;
         let text = format!("{} ", self.corpus.word(word));
-        Ok(Some(GenerationItem::Delta {
-            text,
+        let delta = GenerationItem::Delta {
+            text: text.clone(),
             state: encode_state(self.next, &self.context, &self.corpus),
-        }))
+        };
+        match self.top_logprobs {
+            None => Ok(Some(delta)),
+            Some(top) => {
+                self.queued = Some(delta);
+                let tokens = vec![word_logprob(
+                    &self.corpus,
+                    followers.as_deref(),
+                    word,
+                    &text,
+                    top,
+                )];
+                Ok(Some(GenerationItem::Logprobs { tokens }))
+            }
+        }
     }
 
     /// Takes `--reference-cancel-delay` to stop, like a real model finishing its current step.
     async fn stop(&mut self) {
         pause(self.settings.cancel_delay).await;
         self.done = true;
+    }
+}
+
+/// The log probability of `word` among `followers` (its share of them; uniform over the
+/// vocabulary without followers), with the `top` most frequent followers as alternatives.
+fn word_logprob(
+    corpus: &Corpus,
+    followers: Option<&[u32]>,
+    word: u32,
+    text: &str,
+    top: u8,
+) -> TokenLogprob {
+    let share = |id: u32| match followers {
+        Some(followers) => {
+            followers.iter().filter(|f| **f == id).count() as f64 / followers.len() as f64
+        }
+        None => 1.0 / corpus.vocabulary.len().max(1) as f64,
+    };
+    let mut counted: Vec<u32> = followers.map(<[u32]>::to_vec).unwrap_or_default();
+    counted.sort_unstable();
+    counted.dedup();
+    counted.sort_by(|a, b| share(*b).total_cmp(&share(*a)).then(a.cmp(b)));
+    let alternatives = counted
+        .into_iter()
+        .take(usize::from(top))
+        .map(|id| {
+            let token = format!("{} ", corpus.word(id));
+            TopLogprob {
+                bytes: token.as_bytes().to_vec(),
+                token,
+                logprob: Logprob::clamped(share(id).ln()),
+            }
+        })
+        .collect();
+    TokenLogprob {
+        token: text.to_owned(),
+        bytes: text.as_bytes().to_vec(),
+        logprob: Logprob::clamped(share(word).ln()),
+        top: alternatives,
+    }
+}
+
+/// A scripted run: a call or a JSON text, piece by piece.
+#[derive(Debug)]
+struct ScriptedGeneration {
+    /// The call's function, when the script is a call (its first item).
+    call: Option<String>,
+    pieces: Vec<String>,
+    /// Items written: the call's start counts as one.
+    next: u64,
+    /// How many items the run writes (the script, cut at the budget).
+    total: u64,
+    input_tokens: u64,
+    settings: ReferenceSettings,
+    top_logprobs: Option<u8>,
+    queued: Option<GenerationItem>,
+    due: Option<tokio::time::Instant>,
+    done: bool,
+}
+
+impl ScriptedGeneration {
+    fn new(
+        script: Script,
+        next: u64,
+        max: u64,
+        input_tokens: u64,
+        settings: ReferenceSettings,
+        top_logprobs: Option<u8>,
+    ) -> Self {
+        let pieces = script.pieces();
+        let call = match script {
+            Script::Call { name, .. } => Some(name),
+            Script::Json(_) => None,
+        };
+        let total = (pieces.len() as u64 + u64::from(call.is_some())).min(max);
+        Self {
+            call,
+            pieces,
+            next,
+            total,
+            input_tokens,
+            settings,
+            top_logprobs,
+            queued: None,
+            due: None,
+            done: false,
+        }
+    }
+}
+
+#[async_trait]
+impl Generation for ScriptedGeneration {
+    async fn next_item(&mut self) -> Result<Option<GenerationItem>, EngineError> {
+        if let Some(queued) = self.queued.take() {
+            return Ok(Some(queued));
+        }
+        if self.done {
+            return Ok(None);
+        }
+        if self.next >= self.total {
+            self.done = true;
+            return Ok(Some(GenerationItem::Finished {
+                usage: Usage {
+                    input_tokens: self.input_tokens,
+                    output_tokens: self.total,
+                    cached_tokens: 0,
+                },
+            }));
+        }
+        if !self.settings.token_delay.is_zero() {
+            let delay = self.settings.token_delay;
+            let due = *self
+                .due
+                .get_or_insert_with(|| tokio::time::Instant::now() + delay);
+            tokio::time::sleep_until(due).await;
+            self.due = None;
+        }
+        let index = self.next;
+        self.next += 1;
+        let state = encode_script_state(self.next);
+        if let Some(name) = &self.call {
+            if index == 0 {
+                return Ok(Some(GenerationItem::CallStarted {
+                    name: name.clone(),
+                    state,
+                }));
+            }
+            let piece = usize::try_from(index - 1).unwrap_or(usize::MAX);
+            let text = self.pieces.get(piece).cloned().unwrap_or_default();
+            return Ok(Some(GenerationItem::ArgumentsDelta { text, state }));
+        }
+        let piece = usize::try_from(index).unwrap_or(usize::MAX);
+        let text = self.pieces.get(piece).cloned().unwrap_or_default();
+        let delta = GenerationItem::Delta {
+            text: text.clone(),
+            state,
+        };
+        match self.top_logprobs {
+            None => Ok(Some(delta)),
+            Some(top) => {
+                self.queued = Some(delta);
+                let certain = |text: &str| (text.to_owned(), text.as_bytes().to_vec());
+                let (token, bytes) = certain(&text);
+                let tokens = vec![TokenLogprob {
+                    token: token.clone(),
+                    bytes: bytes.clone(),
+                    logprob: Logprob::clamped(0.0),
+                    top: (top > 0)
+                        .then(|| TopLogprob {
+                            token,
+                            bytes,
+                            logprob: Logprob::clamped(0.0),
+                        })
+                        .into_iter()
+                        .collect(),
+                }];
+                Ok(Some(GenerationItem::Logprobs { tokens }))
+            }
+        }
+    }
+
+    async fn stop(&mut self) {
+        pause(self.settings.cancel_delay).await;
+        self.done = true;
+    }
+}
+
+/// The state of a scripted run: `[version 2][items written: u64 LE]`.
+const SCRIPT_STATE_VERSION: u8 = 2;
+
+fn encode_script_state(next: u64) -> Vec<u8> {
+    let mut state = vec![SCRIPT_STATE_VERSION];
+    state.extend_from_slice(&next.to_le_bytes());
+    state
+}
+
+fn decode_script_state(state: &[u8]) -> Result<u64, EngineError> {
+    match state {
+        [SCRIPT_STATE_VERSION, rest @ ..] if rest.len() == 8 => {
+            let mut bytes = [0_u8; 8];
+            bytes.copy_from_slice(rest);
+            Ok(u64::from_le_bytes(bytes))
+        }
+        _ => Err(EngineError::Failed(String::from(
+            "invalid reference engine state: not a scripted run's",
+        ))),
     }
 }
 

@@ -93,7 +93,7 @@ struct LogprobsDelta {
 
 /// One token's log probability (short names: there is one per token).
 #[derive(Debug, Serialize, Deserialize)]
-struct TokenDoc {
+pub(crate) struct TokenDoc {
     t: String,
     b: Vec<u8>,
     l: f64,
@@ -114,7 +114,7 @@ fn logprob_of(value: f64) -> Result<Logprob, DbError> {
     Logprob::new(value).ok_or_else(|| corrupt(format!("a log probability of {value}")))
 }
 
-fn tokens_to_docs(tokens: &[TokenLogprob]) -> Vec<TokenDoc> {
+pub(crate) fn tokens_to_docs(tokens: &[TokenLogprob]) -> Vec<TokenDoc> {
     tokens
         .iter()
         .map(|token| TokenDoc {
@@ -128,7 +128,7 @@ fn tokens_to_docs(tokens: &[TokenLogprob]) -> Vec<TokenDoc> {
         .collect()
 }
 
-fn tokens_from_docs(docs: Vec<TokenDoc>) -> Result<Vec<TokenLogprob>, DbError> {
+pub(crate) fn tokens_from_docs(docs: Vec<TokenDoc>) -> Result<Vec<TokenLogprob>, DbError> {
     docs.into_iter()
         .map(|doc| {
             Ok(TokenLogprob {

@@ -378,6 +378,9 @@ struct ResponseDoc {
     /// The run's function calls; absent when it made none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     calls: Vec<CallRowDoc>,
+    /// The output's token log probabilities; absent when the task asked for none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    logprobs: Vec<events::TokenDoc>,
     usage: UsageDoc,
     created_at: i64,
     completed_at: i64,
@@ -407,6 +410,7 @@ pub fn response_to_text(response: &Response) -> Result<String, DbError> {
                 arguments: call.arguments.clone(),
             })
             .collect(),
+        logprobs: events::tokens_to_docs(&response.logprobs),
         usage: UsageDoc {
             input_tokens: response.usage.input_tokens,
             output_tokens: response.usage.output_tokens,
@@ -435,6 +439,7 @@ pub fn response_from_text(text: &str) -> Result<Response, DbError> {
                 arguments: call.arguments,
             })
             .collect(),
+        logprobs: events::tokens_from_docs(doc.logprobs)?,
         usage: Usage {
             input_tokens: doc.usage.input_tokens,
             output_tokens: doc.usage.output_tokens,

@@ -188,6 +188,7 @@ pub fn response(task: &Task, text: &str, at: Timestamp) -> Response {
         model: task.model.clone(),
         output_text: text.to_owned(),
         calls: Vec::new(),
+        logprobs: Vec::new(),
         usage: Usage {
             input_tokens: 3,
             output_tokens: 2,

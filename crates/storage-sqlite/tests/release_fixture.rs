@@ -911,6 +911,7 @@ async fn first_release_leftovers_are_recovered_from_the_legacy_instance_p7_i5() 
         model: more.model.clone(),
         output_text: format!("{text_so_far} and more"),
         calls: Vec::new(),
+        logprobs: Vec::new(),
         usage: Usage {
             input_tokens: 2,
             output_tokens: 40,

@@ -91,6 +91,7 @@ pub fn response_of(task: &Task, output_text: &str, at: Timestamp) -> Response {
         model: task.model.clone(),
         output_text: output_text.to_owned(),
         calls: Vec::new(),
+        logprobs: Vec::new(),
         usage: Usage {
             input_tokens: 4,
             output_tokens: 2,

@@ -157,7 +157,7 @@ fn finished(task: &Task, response: Option<&TaskResponse>, rendering: Rendering) 
             ),
             Rendering::Chat { .. } => ReplyDoc::whole(
                 StatusCode::OK,
-                &chat::completion(task, response, None),
+                &chat::completion(task, response),
                 None,
                 Some(task.id),
             ),

@@ -8,7 +8,7 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use lmsp_domain::{CallItem, Event, EventPayload, Response, Task, TaskStatus, TokenLogprob};
+use lmsp_domain::{CallItem, Event, EventPayload, Response, Task, TaskStatus};
 
 use crate::openapi as schema;
 use crate::wire::constant;
@@ -179,13 +179,14 @@ pub struct ChatCompletion {
     pub task_id: String,
 }
 
-/// The chat completion of a completed task, with its content's log probabilities (when asked
-/// for, read from the log).
-pub fn completion(
-    task: &Task,
-    response: &Response,
-    logprobs: Option<Vec<TokenLogprob>>,
-) -> ChatCompletion {
+/// The chat completion of a completed task (with its content's log probabilities when the task
+/// asked for them).
+pub fn completion(task: &Task, response: &Response) -> ChatCompletion {
+    let logprobs = task
+        .spec
+        .controls
+        .top_logprobs
+        .map(|_| response.logprobs.as_slice());
     ChatCompletion {
         id: completion_id(task),
         object: ChatCompletionTag::Value,
@@ -201,7 +202,7 @@ pub fn completion(
             },
             finish_reason: finish_reason(task, response),
             logprobs: logprobs.map(|tokens| ChoiceLogprobs {
-                content: tools::logprobs(&tokens),
+                content: tools::logprobs(tokens),
             }),
         }],
         usage: ChatUsage::of(response.usage),

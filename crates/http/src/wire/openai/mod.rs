@@ -21,7 +21,7 @@ use lmsp_domain::{
 use crate::openapi as schema;
 use crate::wire::constant;
 use crate::wire::native::TaskErrorObject;
-use crate::wire::tools::{FunctionCallItem, LogprobObject};
+use crate::wire::tools::{self, FunctionCallItem, LogprobObject};
 
 mod stream;
 pub use stream::*;
@@ -223,11 +223,13 @@ pub fn output_items(task: &Task, response: &Response) -> Vec<OutputItem> {
             .filter(|_| !response.output_text.is_empty()),
     };
     if let Some(item) = message {
-        items.push(OutputItem::Message(OutputMessage::of(
-            item,
-            "completed",
-            Some(&response.output_text),
-        )));
+        let mut message = OutputMessage::of(item, "completed", Some(&response.output_text));
+        if task.spec.controls.top_logprobs.is_some() {
+            for part in &mut message.content {
+                part.logprobs = tools::logprobs(&response.logprobs);
+            }
+        }
+        items.push(OutputItem::Message(message));
     }
     items.extend(
         response
