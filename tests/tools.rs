@@ -116,10 +116,7 @@ async fn a_calls_stream_events_join_to_its_arguments_and_resume_exactly() {
         .await
         .collect_all()
         .await;
-    let data: Vec<Value> = all
-        .iter()
-        .map(|m| m.data.clone())
-        .collect();
+    let data: Vec<Value> = all.iter().map(|m| m.data.clone()).collect();
     let kinds: Vec<&str> = data.iter().map(|d| d["type"].as_str().unwrap()).collect();
     let added = data
         .iter()
@@ -151,7 +148,10 @@ async fn a_calls_stream_events_join_to_its_arguments_and_resume_exactly() {
 
     for (index, message) in all.iter().enumerate() {
         let rest = server
-            .sse(&format!("/v1/responses/{id}?stream=true"), Some(message.seq()))
+            .sse(
+                &format!("/v1/responses/{id}?stream=true"),
+                Some(message.seq()),
+            )
             .await
             .collect_all()
             .await;
@@ -262,7 +262,9 @@ async fn a_json_schema_format_answers_with_a_valid_instance() {
         )
         .await;
     assert_eq!(status, 200, "{completion}");
-    let content = completion["choices"][0]["message"]["content"].as_str().unwrap();
+    let content = completion["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap();
     assert_eq!(serde_json::from_str::<Value>(content).unwrap(), parsed);
 
     let (status, _, object) = server
@@ -343,9 +345,11 @@ async fn log_probabilities_come_with_each_delta_when_asked_for() {
         .http
         .post(server.url("/v1/chat/completions"))
         .bearer_auth(&server.admin_token)
-        .json(&json!({"model": "reference", "messages": [{"role": "user", "content": "x"}],
+        .json(
+            &json!({"model": "reference", "messages": [{"role": "user", "content": "x"}],
                       "max_completion_tokens": 4, "logprobs": true, "top_logprobs": 1,
-                      "stream": true}))
+                      "stream": true}),
+        )
         .send()
         .await
         .unwrap();
@@ -355,7 +359,11 @@ async fn log_probabilities_come_with_each_delta_when_asked_for() {
         .filter_map(|line| line.strip_prefix("data: "))
         .filter(|data| *data != "[DONE]")
         .map(|data| serde_json::from_str::<Value>(data).unwrap())
-        .filter_map(|chunk| chunk["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .filter_map(|chunk| {
+            chunk["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .cloned()
+        })
         .flatten()
         .collect();
     assert_eq!(contents.len(), 4, "{text}");
@@ -370,8 +378,10 @@ async fn a_resume_task_killed_inside_a_calls_arguments_continues_them_exactly_i6
         "parameters": {"type": "object", "properties": {
             "text": {"type": "string", "minLength": 40}}, "required": ["text"]}});
     let response = server
-        .submit_response(json!({"model": "reference", "input": "Fill it", "tools": [tool],
-            "tool_choice": "required", "on_restart": "resume", "seed": 5}))
+        .submit_response(
+            json!({"model": "reference", "input": "Fill it", "tools": [tool],
+            "tool_choice": "required", "on_restart": "resume", "seed": 5}),
+        )
         .await;
     let task = response["task_id"].as_str().unwrap().to_owned();
     server
@@ -392,9 +402,16 @@ async fn a_resume_task_killed_inside_a_calls_arguments_continues_them_exactly_i6
     let expected = format!(r#"{{"text":"{}"}}"#, "a".repeat(40));
     assert_eq!(arguments, expected, "{kinds:?}");
     let (_, response) = server
-        .get(&format!("/v1/responses/{}", response["id"].as_str().unwrap()))
+        .get(&format!(
+            "/v1/responses/{}",
+            response["id"].as_str().unwrap()
+        ))
         .await;
-    assert_eq!(response["output"][0]["arguments"], expected.as_str(), "{done}");
+    assert_eq!(
+        response["output"][0]["arguments"],
+        expected.as_str(),
+        "{done}"
+    );
 }
 
 /// I-9: each bad request is a 400 naming its field or keyword, and creates nothing.

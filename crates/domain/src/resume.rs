@@ -3,9 +3,9 @@
 
 use crate::event::{CallItem, Event, EventPayload};
 use crate::ids::ItemId;
-use crate::tools::TokenLogprob;
 use crate::ports::{ResumePoint, Snapshot};
 use crate::task::Task;
+use crate::tools::TokenLogprob;
 
 /// The resume point of `task` from its `snapshot` and its log from the first event (`log` may go
 /// on past the snapshot; what follows it is not read).

@@ -230,10 +230,7 @@ fn message_json(message: &Message) -> Value {
 /// The chat messages for a job: its conversation, and when resuming, the text so far as the
 /// assistant's.
 fn messages(conversation: &[Message], text_so_far: Option<&str>) -> Vec<Value> {
-    let mut messages: Vec<Value> = conversation
-        .iter()
-        .map(message_json)
-        .collect();
+    let mut messages: Vec<Value> = conversation.iter().map(message_json).collect();
     if let Some(text) = text_so_far.filter(|t| !t.is_empty()) {
         messages.push(json!({"role": "assistant", "content": text}));
     }
@@ -322,7 +319,11 @@ impl Engine for OpenAiEngine {
                 "the upstream engine cannot continue a function call's arguments after a restart",
             )));
         }
-        add_controls(&mut body, &job.spec.controls, endpoint == "chat/completions");
+        add_controls(
+            &mut body,
+            &job.spec.controls,
+            endpoint == "chat/completions",
+        );
         if let Some(temperature) = job.spec.temperature {
             body["temperature"] = json!(temperature.get());
         }
@@ -367,7 +368,8 @@ impl Engine for OpenAiEngine {
 /// request (tools and the format only to Chat Completions: the raw completion a resume uses
 /// takes text only).
 fn add_controls(body: &mut Value, controls: &Controls, chat: bool) {
-    let parsed = |text: &JsonText| serde_json::from_str::<Value>(text.as_str()).unwrap_or(json!({}));
+    let parsed =
+        |text: &JsonText| serde_json::from_str::<Value>(text.as_str()).unwrap_or(json!({}));
     if chat && !controls.tools.is_empty() {
         body["tools"] = controls
             .tools
@@ -610,7 +612,11 @@ impl UpstreamGeneration {
                 state: state_of(self.usage.output_tokens, false),
             });
         }
-        for call in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+        for call in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
             self.first_token_deadline = None;
             self.usage.output_tokens = match chunk["timings"]["predicted_n"].as_u64() {
                 Some(predicted) => (self.before + predicted).max(self.usage.output_tokens),

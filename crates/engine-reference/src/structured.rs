@@ -162,7 +162,11 @@ pub fn smallest_instance(schema: &Value, root: &Value, depth: usize) -> Value {
             value = value.max(min);
         }
         if let Some(min) = bound("exclusiveMinimum") {
-            value = value.max(if integer { min.floor() + 1.0 } else { min + 1.0 });
+            value = value.max(if integer {
+                min.floor() + 1.0
+            } else {
+                min + 1.0
+            });
         }
         if let Some(max) = bound("maximum") {
             value = value.min(max);
@@ -206,9 +210,9 @@ pub fn smallest_instance(schema: &Value, root: &Value, depth: usize) -> Value {
         }
         "array" => {
             let min = object.get("minItems").and_then(Value::as_u64).unwrap_or(0);
-            let item = object
-                .get("items")
-                .map_or(Value::Null, |items| smallest_instance(items, root, depth + 1));
+            let item = object.get("items").map_or(Value::Null, |items| {
+                smallest_instance(items, root, depth + 1)
+            });
             Value::Array(vec![item; usize::try_from(min.min(1024)).unwrap_or(0)])
         }
         "object" => {

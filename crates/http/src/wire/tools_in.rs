@@ -50,7 +50,13 @@ pub fn check_schema(schema: &Value, param: &str) -> Result<(), ApiError> {
             "required" => value
                 .as_array()
                 .is_some_and(|names| names.iter().all(Value::is_string)),
-            "items" | "additionalProperties" | "not" | "if" | "then" | "else" | "contains"
+            "items"
+            | "additionalProperties"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
             | "propertyNames" => {
                 check_schema(value, &at)?;
                 true
@@ -82,7 +88,10 @@ pub fn check_schema(schema: &Value, param: &str) -> Result<(), ApiError> {
             }
         };
         if !ok {
-            return Err(bad(&at, format!("`{keyword}` has a value JSON Schema does not allow")));
+            return Err(bad(
+                &at,
+                format!("`{keyword}` has a value JSON Schema does not allow"),
+            ));
         }
     }
     Ok(())
@@ -93,11 +102,18 @@ fn schema_text(schema: &Value, param: &str) -> Result<JsonText, ApiError> {
     Ok(JsonText::parsed(schema.to_string()))
 }
 
-fn string_field(object: &serde_json::Map<String, Value>, key: &str, at: &str) -> Result<Option<String>, ApiError> {
+fn string_field(
+    object: &serde_json::Map<String, Value>,
+    key: &str,
+    at: &str,
+) -> Result<Option<String>, ApiError> {
     match object.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(text)) => Ok(Some(text.clone())),
-        Some(_) => Err(bad(&format!("{at}.{key}"), format!("`{key}` must be a string"))),
+        Some(_) => Err(bad(
+            &format!("{at}.{key}"),
+            format!("`{key}` must be a string"),
+        )),
     }
 }
 
@@ -107,7 +123,10 @@ fn function_of(
     allowed: &[&str],
 ) -> Result<FunctionTool, ApiError> {
     if let Some(unknown) = object.keys().find(|k| !allowed.contains(&k.as_str())) {
-        return Err(bad(&format!("{at}.{unknown}"), format!("unknown field `{unknown}`")));
+        return Err(bad(
+            &format!("{at}.{unknown}"),
+            format!("unknown field `{unknown}`"),
+        ));
     }
     let name = string_field(object, "name", at)?
         .ok_or_else(|| bad(&format!("{at}.name"), "`name` is required"))?;
@@ -128,7 +147,10 @@ fn function_of(
     })
 }
 
-fn tool_type<'v>(value: &'v Value, at: &str) -> Result<(&'v serde_json::Map<String, Value>, &'v str), ApiError> {
+fn tool_type<'v>(
+    value: &'v Value,
+    at: &str,
+) -> Result<(&'v serde_json::Map<String, Value>, &'v str), ApiError> {
     let object = value
         .as_object()
         .ok_or_else(|| bad(at, "a tool must be an object"))?;
@@ -172,7 +194,10 @@ pub fn chat_tools(tools: &[Value]) -> Result<Vec<FunctionTool>, ApiError> {
             let at = format!("tools[{index}]");
             let (object, _) = tool_type(value, &at)?;
             if let Some(unknown) = object.keys().find(|k| *k != "type" && *k != "function") {
-                return Err(bad(&format!("{at}.{unknown}"), format!("unknown field `{unknown}`")));
+                return Err(bad(
+                    &format!("{at}.{unknown}"),
+                    format!("unknown field `{unknown}`"),
+                ));
             }
             let function = object
                 .get("function")
@@ -240,7 +265,9 @@ fn format_of(value: &Value, at: &str, nested: bool) -> Result<OutputFormat, ApiE
                 let inner = object
                     .get("json_schema")
                     .and_then(Value::as_object)
-                    .ok_or_else(|| bad(&format!("{at}.json_schema"), "`json_schema` is required"))?;
+                    .ok_or_else(|| {
+                        bad(&format!("{at}.json_schema"), "`json_schema` is required")
+                    })?;
                 (inner, format!("{at}.json_schema"))
             } else {
                 (object, at.to_owned())
@@ -251,7 +278,10 @@ fn format_of(value: &Value, at: &str, nested: bool) -> Result<OutputFormat, ApiE
                 .get("schema")
                 .ok_or_else(|| bad(&format!("{fields_at}.schema"), "`schema` is required"))?;
             let schema = schema_text(schema, &format!("{fields_at}.schema"))?;
-            let strict = fields.get("strict").and_then(Value::as_bool).unwrap_or(false);
+            let strict = fields
+                .get("strict")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
             Ok(OutputFormat::JsonSchema {
                 name,
                 schema,
@@ -339,9 +369,15 @@ mod tests {
 
     #[test]
     fn every_tool_choice_shape_is_read() {
-        assert_eq!(tool_choice(Some(&json!("required"))).unwrap(), Some(ToolChoice::Required));
         assert_eq!(
-            tool_choice(Some(&json!({"type": "function", "function": {"name": "f"}}))).unwrap(),
+            tool_choice(Some(&json!("required"))).unwrap(),
+            Some(ToolChoice::Required)
+        );
+        assert_eq!(
+            tool_choice(Some(
+                &json!({"type": "function", "function": {"name": "f"}})
+            ))
+            .unwrap(),
             Some(ToolChoice::Function("f".into()))
         );
         assert!(tool_choice(Some(&json!({"type": "file_search"}))).is_err());
