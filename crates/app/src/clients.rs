@@ -2,12 +2,32 @@
 //! client list and revocation.
 
 use lmsp_domain::auth::{looks_like_token, Client, Scope, Secret};
-use lmsp_domain::ClientId;
+use lmsp_domain::{ClientId, ClientLimits};
 
 use crate::caller::Caller;
 use crate::credentials::new_client;
 use crate::error::AppError;
 use crate::service::Service;
+
+/// A change of a client's limits: `Some(limit)` sets one (`Some(None)`: no limit), `None` keeps
+/// it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LimitsUpdate {
+    /// The new `max_running`.
+    pub max_running: Option<Option<u32>>,
+    /// The new `max_queued`.
+    pub max_queued: Option<Option<u32>>,
+}
+
+impl LimitsUpdate {
+    /// `limits` with this update applied.
+    pub fn applied_to(self, limits: ClientLimits) -> ClientLimits {
+        ClientLimits {
+            max_running: self.max_running.unwrap_or(limits.max_running),
+            max_queued: self.max_queued.unwrap_or(limits.max_queued),
+        }
+    }
+}
 
 /// A new client and its token, shown once.
 #[derive(Debug)]
@@ -34,10 +54,27 @@ impl Service {
         }
     }
 
-    /// Every client (admin).
-    pub async fn clients(&self, caller: &Caller) -> Result<Vec<Client>, AppError> {
+    /// Every client with its limits (admin).
+    pub async fn clients(&self, caller: &Caller) -> Result<Vec<(Client, ClientLimits)>, AppError> {
         caller.require(Scope::Admin)?;
-        Ok(self.inner.core.store.list_clients().await?)
+        let store = &self.inner.core.store;
+        let mut listed = Vec::new();
+        for client in store.list_clients().await? {
+            let limits = store.client_limits(client.id).await?;
+            listed.push((client, limits));
+        }
+        Ok(listed)
+    }
+
+    /// Changes a client's limits (admin): `update` holds the ones to change.
+    pub async fn update_client_limits(
+        &self,
+        caller: &Caller,
+        client_id: ClientId,
+        update: LimitsUpdate,
+    ) -> Result<(Client, ClientLimits), AppError> {
+        caller.require(Scope::Admin)?;
+        offline::update_limits(self.inner.core.store.as_ref(), client_id, update).await
     }
 
     /// The metrics in the Prometheus text format (admin), with tasks by status as stored now.
@@ -74,7 +111,10 @@ pub mod offline {
     use lmsp_domain::ports::Store;
     use lmsp_domain::ClientId;
 
-    use super::{new_client, NewClient};
+    use lmsp_domain::auth::Client;
+    use lmsp_domain::ClientLimits;
+
+    use super::{new_client, LimitsUpdate, NewClient};
     use crate::error::AppError;
     use crate::SystemClock;
     use lmsp_domain::ports::Clock;
@@ -88,6 +128,20 @@ pub mod offline {
         let (client, token) = new_client(name, scopes, SystemClock.now());
         store.insert_client(client.clone()).await?;
         Ok(NewClient { client, token })
+    }
+
+    /// Changes a client's limits; the client and its limits after the change.
+    pub async fn update_limits(
+        store: &dyn Store,
+        client_id: ClientId,
+        update: LimitsUpdate,
+    ) -> Result<(Client, ClientLimits), AppError> {
+        let client = store.client(client_id).await?.ok_or(AppError::NotFound)?;
+        let limits = update.applied_to(store.client_limits(client_id).await?);
+        if !store.set_client_limits(client_id, limits).await? {
+            return Err(AppError::NotFound);
+        }
+        Ok((client, limits))
     }
 
     /// Revokes a client.

@@ -2,7 +2,7 @@
 
 use lmsp_domain::ports::{ModelFileError, StoreError};
 use lmsp_domain::validation::ValidationError;
-use lmsp_domain::TaskError;
+use lmsp_domain::{QueueFull, TaskError};
 
 /// How long a client is told to wait before trying again when the store cannot commit.
 pub const STORAGE_RETRY_AFTER_SECONDS: u64 = 2;
@@ -69,6 +69,10 @@ pub enum AppError {
         /// Seconds until the window passes.
         retry_after_seconds: u64,
     },
+    /// A queue is full: the client's `max_queued` (429) or the service's `--max-queued` (503);
+    /// nothing was created.
+    #[error("{0}; try again when some have run")]
+    QueueFull(QueueFull),
     /// The service is shutting down.
     #[error("the service is shutting down")]
     ShuttingDown,

@@ -29,7 +29,7 @@ mod tasks;
 mod worker;
 
 pub use caller::Caller;
-pub use clients::{offline as clients_offline, NewClient};
+pub use clients::{offline as clients_offline, LimitsUpdate, NewClient};
 pub use credentials::{generate_pairing_code, generate_token, new_client};
 pub use engines::Engines;
 pub use error::{AppError, STORAGE_RETRY_AFTER_SECONDS};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lmsp_domain::RestartPolicy;
+use lmsp_domain::{RestartPolicy, TierAging};
 
 use crate::retry::RetryPolicy;
 
@@ -35,6 +35,10 @@ pub struct Settings {
     pub store_retry: RetryPolicy,
     /// How long a worker waits, after a cancel, for its engine to stop before it drops it.
     pub engine_stop_grace: Duration,
+    /// How long a queued task waits before it is claimed one tier more urgently.
+    pub tier_aging: TierAging,
+    /// How many tasks may be queued in the whole service (`None`: no limit).
+    pub max_queued: Option<u32>,
 }
 
 impl Settings {
@@ -53,6 +57,8 @@ impl Settings {
             poll_fallback: None,
             store_retry: RetryPolicy::default(),
             engine_stop_grace: Duration::from_secs(30),
+            tier_aging: TierAging::DEFAULT,
+            max_queued: None,
         }
     }
 }

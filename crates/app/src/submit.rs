@@ -359,23 +359,26 @@ impl Service {
             },
             metadata: request.metadata.clone(),
             created_at: self.now(),
+            service_tier: request.service_tier,
         });
         let engine = record
             .engine()
             .and_then(|kind| self.inner.workers.engines().get(kind));
         if let Some(engine) = engine {
             engine.check(&task.spec).map_err(|unsupported| {
-                AppError::Invalid(ValidationError::new(
-                    unsupported.param,
-                    unsupported.message,
-                ))
+                AppError::Invalid(ValidationError::new(unsupported.param, unsupported.message))
             })?;
         }
         let kept = key.map(|(_, kept_for)| kept_for(&task));
         let record = key
             .zip(kept.clone())
             .map(|((held, _), kept)| held.answered_record(kept));
-        match core.store.create_task(task, record).await? {
+        match core
+            .store
+            .create_task_within(task, record, core.settings.max_queued)
+            .await?
+        {
+            CreateOutcome::QueueFull(full) => Err(AppError::QueueFull(full)),
             CreateOutcome::Created(task) => {
                 self.inner.workers.work_arrived();
                 Ok(Created::Task { task, kept })

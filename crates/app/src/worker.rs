@@ -206,7 +206,10 @@ async fn next_work(pool: &Pool) -> Result<Option<(Task, bool)>, StoreError> {
             Resumed::Skip => {}
         }
     }
-    let claimed = core.store.claim_next(core.instance, core.now()).await?;
+    let claimed = core
+        .store
+        .claim(core.instance, core.now(), core.settings.tier_aging)
+        .await?;
     Ok(claimed.map(|task| {
         core.listener.running.start(task.id);
         (task, false)

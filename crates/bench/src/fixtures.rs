@@ -13,6 +13,7 @@ use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::model::ModelId;
 use lmsp_domain::ports::{InstanceInfo, InstanceStore, Registration, StepOutcome};
 use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::schedule::ServiceTier;
 use lmsp_domain::task::{Input, Metadata, NewTask, Response, Task, TaskSpec, Usage};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
@@ -74,10 +75,11 @@ pub fn task(owner: InstanceId, client: ClientId, policy: RestartPolicy) -> anyho
             temperature: None,
             top_p: None,
             previous_response_id: None,
-        controls: Default::default(),
+            controls: Default::default(),
         },
         metadata: Metadata::new(),
         created_at: Timestamp::from_millis(id.ulid().timestamp_ms() as i64),
+        service_tier: ServiceTier::Default,
     }))
 }
 

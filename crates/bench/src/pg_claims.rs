@@ -39,6 +39,7 @@ pub async fn prepare(url: &str, tasks: usize, parallel: usize) -> anyhow::Result
                 CreateOutcome::KeyAnswered(_) => {
                     anyhow::bail!("a create without a key was answered by one")
                 }
+                CreateOutcome::QueueFull(full) => anyhow::bail!("a create with no limit: {full}"),
             }
         })
         .buffer_unordered(parallel.max(1));

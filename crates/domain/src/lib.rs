@@ -16,6 +16,7 @@ pub mod model;
 pub mod ports;
 pub mod recovery;
 pub mod resume;
+pub mod schedule;
 pub mod status;
 pub mod task;
 pub mod time;
@@ -34,6 +35,9 @@ pub use model::{
     ModelToLoad,
 };
 pub use recovery::{plan, recover, Move, RestartPolicy};
+pub use schedule::{
+    next_claim, ClientLimits, ClientLoad, QueueFull, QueueHead, QueueLimits, ServiceTier, TierAging,
+};
 pub use status::TaskStatus;
 pub use task::{
     Fraction, Input, ItemStatus, Message, Metadata, NewTask, OutputItems, Response, Role, Task,

@@ -10,6 +10,7 @@ use crate::event::{CallItem, EventPayload};
 use crate::ids::{ClientId, InstanceId, ItemId, ResponseId, TaskId};
 use crate::model::ModelId;
 use crate::recovery::RestartPolicy;
+use crate::schedule::ServiceTier;
 use crate::status::TaskStatus;
 use crate::time::Timestamp;
 use crate::tools::{Controls, TokenLogprob, ToolCall};
@@ -256,6 +257,8 @@ pub struct Task {
     pub error: Option<TaskError>,
     /// Its output items.
     pub items: OutputItems,
+    /// How urgently it is claimed (never changes; aging is computed at claim time).
+    pub service_tier: ServiceTier,
 }
 
 /// What the app knows of a new task before it is stored.
@@ -279,6 +282,8 @@ pub struct NewTask {
     pub metadata: Metadata,
     /// When it is accepted.
     pub created_at: Timestamp,
+    /// How urgently it is claimed.
+    pub service_tier: ServiceTier,
 }
 
 impl Task {
@@ -304,6 +309,7 @@ impl Task {
             restarts: 0,
             error: None,
             items: OutputItems::default(),
+            service_tier: new.service_tier,
         }
     }
 

@@ -8,6 +8,7 @@
 use crate::ids::ResponseId;
 use crate::model::ModelId;
 use crate::recovery::RestartPolicy;
+use crate::schedule::ServiceTier;
 use crate::task::{Fraction, Input, Message, Metadata, Role};
 use crate::tools::{
     Controls, FunctionTool, OutputFormat, Penalty, ToolCall, ToolChoice, MAX_STOP_STRINGS,
@@ -56,6 +57,8 @@ pub struct SubmitDraft {
     pub previous_response_id: Option<String>,
     /// Tools, format and sampling controls.
     pub controls: DraftControls,
+    /// The service tier's name (`auto` is `default`).
+    pub service_tier: Option<String>,
 }
 
 /// Tools, the output format and sampling controls as the adapter parsed them: typed (schemas
@@ -151,6 +154,8 @@ pub struct SubmitRequest {
     pub previous_response_id: Option<ResponseId>,
     /// Tools, format and sampling controls.
     pub controls: Controls,
+    /// How urgently it is claimed (`default` when the request names none).
+    pub service_tier: ServiceTier,
 }
 
 /// A rejected request: a message, and the field at fault.
@@ -210,6 +215,15 @@ pub fn validate_submit(draft: SubmitDraft) -> Result<SubmitRequest, ValidationEr
             })
         })
         .transpose()?;
+    let service_tier = match draft.service_tier {
+        None => ServiceTier::Default,
+        Some(name) => ServiceTier::parse(&name).ok_or_else(|| {
+            invalid(
+                "service_tier",
+                "`service_tier` must be auto, default, priority or flex",
+            )
+        })?,
+    };
     Ok(SubmitRequest {
         model,
         input,
@@ -224,6 +238,7 @@ pub fn validate_submit(draft: SubmitDraft) -> Result<SubmitRequest, ValidationEr
         metadata,
         previous_response_id,
         controls,
+        service_tier,
     })
 }
 
@@ -424,6 +439,30 @@ mod tests {
         validate_submit(draft)
             .expect_err("the draft must be rejected")
             .param
+    }
+
+    /// Issue 25: a request's `service_tier` is parsed (`auto` is `default`, none is `default`);
+    /// an unknown tier is a 400 naming the field.
+    #[test]
+    fn a_service_tier_is_parsed_and_an_unknown_one_is_rejected() {
+        let tier = |name: Option<&str>| {
+            validate_submit(SubmitDraft {
+                service_tier: name.map(String::from),
+                ..draft()
+            })
+            .map(|request| request.service_tier)
+        };
+        assert_eq!(tier(None).unwrap(), ServiceTier::Default);
+        assert_eq!(tier(Some("auto")).unwrap(), ServiceTier::Default);
+        assert_eq!(tier(Some("flex")).unwrap(), ServiceTier::Flex);
+        assert_eq!(tier(Some("priority")).unwrap(), ServiceTier::Priority);
+        assert_eq!(
+            rejected(SubmitDraft {
+                service_tier: Some("scale".into()),
+                ..draft()
+            }),
+            Some(String::from("service_tier"))
+        );
     }
 
     #[test]

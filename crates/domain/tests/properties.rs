@@ -1376,6 +1376,12 @@ fn expected_request(draft: &SubmitDraft) -> SubmitRequest {
             .previous_response_id
             .as_deref()
             .map(|id| ResponseId::parse(id).unwrap()),
+        service_tier: draft
+            .service_tier
+            .as_deref()
+            .map_or(lmsp_domain::ServiceTier::Default, |name| {
+                lmsp_domain::ServiceTier::parse(name).unwrap()
+            }),
         controls: Default::default(),
     }
 }
@@ -1456,6 +1462,7 @@ prop_compose! {
         top_p in proptest::option::of(prop_oneof![Just(0.0), Just(1.0), 0.0f64..=1.0]),
         metadata in proptest::option::of(valid_metadata()),
         previous_response_id in proptest::option::of(a_response_id()),
+        service_tier in proptest::option::of(select(vec!["auto", "default", "priority", "flex"])),
     ) -> SubmitDraft {
         SubmitDraft {
             model,
@@ -1471,6 +1478,7 @@ prop_compose! {
             metadata,
             previous_response_id,
             controls: Default::default(),
+            service_tier: service_tier.map(String::from),
         }
     }
 }

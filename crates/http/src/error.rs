@@ -13,7 +13,7 @@ use strum::{IntoStaticStr, VariantArray};
 use utoipa::ToSchema;
 
 use lmsp_app::{AppError, CancelState, STORAGE_RETRY_AFTER_SECONDS};
-use lmsp_domain::TaskError;
+use lmsp_domain::{QueueFull, TaskError};
 
 /// The code of an error envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, VariantArray)]
@@ -218,6 +218,10 @@ impl ApiError {
     }
 }
 
+/// The `Retry-After` of a submit refused because its client's queue is full: a queue frees a
+/// place whenever one of its tasks starts.
+const QUEUE_RETRY_AFTER_SECONDS: u64 = 1;
+
 impl From<AppError> for ApiError {
     fn from(error: AppError) -> Self {
         let code = match &error {
@@ -234,7 +238,10 @@ impl From<AppError> for ApiError {
             AppError::KeyInUse => ErrorCode::IdempotencyKeyInUse,
             AppError::KeyReused => ErrorCode::IdempotencyKeyReused,
             AppError::RateLimited { .. } => ErrorCode::RateLimited,
-            AppError::ShuttingDown => ErrorCode::ServiceUnavailable,
+            AppError::QueueFull(QueueFull::Client(_)) => ErrorCode::RateLimited,
+            AppError::QueueFull(QueueFull::Service(_)) | AppError::ShuttingDown => {
+                ErrorCode::ServiceUnavailable
+            }
             AppError::StorageUnavailable => ErrorCode::StorageUnavailable,
             AppError::InstanceNameInUse(_) | AppError::Store(_) => {
                 tracing::error!(%error, "a request failed inside the service");
@@ -246,11 +253,14 @@ impl From<AppError> for ApiError {
         };
         let mut api = ApiError::new(code, error.to_string());
         api.param = error.param();
-        if let AppError::RateLimited {
-            retry_after_seconds,
-        } = error
-        {
-            api.retry_after = Some(retry_after_seconds);
+        match error {
+            AppError::RateLimited {
+                retry_after_seconds,
+            } => api.retry_after = Some(retry_after_seconds),
+            AppError::QueueFull(QueueFull::Client(_)) => {
+                api.retry_after = Some(QUEUE_RETRY_AFTER_SECONDS);
+            }
+            _ => {}
         }
         api
     }

@@ -79,7 +79,10 @@ fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(routes::clients::create_pairing))
         .routes(routes!(routes::clients::pair))
         .routes(routes!(routes::clients::list_clients))
-        .routes(routes!(routes::clients::delete_client))
+        .routes(routes!(
+            routes::clients::delete_client,
+            routes::clients::update_client
+        ))
 }
 
 /// The OpenAPI 3.1 document of the routes [`router`] serves (`GET /v1/openapi.json`).

@@ -21,7 +21,7 @@ use strum::VariantArray;
 
 use lmsp_domain::auth::Scope;
 use lmsp_domain::{
-    ClientId, ResponseId, RestartPolicy, ServiceId, TaskErrorCode, TaskId, TaskStatus,
+    ClientId, ResponseId, RestartPolicy, ServiceId, ServiceTier, TaskErrorCode, TaskId, TaskStatus,
 };
 
 use crate::error::{ErrorCode, ErrorEnvelope};
@@ -220,6 +220,11 @@ pub fn service_id() -> Object {
 /// A task status.
 pub fn task_status() -> Object {
     one_of_names(TaskStatus::ALL.iter().map(|s| s.as_str()))
+}
+
+/// A service tier.
+pub fn service_tier() -> Object {
+    one_of_names(ServiceTier::ALL.iter().map(|tier| tier.as_str()))
 }
 
 /// A restart policy.

@@ -10,6 +10,7 @@ use std::num::NonZeroU32;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use lmsp_app::LimitsUpdate;
 use lmsp_domain::auth::Scope;
 use lmsp_domain::RestartPolicy;
 
@@ -214,6 +215,15 @@ pub struct ServeArgs {
     /// network), another instance recovers its tasks.
     #[arg(long, env = "LMSP_LEASE", default_value = "10s", value_parser = positive_duration)]
     pub lease: Duration,
+    /// How long a queued task waits before it is claimed one service tier more urgently (`flex`
+    /// as `default`, `default` as `priority`; again after each further period), so that no
+    /// task waits forever behind more urgent work.
+    #[arg(long, env = "LMSP_TIER_AGING", default_value = "5m", value_parser = positive_duration)]
+    pub tier_aging: Duration,
+    /// How many tasks may be queued in the whole service; past it a submit is answered 503
+    /// `service_unavailable` with `Retry-After` and creates nothing. Default: no limit.
+    #[arg(long, env = "LMSP_MAX_QUEUED", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_queued: Option<u32>,
     /// Log format on stderr (`RUST_LOG` filters, default `info`).
     #[arg(long, env = "LMSP_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -249,9 +259,20 @@ pub enum ClientsCommand {
         #[arg(long = "scope", required = true, value_parser = parse_scope)]
         scopes: Vec<Scope>,
         #[command(flatten)]
+        limits: LimitFlags,
+        #[command(flatten)]
         data: DataDir,
     },
-    /// Lists clients: id, name, scopes, state, created.
+    /// Changes a client's limits (the flags given; `none` lifts one).
+    Update {
+        /// The client id (`cli_…`, as `lmsp clients list` shows it).
+        id: String,
+        #[command(flatten)]
+        limits: LimitFlags,
+        #[command(flatten)]
+        data: DataDir,
+    },
+    /// Lists clients: id, name, scopes, state, created, limits.
     List {
         #[command(flatten)]
         data: DataDir,
@@ -263,6 +284,41 @@ pub enum ClientsCommand {
         #[command(flatten)]
         data: DataDir,
     },
+}
+
+/// A client's limits on the command line.
+#[derive(Debug, Clone, Args)]
+pub struct LimitFlags {
+    /// The most of its tasks that run at once (`none`: no limit); its other tasks wait while
+    /// other clients' run.
+    #[arg(long, value_parser = parse_limit)]
+    pub max_running: Option<Limit>,
+    /// The most of its tasks that may be queued (`none`: no limit); a submit past it is 429.
+    #[arg(long, value_parser = parse_limit)]
+    pub max_queued: Option<Limit>,
+}
+
+/// A limit: a number, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit(pub Option<u32>);
+
+fn parse_limit(text: &str) -> Result<Limit, String> {
+    if text == "none" {
+        return Ok(Limit(None));
+    }
+    text.parse::<u32>()
+        .map(|n| Limit(Some(n)))
+        .map_err(|_| format!("`{text}` is not a limit: a whole number from 0, or none"))
+}
+
+impl LimitFlags {
+    /// The change the flags ask for.
+    pub fn update(&self) -> LimitsUpdate {
+        LimitsUpdate {
+            max_running: self.max_running.map(|limit| limit.0),
+            max_queued: self.max_queued.map(|limit| limit.0),
+        }
+    }
 }
 
 fn parse_scope(text: &str) -> Result<Scope, String> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 
-use lmsp_app::{clients_offline, models_offline, AppError};
+use lmsp_app::{clients_offline, models_offline, AppError, LimitsUpdate};
 use lmsp_domain::auth::Scopes;
 use lmsp_domain::ports::{ModelFiles, Progress, Store};
 use lmsp_domain::{ClientId, ModelId};
@@ -44,18 +44,42 @@ pub fn redacted(url: &str) -> String {
 /// `lmsp clients …`.
 pub async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
     match command {
-        ClientsCommand::Add { name, scopes, data } => {
+        ClientsCommand::Add {
+            name,
+            scopes,
+            limits,
+            data,
+        } => {
             let store = open(&data).await?;
             let added =
                 clients_offline::add_client(store.as_ref(), &name, Scopes::new(scopes)).await?;
+            let update = limits.update();
+            if update != LimitsUpdate::default() {
+                clients_offline::update_limits(store.as_ref(), added.client.id, update).await?;
+            }
             println!("{}", added.client.id);
             println!("{}", added.token.expose());
+        }
+        ClientsCommand::Update { id, limits, data } => {
+            let client_id = ClientId::parse(&id)
+                .map_err(|_| anyhow::anyhow!("`{id}` is not a client id (cli_…)"))?;
+            let store = open(&data).await?;
+            match clients_offline::update_limits(store.as_ref(), client_id, limits.update()).await {
+                Ok((_, limits)) => println!(
+                    "{id}\tmax_running {}\tmax_queued {}",
+                    limit_text(limits.max_running),
+                    limit_text(limits.max_queued)
+                ),
+                Err(AppError::NotFound) => bail!("no client {id}"),
+                Err(error) => return Err(error.into()),
+            }
         }
         ClientsCommand::List { data } => {
             let store = open(&data).await?;
             let clients = store.list_clients().await?;
-            println!("ID\tNAME\tSCOPES\tSTATE\tCREATED");
+            println!("ID\tNAME\tSCOPES\tSTATE\tCREATED\tMAX_RUNNING\tMAX_QUEUED");
             for client in clients {
+                let limits = store.client_limits(client.id).await?;
                 let scopes: Vec<_> = client.scopes.iter().map(|s| s.as_str()).collect();
                 let state = if client.revoked_at.is_some() {
                     "revoked"
@@ -63,12 +87,14 @@ pub async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
                     "active"
                 };
                 println!(
-                    "{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
                     client.id,
                     client.name,
                     scopes.join(","),
                     state,
-                    client.created_at
+                    client.created_at,
+                    limit_text(limits.max_running),
+                    limit_text(limits.max_queued)
                 );
             }
         }
@@ -84,6 +110,11 @@ pub async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A limit as the client commands print it.
+fn limit_text(limit: Option<u32>) -> String {
+    limit.map_or_else(|| String::from("none"), |n| n.to_string())
 }
 
 /// `lmsp models …`.

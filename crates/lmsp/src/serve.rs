@@ -14,7 +14,7 @@ use anyhow::Context;
 
 use lmsp_app::{Adapters, Engines, Listener, Service, Settings, SystemClock};
 use lmsp_domain::ports::{Clock, Engine, ModelFiles, Store, StoreListener};
-use lmsp_domain::EngineKind;
+use lmsp_domain::{EngineKind, TierAging};
 use lmsp_engine_llama::{CheckpointSettings, LlamaEngine, LlamaSettings};
 use lmsp_engine_openai::{OpenAiEngine, OpenAiSettings};
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
@@ -137,6 +137,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     settings.idempotency_ttl = args.idempotency_ttl;
     settings.default_on_restart = args.default_policy();
     settings.lease = args.lease;
+    settings.tier_aging = TierAging::from_millis(
+        u64::try_from(args.tier_aging.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1),
+    )
+    .unwrap_or_default();
+    settings.max_queued = args.max_queued;
     if args.data.database.is_some() {
         settings.instance_name = args.instance.clone().unwrap_or_else(host_name);
         // Notifications from other instances may be lost (a dropped LISTEN connection): a poll

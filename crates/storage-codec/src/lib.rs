@@ -23,8 +23,8 @@ pub use records::{
 };
 pub use recovery::{RecoveryCursor, RecoveryStep};
 pub use rows::{
-    derived_response_id, error_text, from_i64, key_of, stored_response_id, to_i64, u32_of, ulid_of,
-    TaskRow, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
+    derived_response_id, error_text, from_i64, key_of, stored_response_id, tier_of, tier_rank,
+    to_i64, u32_of, ulid_of, TaskRow, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
 };
 
 use std::collections::BTreeMap;
@@ -35,13 +35,13 @@ use serde::{Deserialize, Serialize};
 use lmsp_domain::auth::{Scope, Scopes};
 use lmsp_domain::event::CallItem;
 use lmsp_domain::ids::{ItemId, ResponseId, ServiceId, TaskId};
-use lmsp_domain::tools::{
-    Controls, FunctionTool, JsonText, OutputFormat, Penalty, ToolCall, ToolChoice,
-};
 use lmsp_domain::model::ModelId;
 use lmsp_domain::ports::ServiceIdentity;
 use lmsp_domain::task::{
     Fraction, Input, Message, Metadata, Response, Role, TaskError, TaskSpec, Usage,
+};
+use lmsp_domain::tools::{
+    Controls, FunctionTool, JsonText, OutputFormat, Penalty, ToolCall, ToolChoice,
 };
 use lmsp_domain::{TaskErrorCode, Timestamp};
 
@@ -533,7 +533,11 @@ mod tests {
         assert_eq!(spec.max_output_tokens, 2);
         assert_eq!(spec.instructions, None);
         assert_eq!(spec.input.messages()[0].role, Role::System);
-        assert_eq!(spec.controls, Controls::default(), "no controls: the defaults");
+        assert_eq!(
+            spec.controls,
+            Controls::default(),
+            "no controls: the defaults"
+        );
         let response = response_from_text(
             r#"{"id":"resp_01M8XY941K0R7DKYWW76TXY2T5","task_id":"task_01M8XY93QXD0N2WZRTYKNEE4XH","model":"reference","output_text":"to read ","usage":{"input_tokens":3,"output_tokens":2},"created_at":1796301164286,"completed_at":1796301164595}"#,
         )

@@ -7,6 +7,7 @@
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::model::ModelId;
 use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::schedule::ServiceTier;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{OutputItems, Task};
 use lmsp_domain::time::Timestamp;
@@ -19,10 +20,10 @@ use crate::{corrupt, error_from_text, error_to_text, metadata_from_text, spec_fr
 pub const TASK_COLUMNS: &str = "t.id, t.client_id, t.status, t.model, t.on_restart, \
      t.created_at, t.started_at, t.finished_at, t.last_sequence_number, t.restarts, t.error, \
      t.response_id, t.owner, t.background, t.items_opened, t.item_open, s.spec, s.metadata, \
-     s.accepted_by";
+     s.accepted_by, t.tier";
 
 /// How many columns [`TASK_COLUMNS`] names.
-pub const TASK_COLUMN_COUNT: usize = 19;
+pub const TASK_COLUMN_COUNT: usize = 20;
 
 /// `tasks` joined with its spec, for `SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE …`.
 pub const TASK_FROM: &str = "tasks t JOIN task_specs s ON s.task_id = t.id";
@@ -48,6 +49,19 @@ pub fn ulid_of(bytes: &[u8]) -> Result<Ulid, DbError> {
         .try_into()
         .map_err(|_| corrupt(format!("an id of {} bytes", bytes.len())))?;
     Ok(Ulid::from_bytes(bytes))
+}
+
+/// A stored tier rank as its tier.
+pub fn tier_of(rank: i64) -> Result<ServiceTier, DbError> {
+    u8::try_from(rank)
+        .ok()
+        .and_then(ServiceTier::from_rank)
+        .ok_or_else(|| corrupt(format!("a service tier of rank {rank}")))
+}
+
+/// A tier as stored: its rank.
+pub fn tier_rank(tier: ServiceTier) -> i64 {
+    i64::from(tier.rank())
 }
 
 /// The stored key of a task, client or instance id: its ULID's 16 bytes.
@@ -112,6 +126,8 @@ pub struct TaskRow {
     pub metadata: String,
     /// `s.accepted_by` (`NULL` in rows older than the column; see [`TaskRow::decode`]).
     pub accepted_by: Option<Vec<u8>>,
+    /// `t.tier`: the service tier's rank ([`ServiceTier::rank`]).
+    pub tier: i64,
 }
 
 impl TaskRow {
@@ -152,6 +168,7 @@ impl TaskRow {
                 opened: u32_of(self.items_opened)?,
                 open: self.item_open,
             },
+            service_tier: tier_of(self.tier)?,
         })
     }
 }

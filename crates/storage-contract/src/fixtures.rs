@@ -18,6 +18,7 @@ use lmsp_domain::ids::{ClientId, InstanceId, ServiceId, TaskId};
 use lmsp_domain::model::{Digest, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource};
 use lmsp_domain::ports::{InstanceInfo, ServiceIdentity, Snapshot};
 use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::schedule::ServiceTier;
 use lmsp_domain::task::{Input, Metadata, NewTask, Response, Task, TaskError, TaskSpec, Usage};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::tools::Controls;
@@ -115,6 +116,7 @@ impl TaskBuilder {
                 },
                 metadata: Metadata::new(),
                 created_at: Timestamp::from_millis(id.ulid().timestamp_ms() as i64),
+                service_tier: ServiceTier::Default,
             },
         }
     }
@@ -128,6 +130,18 @@ impl TaskBuilder {
     /// With this restart policy.
     pub fn policy(mut self, policy: RestartPolicy) -> Self {
         self.new.on_restart = policy;
+        self
+    }
+
+    /// At this service tier.
+    pub fn tier(mut self, tier: ServiceTier) -> Self {
+        self.new.service_tier = tier;
+        self
+    }
+
+    /// Accepted at `at` (by default: its id's time).
+    pub fn created(mut self, at: Timestamp) -> Self {
+        self.new.created_at = at;
         self
     }
 

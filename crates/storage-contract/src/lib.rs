@@ -65,6 +65,7 @@ pub mod reads;
 pub mod recovery;
 pub mod recovery_oracle;
 pub mod retention;
+pub mod schedule;
 pub mod single_process;
 pub mod steps;
 pub mod tasks;

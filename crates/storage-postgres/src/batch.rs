@@ -40,6 +40,7 @@ use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::ports::{
     CancelOutcome, CommitStats, CreateOutcome, Snapshot, StepOutcome, StoreError, StoreListener,
 };
+use lmsp_domain::schedule::{QueueLimits, TierAging};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
@@ -72,6 +73,8 @@ pub enum Request {
         task: Task,
         /// The request's key record, if it has a key.
         idempotency: Option<IdempotencyRecord>,
+        /// The service's `--max-queued`.
+        service_max_queued: Option<u32>,
     },
     /// `append` (`expected: Some`) or `finish` (`None`).
     Append {
@@ -88,12 +91,14 @@ pub enum Request {
         /// When.
         at: Timestamp,
     },
-    /// `claim_next`.
+    /// `claim`.
     Claim {
         /// The instance claiming.
         by: InstanceId,
         /// When.
         at: Timestamp,
+        /// How queued tasks age into more urgent tiers.
+        aging: TierAging,
     },
     /// `cancel`.
     Cancel {
@@ -429,7 +434,22 @@ struct Overlay {
     tasks: HashMap<TaskId, Task>,
     claimable: VecDeque<TaskId>,
     keys: HashMap<KeyId, Option<IdempotencyRecord>>,
+    /// For each client of the batch's creates that has a `max_queued`: it, and how many of its
+    /// tasks are queued (counted up to it, then followed through the batch).
+    client_queued: HashMap<ClientId, (u32, u64)>,
+    /// How many tasks are queued in the store (counted up to `--max-queued`, then followed).
+    service_queued: u64,
 }
+
+/// The `max_queued` of the clients `$1` that have one, with their queued tasks counted up to it.
+const CLIENT_QUEUED_SQL: &str = "SELECT cq.client_id, cq.max_queued, \
+     (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.status = 'queued' \
+      AND t.client_id = cq.client_id LIMIT cq.max_queued) x) \
+     FROM client_queues cq WHERE cq.client_id = ANY($1) AND cq.max_queued IS NOT NULL";
+
+/// The store's queued tasks, counted up to `$1`.
+const SERVICE_QUEUED_SQL: &str =
+    "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' LIMIT $1) x";
 
 /// The tasks a batch names, locked in key order.
 fn lock_tasks_sql() -> String {
@@ -454,16 +474,31 @@ async fn read(
 ) -> Result<Overlay, DbError> {
     let mut task_ids: Vec<TaskId> = Vec::new();
     let (mut claims, mut cancels) = (0_u64, 0_u64);
+    let mut claim_order: Option<(Timestamp, TierAging)> = None;
+    let mut creators: Vec<Vec<u8>> = Vec::new();
+    let mut service_max: Option<u32> = None;
     let mut records: Vec<&IdempotencyRecord> = Vec::new();
     for command in commands {
         match &command.request {
-            Request::Create { idempotency, .. } => records.extend(idempotency.as_ref()),
+            Request::Create {
+                task,
+                idempotency,
+                service_max_queued,
+            } => {
+                records.extend(idempotency.as_ref());
+                creators.push(client_key(task.client_id).to_vec());
+                service_max = service_max.or(*service_max_queued);
+            }
             Request::Append { task_id, .. } => task_ids.push(*task_id),
             Request::Cancel { task_id, .. } => {
                 task_ids.push(*task_id);
                 cancels += 1;
             }
-            Request::Claim { .. } => claims += 1,
+            Request::Claim { at, aging, .. } => {
+                claims += 1;
+                let latest = claim_order.map_or(*at, |(seen, _)| seen.max(*at));
+                claim_order = Some((latest, *aging));
+            }
         }
     }
     if claims > 0 {
@@ -479,10 +514,28 @@ async fn read(
         let keys: Vec<Vec<u8>> = task_ids.iter().map(|id| key(*id)).collect();
         reads.push(Stmt::new(lock_tasks_sql(), vec![Box::new(keys)]));
     }
-    if claims > 0 {
+    if let Some((at, aging)) = claim_order {
         reads.push(Stmt::new(
             ops::tasks::claimable_sql(),
-            vec![Box::new(to_i64(claims)?)],
+            vec![
+                Box::new(to_i64(claims)?),
+                Box::new(at.as_millis()),
+                Box::new(to_i64(aging.as_millis())?),
+            ],
+        ));
+    }
+    creators.sort();
+    creators.dedup();
+    if !creators.is_empty() {
+        reads.push(Stmt::new(
+            String::from(CLIENT_QUEUED_SQL),
+            vec![Box::new(creators.clone())],
+        ));
+    }
+    if let Some(max) = service_max {
+        reads.push(Stmt::new(
+            String::from(SERVICE_QUEUED_SQL),
+            vec![Box::new(i64::from(max))],
         ));
     }
     for record in &records {
@@ -523,6 +576,22 @@ async fn read(
             overlay.tasks.entry(task.id).or_insert(task);
         }
     }
+    if !creators.is_empty() {
+        for row in next()? {
+            let client: Vec<u8> = row.try_get(0)?;
+            let max: i32 = row.try_get(1)?;
+            let queued: i64 = row.try_get(2)?;
+            overlay.client_queued.insert(
+                ClientId::from_ulid(codec::ulid_of(&client)?),
+                (codec::u32_of(i64::from(max))?, codec::from_i64(queued)?),
+            );
+        }
+    }
+    if service_max.is_some() {
+        if let Some(row) = next()?.first() {
+            overlay.service_queued = codec::from_i64(row.try_get(0)?)?;
+        }
+    }
     for record in &records {
         let rows = next()?;
         let stored = match rows.first() {
@@ -561,7 +630,11 @@ impl Decided {
 /// there for the commands after it.
 fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> {
     match request {
-        Request::Create { task, idempotency } => {
+        Request::Create {
+            task,
+            idempotency,
+            service_max_queued,
+        } => {
             let id = idempotency.as_ref().map(key_id);
             let stored = match &id {
                 Some(id) => overlay
@@ -579,6 +652,23 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
                     )))
                 }
             };
+            let client = overlay.client_queued.get(&task.client_id).copied();
+            let limits = QueueLimits {
+                client: client.map(|(max, _)| max),
+                service: *service_max_queued,
+            };
+            if let Err(full) = limits.admit(
+                client.map_or(0, |(_, queued)| queued),
+                overlay.service_queued,
+            ) {
+                return Ok(Decided::nothing(Reply::Created(CreateOutcome::QueueFull(
+                    full,
+                ))));
+            }
+            if let Some((_, queued)) = overlay.client_queued.get_mut(&task.client_id) {
+                *queued += 1;
+            }
+            overlay.service_queued += 1;
             let mut statements = vec![create_statement(&write.task, &write.events)?];
             if let (Some(record), Some(id)) = (idempotency, id) {
                 statements.push(put_record_statement(record, stored.is_some()));
@@ -627,7 +717,7 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
                 }))),
             }
         }
-        Request::Claim { by, at } => {
+        Request::Claim { by, at, .. } => {
             while let Some(id) = overlay.claimable.pop_front() {
                 let Some(old) = overlay.tasks.get(&id).cloned() else {
                     continue;
@@ -638,13 +728,20 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
                 let write = plan_claim(&old, *by, *at).map_err(|refusal| {
                     ops::corrupt(format!("a queued task refused a claim: {refusal}"))
                 })?;
-                let statements = task_statements(
+                let mut statements = task_statements(
                     &old,
                     &write.task,
                     &write.events,
                     &write.responses,
                     write.snapshot,
                 )?;
+                statements.push(Stmt::new(
+                    String::from(ops::tasks::SERVED_SQL),
+                    vec![
+                        Box::new(client_key(old.client_id)),
+                        Box::new(at.as_millis()),
+                    ],
+                ));
                 overlay.tasks.insert(id, write.task.clone());
                 return Ok(Decided {
                     statements,
@@ -715,8 +812,8 @@ fn push_events(params: &mut Vec<Param>, events: &[Event]) -> Result<(), DbError>
 /// P-2: a new task's row, its spec and its first events, in one statement.
 const CREATE_SQL: &str = "WITH t AS (INSERT INTO tasks (id, client_id, status, model, on_restart, \
      created_at, started_at, finished_at, last_sequence_number, restarts, error, response_id, \
-     owner, background, items_opened, item_open) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)), \
+     owner, background, items_opened, item_open, tier) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $25)), \
      s AS (INSERT INTO task_specs (task_id, spec, metadata, accepted_by) \
      VALUES ($1, $17, $18, $19)) \
      INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
@@ -746,6 +843,7 @@ fn create_statement(task: &Task, events: &[Event]) -> Result<Stmt, DbError> {
         Box::new(instance_key(task.accepted_by)),
     ];
     push_events(&mut params, events)?;
+    params.push(Box::new(i16::from(task.service_tier.rank())));
     Ok(Stmt::new(String::from(CREATE_SQL), params))
 }
 

@@ -18,6 +18,7 @@ use lmsp_domain::ports::{
     Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError,
     TaskFilter, TaskStore,
 };
+use lmsp_domain::schedule::{ClientLimits, TierAging};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
@@ -31,14 +32,19 @@ fn mismatched(reply: &Reply) -> StoreError {
 
 #[async_trait]
 impl TaskStore for PostgresStore {
-    async fn create_task(
+    async fn create_task_within(
         &self,
         task: Task,
         idempotency: Option<IdempotencyRecord>,
+        service_max_queued: Option<u32>,
     ) -> Result<CreateOutcome, StoreError> {
         match self
             .writer
-            .run(Request::Create { task, idempotency })
+            .run(Request::Create {
+                task,
+                idempotency,
+                service_max_queued,
+            })
             .await?
         {
             Reply::Created(outcome) => Ok(outcome),
@@ -90,8 +96,13 @@ impl TaskStore for PostgresStore {
         }
     }
 
-    async fn claim_next(&self, by: InstanceId, at: Timestamp) -> Result<Option<Task>, StoreError> {
-        match self.writer.run(Request::Claim { by, at }).await? {
+    async fn claim(
+        &self,
+        by: InstanceId,
+        at: Timestamp,
+        aging: TierAging,
+    ) -> Result<Option<Task>, StoreError> {
+        match self.writer.run(Request::Claim { by, at, aging }).await? {
             Reply::Claimed(task) => Ok(task),
             other => Err(mismatched(&other)),
         }
@@ -235,6 +246,26 @@ impl ClientStore for PostgresStore {
         self.write(false, move |tx| {
             Box::pin(async move {
                 ops::clients::revoke_client(tx, client_id, at)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn client_limits(&self, client_id: ClientId) -> Result<ClientLimits, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::clients::client_limits(pg(&conn), client_id).await?)
+    }
+
+    async fn set_client_limits(
+        &self,
+        client_id: ClientId,
+        limits: ClientLimits,
+    ) -> Result<bool, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::clients::set_client_limits(tx, client_id, limits)
                     .await
                     .map(no_events)
             })

@@ -152,9 +152,26 @@ END
 $fn$;
 "#;
 
+/// Version 3: service tiers and fairness between clients. A task keeps its tier's rank
+/// (`priority` 0, `default` 1, `flex` 2; rows written before are `default`); `client_queues`
+/// holds, per client (keyed like `tasks.client_id`), when one of its tasks was last claimed and
+/// its limits (`NULL`: none). Two partial indexes serve a claim: each client's queued tasks by
+/// tier and age (the queue heads), and each client's claimed, unfinished tasks (its load).
+const V3: &str = r#"
+ALTER TABLE tasks ADD COLUMN tier SMALLINT NOT NULL DEFAULT 1;
+CREATE INDEX tasks_queue ON tasks (client_id, tier, id) WHERE status = 'queued';
+CREATE INDEX tasks_active ON tasks (client_id) WHERE status IN ('loading', 'running', 'cancelling');
+CREATE TABLE client_queues (
+    client_id   BYTEA PRIMARY KEY,
+    served_at   BIGINT,
+    max_running INTEGER,
+    max_queued  INTEGER
+);
+"#;
+
 /// The migrations, in order: version `n` is `MIGRATIONS[n - 1]`. Never edit a released one;
 /// append a new version.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

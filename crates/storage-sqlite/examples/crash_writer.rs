@@ -30,6 +30,7 @@ async fn caller(store: Arc<SqliteStore>) -> Result<(), Box<dyn Error + Send + Sy
         let created = match store.create_task(task.clone(), Some(record)).await? {
             CreateOutcome::Created(created) => created,
             CreateOutcome::KeyAnswered(_) => return Err("unexpected answered key".into()),
+            CreateOutcome::QueueFull(_) => return Err("a full queue with no limit".into()),
         };
         ack(&created.id, 1)?;
         let mut last = created.last_sequence_number;

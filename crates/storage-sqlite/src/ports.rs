@@ -16,6 +16,7 @@ use lmsp_domain::ports::{
     Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError,
     TaskFilter, TaskStore,
 };
+use lmsp_domain::schedule::{ClientLimits, TierAging};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
@@ -27,13 +28,14 @@ fn no_events<T>(value: T) -> (T, Vec<Event>) {
 
 #[async_trait]
 impl TaskStore for SqliteStore {
-    async fn create_task(
+    async fn create_task_within(
         &self,
         task: Task,
         idempotency: Option<IdempotencyRecord>,
+        service_max_queued: Option<u32>,
     ) -> Result<CreateOutcome, StoreError> {
         self.write(Box::new(move |conn| {
-            ops::tasks::create_task(conn, task, idempotency)
+            ops::tasks::create_task(conn, task, idempotency, service_max_queued)
         }))
         .await
     }
@@ -82,9 +84,16 @@ impl TaskStore for SqliteStore {
         .await
     }
 
-    async fn claim_next(&self, by: InstanceId, at: Timestamp) -> Result<Option<Task>, StoreError> {
-        self.write(Box::new(move |conn| ops::tasks::claim_next(conn, by, at)))
-            .await
+    async fn claim(
+        &self,
+        by: InstanceId,
+        at: Timestamp,
+        aging: TierAging,
+    ) -> Result<Option<Task>, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::tasks::claim_next(conn, by, at, aging)
+        }))
+        .await
     }
 
     async fn cancel(
@@ -190,6 +199,21 @@ impl ClientStore for SqliteStore {
     async fn revoke_client(&self, client_id: ClientId, at: Timestamp) -> Result<bool, StoreError> {
         self.write(Box::new(move |conn| {
             ops::clients::revoke_client(conn, client_id, at).map(no_events)
+        }))
+        .await
+    }
+
+    async fn client_limits(&self, client_id: ClientId) -> Result<ClientLimits, StoreError> {
+        self.point_read(|conn| ops::clients::client_limits(conn, client_id))
+    }
+
+    async fn set_client_limits(
+        &self,
+        client_id: ClientId,
+        limits: ClientLimits,
+    ) -> Result<bool, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::clients::set_client_limits(conn, client_id, limits).map(no_events)
         }))
         .await
     }

@@ -1,7 +1,8 @@
 //! The schema: versioned migrations applied in order (`rusqlite_migration`, tracked in
 //! `PRAGMA user_version`). Version 1 is the layout of the first release; version 2 adds instances
 //! and ownership, output items, upstream models, sticky model deletions, and idempotency records
-//! that hold a key across processes. A migration that moves data does so in Rust, in the same
+//! that hold a key across processes; version 3 adds service tiers, client limits and the state
+//! fair claims need. A migration that moves data does so in Rust, in the same
 //! transaction as its SQL.
 
 use rusqlite::{params, Connection, Transaction};
@@ -257,15 +258,33 @@ fn move_idempotency_records(tx: &Transaction<'_>) -> HookResult {
     Ok(())
 }
 
+/// Version 3: service tiers and fairness between clients. A task keeps its tier's rank
+/// (`priority` 0, `default` 1, `flex` 2; rows written before are `default`); `client_queues`
+/// holds, per client (keyed like `tasks.client_id`), when one of its tasks was last claimed and
+/// its limits (`NULL`: none). Two partial indexes serve a claim: each client's queued tasks by
+/// tier and age (the queue heads), and each client's claimed, unfinished tasks (its load).
+const V3: &str = r#"
+ALTER TABLE tasks ADD COLUMN tier INTEGER NOT NULL DEFAULT 1;
+CREATE INDEX tasks_queue ON tasks (client_id, tier, id) WHERE status = 'queued';
+CREATE INDEX tasks_active ON tasks (client_id) WHERE status IN ('loading', 'running', 'cancelling');
+CREATE TABLE client_queues (
+    client_id   BLOB PRIMARY KEY,
+    served_at   INTEGER,
+    max_running INTEGER,
+    max_queued  INTEGER
+) WITHOUT ROWID;
+"#;
+
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(V1),
         M::up_with_hook(V2, move_idempotency_records),
+        M::up(V3),
     ])
 }
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: usize = 2;
+pub const SCHEMA_VERSION: usize = 3;
 
 /// Applies every migration newer than the database's `user_version`, each in its own transaction,
 /// then checks that the layout is the one this build expects.
@@ -304,5 +323,38 @@ mod tests {
     #[test]
     fn the_migrations_are_valid() {
         assert!(migrations().validate().is_ok());
+    }
+
+    /// The plan SQLite picks for each query of a claim.
+    fn plan(conn: &Connection, sql: &str) -> String {
+        let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let details: Vec<String> = statement
+            .query_map([Vec::<u8>::new()], |row| row.get::<_, String>(3))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        details.join("; ")
+    }
+
+    /// Issue 25: a claim stays O(log n) with a million queued tasks: each of its queries is an
+    /// index seek (the `tasks_queue` and `tasks_active` partial indexes), never a scan of the
+    /// queue.
+    #[test]
+    fn the_claims_queries_seek_their_partial_indexes() {
+        use crate::ops::tasks::{CLIENT_RUNNING, NEXT_QUEUED_CLIENT, QUEUE_HEAD};
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        let next = plan(&conn, NEXT_QUEUED_CLIENT);
+        assert!(next.contains("INDEX tasks_queue (client_id>?)"), "{next}");
+        let head = plan(&conn, &QUEUE_HEAD.replace("?2", "1"));
+        assert!(
+            head.contains("INDEX tasks_queue (client_id=? AND tier=?)"),
+            "{head}"
+        );
+        let running = plan(&conn, CLIENT_RUNNING);
+        assert!(
+            running.contains("INDEX tasks_active (client_id=?)"),
+            "{running}"
+        );
     }
 }

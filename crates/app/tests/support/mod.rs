@@ -157,12 +157,15 @@ pub struct FaultyStore {
 
 #[async_trait]
 impl TaskStore for FaultyStore {
-    async fn create_task(
+    async fn create_task_within(
         &self,
         task: Task,
         idempotency: Option<IdempotencyRecord>,
+        service_max_queued: Option<u32>,
     ) -> Result<CreateOutcome, StoreError> {
-        self.inner.create_task(task, idempotency).await
+        self.inner
+            .create_task_within(task, idempotency, service_max_queued)
+            .await
     }
     async fn append(
         &self,
@@ -192,8 +195,13 @@ impl TaskStore for FaultyStore {
         }
         self.inner.finish(task_id, by, step, at).await
     }
-    async fn claim_next(&self, by: InstanceId, at: Timestamp) -> Result<Option<Task>, StoreError> {
-        self.inner.claim_next(by, at).await
+    async fn claim(
+        &self,
+        by: InstanceId,
+        at: Timestamp,
+        aging: TierAging,
+    ) -> Result<Option<Task>, StoreError> {
+        self.inner.claim(by, at, aging).await
     }
     async fn cancel(
         &self,
@@ -264,6 +272,16 @@ impl ClientStore for FaultyStore {
     }
     async fn revoke_client(&self, client_id: ClientId, at: Timestamp) -> Result<bool, StoreError> {
         self.inner.revoke_client(client_id, at).await
+    }
+    async fn client_limits(&self, client_id: ClientId) -> Result<ClientLimits, StoreError> {
+        self.inner.client_limits(client_id).await
+    }
+    async fn set_client_limits(
+        &self,
+        client_id: ClientId,
+        limits: ClientLimits,
+    ) -> Result<bool, StoreError> {
+        self.inner.set_client_limits(client_id, limits).await
     }
     async fn insert_pairing(&self, pairing: Pairing) -> Result<(), StoreError> {
         self.inner.insert_pairing(pairing).await

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use crate::auth::{Client, Pairing, SecretHash};
 use crate::ids::ClientId;
 use crate::ports::StoreError;
+use crate::schedule::ClientLimits;
 use crate::time::Timestamp;
 
 /// How redeeming a pairing code ended.
@@ -40,6 +41,14 @@ pub trait ClientStore: Send + Sync {
     async fn list_clients(&self) -> Result<Vec<Client>, StoreError>;
     /// Revokes a client; `false` when there is no such unrevoked client.
     async fn revoke_client(&self, client_id: ClientId, at: Timestamp) -> Result<bool, StoreError>;
+    /// A client's limits (none set: both `None`).
+    async fn client_limits(&self, client_id: ClientId) -> Result<ClientLimits, StoreError>;
+    /// Replaces a client's limits; `false` when there is no such client.
+    async fn set_client_limits(
+        &self,
+        client_id: ClientId,
+        limits: ClientLimits,
+    ) -> Result<bool, StoreError>;
     /// Stores a pairing code (hashed).
     async fn insert_pairing(&self, pairing: Pairing) -> Result<(), StoreError>;
     /// Redeems a pairing code in one transaction, under the pairing limit

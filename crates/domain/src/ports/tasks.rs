@@ -8,6 +8,7 @@ use crate::idempotency::IdempotencyRecord;
 use crate::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use crate::model::ModelId;
 use crate::ports::StoreError;
+use crate::schedule::{QueueFull, TierAging};
 use crate::status::TaskStatus;
 use crate::task::{Response, Task};
 use crate::time::Timestamp;
@@ -31,6 +32,8 @@ pub enum CreateOutcome {
     Created(Task),
     /// Another request already answered under the idempotency key: nothing was written.
     KeyAnswered(IdempotencyRecord),
+    /// A queue was full: nothing was written.
+    QueueFull(QueueFull),
 }
 
 /// How a step on a task ended.
@@ -148,6 +151,23 @@ pub trait TaskStore: Send + Sync {
         &self,
         task: Task,
         idempotency: Option<IdempotencyRecord>,
+    ) -> Result<CreateOutcome, StoreError> {
+        self.create_task_within(task, idempotency, None).await
+    }
+
+    /// [`TaskStore::create_task`] under the queue limits: when the task's client has
+    /// `max_queued` tasks queued ([`ClientStore::set_client_limits`]) or the store has
+    /// `service_max_queued` queued in all, writes nothing and answers
+    /// [`CreateOutcome::QueueFull`] (checked after the idempotency key, so a replay is never
+    /// refused). On a store shared by several processes, submits racing in different processes
+    /// may each see the last free place.
+    ///
+    /// [`ClientStore::set_client_limits`]: crate::ports::ClientStore::set_client_limits
+    async fn create_task_within(
+        &self,
+        task: Task,
+        idempotency: Option<IdempotencyRecord>,
+        service_max_queued: Option<u32>,
     ) -> Result<CreateOutcome, StoreError>;
 
     /// P-3, I-2: applies a worker's `steps` in order to the task through
@@ -174,10 +194,24 @@ pub trait TaskStore: Send + Sync {
         at: Timestamp,
     ) -> Result<StepOutcome, StoreError>;
 
-    /// Claims the oldest `queued` task (creation order) for instance `by`: `queued → loading`
-    /// with `response.loading`, atomically against a concurrent cancel and other claimers (each
-    /// task is claimed once). Drops any old snapshot.
-    async fn claim_next(&self, by: InstanceId, at: Timestamp) -> Result<Option<Task>, StoreError>;
+    /// Claims the next `queued` task for instance `by`: `queued → loading` with
+    /// `response.loading`, atomically against a concurrent cancel and other claimers (each task
+    /// is claimed once). Drops any old snapshot. The task is the one
+    /// [`crate::schedule::next_claim`] picks from every client's queue heads: the most urgent
+    /// service tier (moved up by `aging`), then the client with the fewest tasks running, then
+    /// the client served least recently, then the oldest; a client at its `max_running` is passed
+    /// over. The claim records when its client was served.
+    async fn claim(
+        &self,
+        by: InstanceId,
+        at: Timestamp,
+        aging: TierAging,
+    ) -> Result<Option<Task>, StoreError>;
+
+    /// [`TaskStore::claim`] with the default aging ([`TierAging::DEFAULT`]).
+    async fn claim_next(&self, by: InstanceId, at: Timestamp) -> Result<Option<Task>, StoreError> {
+        self.claim(by, at, TierAging::DEFAULT).await
+    }
 
     /// P-4, I-3: decides and applies a cancel in one transaction, atomically against a concurrent
     /// finish. `client_id` restricts it to that client's tasks (`None`: any task).

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::schedule::ServiceTier;
 use lmsp_domain::task::{Input, NewTask, Response, Task, TaskError, TaskSpec, Usage};
 use lmsp_domain::transition::Step;
 use lmsp_domain::{ModelId, TaskErrorCode, TaskStatus, Timestamp};
@@ -76,10 +77,11 @@ pub fn queued_task(seed: u64, owner: InstanceId, policy: RestartPolicy) -> Task 
             temperature: None,
             top_p: None,
             previous_response_id: None,
-        controls: Default::default(),
+            controls: Default::default(),
         },
         metadata: BTreeMap::new(),
         created_at: Timestamp::from_millis(1_000),
+        service_tier: ServiceTier::Default,
     })
 }
 

@@ -15,7 +15,9 @@ use crate::openapi::{
 };
 use crate::routes::{json_reply, ApiResult};
 use crate::wire::requests::{parse_scopes, CreatePairingRequest, PairRequest};
-use crate::wire::service::{self as objects, ClientList, PairedObject, PairingObject};
+use crate::wire::service::{
+    self as objects, ClientList, ClientObject, PairedObject, PairingObject, UpdateClientRequest,
+};
 use crate::AppState;
 
 /// List clients.
@@ -40,9 +42,54 @@ pub async fn list_clients(
 ) -> ApiResult<Json<ClientList>> {
     let clients = state.service.clients(&caller).await?;
     Ok(Json(ClientList::new(
-        clients.iter().map(objects::client).collect(),
+        clients
+            .iter()
+            .map(|(client, limits)| objects::client(client, *limits))
+            .collect(),
         false,
     )))
+}
+
+/// Change a client's limits.
+///
+/// `max_running`: the most of its tasks that run at once (its other tasks wait while other
+/// clients' run); `max_queued`: the most that may be queued (a submit past it is 429
+/// `rate_limited` with `Retry-After`, and creates nothing). `null` lifts a limit; an absent field
+/// keeps it.
+#[utoipa::path(
+    patch,
+    path = "/v1/clients/{id}",
+    tag = "clients",
+    operation_id = "updateClient",
+    security(("bearer" = ["admin"])),
+    params(("id" = String, Path, description = "A client id (`cli_…`).")),
+    request_body(content = UpdateClientRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The client with its limits.", body = ClientObject),
+        (status = 400, description = "`invalid_request`: a limit that is not a whole number \
+            from 0, or an unknown field.", body = ErrorEnvelope),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`not_found`: malformed or unknown.", body = ErrorEnvelope),
+        (status = 413, response = PayloadTooLarge),
+        (status = 415, response = UnsupportedMediaType),
+        (status = 500, response = InternalError),
+        (status = 503, response = StorageUnavailable)
+    )
+)]
+pub async fn update_client(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    Path(id): Path<String>,
+    body: JsonBody<UpdateClientRequest>,
+) -> ApiResult<Json<ClientObject>> {
+    caller.require(lmsp_domain::auth::Scope::Admin)?;
+    let client_id = ClientId::parse(&id).map_err(|_| ApiError::not_found())?;
+    let (client, limits) = state
+        .service
+        .update_client_limits(&caller, client_id, body.value.update())
+        .await?;
+    Ok(Json(objects::client(&client, limits)))
 }
 
 /// Revoke a client.

@@ -174,6 +174,9 @@ pub struct ChatCompletion {
     pub choices: Vec<ChatChoice>,
     /// Token counts.
     pub usage: ChatUsage,
+    /// How urgently it ran: `priority`, `default` or `flex`.
+    #[schema(schema_with = schema::service_tier)]
+    pub service_tier: &'static str,
     /// The task (`task_…`).
     #[schema(schema_with = schema::task_id)]
     pub task_id: String,
@@ -206,6 +209,7 @@ pub fn completion(task: &Task, response: &Response) -> ChatCompletion {
             }),
         }],
         usage: ChatUsage::of(response.usage),
+        service_tier: task.service_tier.as_str(),
         task_id: task.id.to_string(),
     }
 }

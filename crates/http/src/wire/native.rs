@@ -10,8 +10,8 @@ use lmsp_domain::{ClosedItem, Event, EventPayload, ItemId, Task, TaskError, Task
 
 use crate::openapi as schema;
 use crate::wire::openai::{self, ResponseObject};
-use crate::wire::{constant, list_of, time};
 use crate::wire::tools::{self, CallDoneData, CallEventData, LogprobObject};
+use crate::wire::{constant, list_of, time};
 
 constant!(
     /// `"task"`.
@@ -78,6 +78,9 @@ pub struct TaskObject {
     pub last_sequence_number: u64,
     /// How many service restarts moved it.
     pub restarts: u32,
+    /// How urgently it runs: `priority`, `default` or `flex`.
+    #[schema(schema_with = schema::service_tier)]
+    pub service_tier: &'static str,
     /// Why it failed, or `null`.
     #[schema(required = true)]
     pub error: Option<TaskErrorObject>,
@@ -103,6 +106,7 @@ pub fn task(task: &Task) -> TaskObject {
         finished_at: task.finished_at.map(time),
         last_sequence_number: task.last_sequence_number,
         restarts: task.restarts,
+        service_tier: task.service_tier.as_str(),
         error: task.error.as_ref().map(TaskErrorObject::of),
         response_id: task.response_id.to_string(),
         metadata: task.metadata.clone(),

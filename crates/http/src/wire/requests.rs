@@ -307,6 +307,8 @@ pub struct CreateResponseRequest {
     pub store: Option<bool>,
     /// Accepted, with no effect.
     pub user: Option<String>,
+    /// How urgently it runs: `priority`, `default` (also `auto`, and when absent) or `flex`.
+    pub service_tier: Option<String>,
     /// The output format: `{"format": {"type": "text" | "json_object" | "json_schema", …}}`.
     pub text: Option<TextParam>,
     /// Function tools (`{"type": "function", "name", "description", "parameters",
@@ -372,6 +374,7 @@ impl CreateResponseRequest {
             top_p: self.top_p,
             metadata: self.metadata,
             previous_response_id: self.previous_response_id,
+            service_tier: self.service_tier,
             controls: DraftControls {
                 tools,
                 tool_choice,
@@ -429,6 +432,8 @@ pub struct ChatCompletionRequest {
     pub store: Option<bool>,
     /// Accepted, with no effect.
     pub user: Option<String>,
+    /// How urgently it runs: `priority`, `default` (also `auto`, and when absent) or `flex`.
+    pub service_tier: Option<String>,
     /// Function tools (`{"type": "function", "function": {"name", "description",
     /// "parameters", "strict"}}`).
     #[schema(value_type = Option<Vec<Object>>)]
@@ -527,6 +532,7 @@ impl ChatCompletionRequest {
                 top_p: self.top_p,
                 metadata: self.metadata,
                 previous_response_id: None,
+                service_tier: self.service_tier,
                 controls: DraftControls {
                     tools,
                     tool_choice,

@@ -1,12 +1,12 @@
 //! The service, health, models, clients and pairing objects.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use lmsp_app::{Caller, NewPairing, Paired};
+use lmsp_app::{Caller, LimitsUpdate, NewPairing, Paired};
 use lmsp_domain::auth::{Client, Scopes};
 use lmsp_domain::ports::EngineHealth;
-use lmsp_domain::{EngineKind, ModelRecord, ModelSource};
+use lmsp_domain::{ClientLimits, EngineKind, ModelRecord, ModelSource};
 
 use crate::openapi as schema;
 use crate::wire::{constant, list_of, time};
@@ -115,10 +115,16 @@ pub struct ClientObject {
     /// When it was revoked, or `null`.
     #[schema(schema_with = schema::nullable_timestamp, required = true)]
     pub revoked_at: Option<String>,
+    /// The most of its tasks that run at once, or `null` for no limit.
+    #[schema(required = true)]
+    pub max_running: Option<u32>,
+    /// The most of its tasks that may be queued (a submit past it is 429), or `null`.
+    #[schema(required = true)]
+    pub max_queued: Option<u32>,
 }
 
 /// A client object (never its token or hash).
-pub fn client(client: &Client) -> ClientObject {
+pub fn client(client: &Client, limits: ClientLimits) -> ClientObject {
     ClientObject {
         object: ClientTag::Value,
         id: client.id.to_string(),
@@ -126,6 +132,44 @@ pub fn client(client: &Client) -> ClientObject {
         scopes: scope_names(&client.scopes),
         created_at: time(client.created_at),
         revoked_at: client.revoked_at.map(time),
+        max_running: limits.max_running,
+        max_queued: limits.max_queued,
+    }
+}
+
+/// The body of `PATCH /v1/clients/{id}`: each field present is set (`null`: no limit), each
+/// absent one kept. Unknown fields are refused (400).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(examples(json!({"max_running": 2, "max_queued": 100})))]
+pub struct UpdateClientRequest {
+    /// The most of its tasks that run at once; `null` for no limit.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>)]
+    pub max_running: Option<Option<u32>>,
+    /// The most of its tasks that may be queued; `null` for no limit.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<u32>)]
+    pub max_queued: Option<Option<u32>>,
+}
+
+/// A field that is present, `null` or not: `Some(value)`; an absent one stays `None`
+/// (`#[serde(default)]`).
+fn present<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
+impl UpdateClientRequest {
+    /// The change it asks for.
+    pub fn update(&self) -> LimitsUpdate {
+        LimitsUpdate {
+            max_running: self.max_running,
+            max_queued: self.max_queued,
+        }
     }
 }
 

@@ -4,12 +4,13 @@
 use lmsp_domain::auth::{Client, Pairing, PairingLimit, SecretHash};
 use lmsp_domain::ids::ClientId;
 use lmsp_domain::ports::Redemption;
+use lmsp_domain::schedule::ClientLimits;
 use lmsp_domain::time::Timestamp;
 use tokio_postgres::Row;
 
 use crate::codec;
 use crate::codec::{ClientRow, CLIENT_COLUMNS};
-use crate::ops::{config_value, set_config_value, Db, Res};
+use crate::ops::{client_key, config_value, corrupt, set_config_value, Db, Res};
 
 fn build_client(row: &Row) -> Res<Client> {
     Ok(ClientRow {
@@ -83,6 +84,47 @@ pub async fn revoke_client<C: Db>(db: &C, id: ClientId, at: Timestamp) -> Res<bo
         )
         .await?;
     Ok(changed == 1)
+}
+
+/// A client's limits, as `client_queues` keeps them.
+pub async fn client_limits<C: Db>(db: &C, id: ClientId) -> Res<ClientLimits> {
+    let row = db
+        .query_opt(
+            "SELECT max_running, max_queued FROM client_queues WHERE client_id = $1",
+            &[&client_key(id).to_vec()],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(ClientLimits::default());
+    };
+    let limit = |value: Option<i32>| value.map(|v| codec::u32_of(i64::from(v))).transpose();
+    Ok(ClientLimits {
+        max_running: limit(row.try_get(0)?)?,
+        max_queued: limit(row.try_get(1)?)?,
+    })
+}
+
+/// Replaces a client's limits; `false` when there is no such client.
+pub async fn set_client_limits<C: Db>(db: &C, id: ClientId, limits: ClientLimits) -> Res<bool> {
+    let exists = db
+        .query_opt("SELECT 1 FROM clients WHERE id = $1", &[&id.to_string()])
+        .await?;
+    if exists.is_none() {
+        return Ok(false);
+    }
+    let limit = |value: Option<u32>| value.map(i32::try_from).transpose();
+    let (max_running, max_queued) = (
+        limit(limits.max_running).map_err(|_| corrupt("a limit out of range"))?,
+        limit(limits.max_queued).map_err(|_| corrupt("a limit out of range"))?,
+    );
+    db.execute(
+        "INSERT INTO client_queues (client_id, max_running, max_queued) VALUES ($1, $2, $3) \
+         ON CONFLICT (client_id) DO UPDATE SET max_running = EXCLUDED.max_running, \
+         max_queued = EXCLUDED.max_queued",
+        &[&client_key(id).to_vec(), &max_running, &max_queued],
+    )
+    .await?;
+    Ok(true)
 }
 
 /// Stores a pairing code hash.

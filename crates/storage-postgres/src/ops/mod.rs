@@ -155,6 +155,7 @@ pub fn decode_task(row: &Row) -> Res<Task> {
         spec: row.try_get(16)?,
         metadata: row.try_get(17)?,
         accepted_by: row.try_get(18)?,
+        tier: i64::from(row.try_get::<_, i16>(19)?),
     }
     .decode(None)?)
 }

@@ -56,16 +56,53 @@ pub async fn write_task<C: Db>(db: &C, old: &Task, write: &TaskWrite<'_>) -> Res
     }
 }
 
-/// The queued tasks claims take, at most `$1`, in the order they are taken (oldest first), each
-/// row locked for the claim with `SKIP LOCKED`: concurrent claimers (in any process) each take
-/// different tasks and never wait on each other. The one place claims choose: an order or a
-/// filter (a tier, a priority) goes here, served by an index in the same order.
+/// The queued tasks a batch of claims takes, at most `$1`, in the order they are taken, each row
+/// locked with `SKIP LOCKED`: concurrent claimers (in any process) each take different tasks and
+/// never wait on each other. The order is `lmsp_domain::schedule::next_claim`'s, applied to a
+/// batch: the most urgent tier (a task's tier's rank less one per `$3` milliseconds waited at
+/// `$2`), then the least loaded client (its running tasks, plus the ones this batch gives it
+/// before), then the client served least recently, then the oldest; a client at its
+/// `max_running` is passed over. It reads only queue heads: the clients with queued tasks one
+/// index seek each (a loose scan of `tasks_queue`), then each client's first `$1` queued tasks
+/// of each tier and its running count (`tasks_active`).
 pub fn claimable_sql() -> String {
     format!(
-        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.status = 'queued' \
-         ORDER BY t.id LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
+        "WITH RECURSIVE queued(client_id) AS ( \
+            (SELECT client_id FROM tasks WHERE status = 'queued' ORDER BY client_id LIMIT 1) \
+            UNION ALL \
+            SELECT (SELECT t.client_id FROM tasks t WHERE t.status = 'queued' \
+                    AND t.client_id > q.client_id ORDER BY t.client_id LIMIT 1) \
+            FROM queued q WHERE q.client_id IS NOT NULL), \
+         loads AS ( \
+            SELECT q.client_id, cq.max_running, cq.served_at, \
+                   (SELECT count(*) FROM tasks a WHERE a.client_id = q.client_id \
+                    AND a.status IN ('loading', 'running', 'cancelling')) AS running \
+            FROM queued q LEFT JOIN client_queues cq ON cq.client_id = q.client_id \
+            WHERE q.client_id IS NOT NULL), \
+         heads AS ( \
+            SELECT h.id, h.client_id, \
+                   GREATEST(h.tier - GREATEST($2::bigint - h.created_at, 0) / $3::bigint, 0) \
+                       AS urgency \
+            FROM loads l CROSS JOIN (VALUES (0::smallint), (1::smallint), (2::smallint)) AS r(tier) \
+            CROSS JOIN LATERAL (SELECT t.id, t.client_id, t.tier, t.created_at FROM tasks t \
+                WHERE t.status = 'queued' AND t.client_id = l.client_id AND t.tier = r.tier \
+                ORDER BY t.id LIMIT $1) h), \
+         ranked AS ( \
+            SELECT h.id, h.urgency, l.max_running, l.served_at, \
+                   l.running + row_number() OVER ( \
+                       PARTITION BY h.client_id ORDER BY h.urgency, h.id) - 1 AS load \
+            FROM heads h JOIN loads l ON l.client_id = h.client_id) \
+         SELECT {TASK_COLUMNS} FROM ranked r JOIN tasks t ON t.id = r.id \
+         JOIN task_specs s ON s.task_id = t.id \
+         WHERE t.status = 'queued' AND (r.max_running IS NULL OR r.load < r.max_running) \
+         ORDER BY r.urgency, r.load, r.served_at NULLS FIRST, t.id \
+         LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
     )
 }
+
+/// Records when a claim served client `$1` (at `$2`), for fairness between clients.
+pub const SERVED_SQL: &str = "INSERT INTO client_queues (client_id, served_at) VALUES ($1, $2) \
+     ON CONFLICT (client_id) DO UPDATE SET served_at = EXCLUDED.served_at";
 
 /// Removes one task's rows; its idempotency records stay, pointing at nothing (a key outlives
 /// its task and keeps its reply until it expires). Returns how many events went.

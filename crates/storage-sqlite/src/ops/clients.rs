@@ -3,11 +3,12 @@
 use lmsp_domain::auth::{Client, Pairing, PairingLimit, SecretHash};
 use lmsp_domain::ids::ClientId;
 use lmsp_domain::ports::Redemption;
+use lmsp_domain::schedule::ClientLimits;
 use lmsp_domain::time::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec;
-use crate::ops::{config_value, set_config_value, Res};
+use crate::ops::{client_key, config_value, set_config_value, Res};
 
 use crate::codec::{ClientRow, CLIENT_COLUMNS};
 
@@ -82,6 +83,41 @@ pub fn revoke_client(conn: &Connection, id: ClientId, at: Timestamp) -> Res<bool
         .prepare_cached("UPDATE clients SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL")?
         .execute(params![at.as_millis(), id.to_string()])?;
     Ok(changed == 1)
+}
+
+/// A client's limits, as `client_queues` keeps them.
+pub fn client_limits(conn: &Connection, id: ClientId) -> Res<ClientLimits> {
+    let limits: Option<(Option<i64>, Option<i64>)> = conn
+        .prepare_cached("SELECT max_running, max_queued FROM client_queues WHERE client_id = ?1")?
+        .query_row([client_key(id)], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    let (max_running, max_queued) = limits.unwrap_or((None, None));
+    Ok(ClientLimits {
+        max_running: max_running.map(codec::u32_of).transpose()?,
+        max_queued: max_queued.map(codec::u32_of).transpose()?,
+    })
+}
+
+/// Replaces a client's limits; `false` when there is no such client.
+pub fn set_client_limits(conn: &Connection, id: ClientId, limits: ClientLimits) -> Res<bool> {
+    let exists: Option<i64> = conn
+        .prepare_cached("SELECT 1 FROM clients WHERE id = ?1")?
+        .query_row([id.to_string()], |row| row.get(0))
+        .optional()?;
+    if exists.is_none() {
+        return Ok(false);
+    }
+    conn.prepare_cached(
+        "INSERT INTO client_queues (client_id, max_running, max_queued) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (client_id) DO UPDATE SET max_running = excluded.max_running, \
+         max_queued = excluded.max_queued",
+    )?
+    .execute(params![
+        client_key(id),
+        limits.max_running,
+        limits.max_queued
+    ])?;
+    Ok(true)
 }
 
 /// Stores a pairing code hash.

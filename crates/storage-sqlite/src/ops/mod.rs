@@ -82,6 +82,7 @@ pub fn raw_task(row: &Row<'_>) -> rusqlite::Result<RawTask> {
         spec: row.get(16)?,
         metadata: row.get(17)?,
         accepted_by: row.get(18)?,
+        tier: row.get(19)?,
     }))
 }
 
@@ -108,8 +109,8 @@ pub fn insert_task_rows(conn: &Connection, task: &Task) -> Res<()> {
     conn.prepare_cached(
         "INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, started_at, \
          finished_at, last_sequence_number, restarts, error, response_id, owner, background, \
-         items_opened, item_open) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+         items_opened, item_open, tier) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
     )?
     .execute(params![
         key(task.id),
@@ -128,6 +129,7 @@ pub fn insert_task_rows(conn: &Connection, task: &Task) -> Res<()> {
         task.background,
         task.items.opened,
         task.items.open,
+        codec::tier_rank(task.service_tier),
     ])?;
     conn.prepare_cached(
         "INSERT INTO task_specs (task_id, spec, metadata, accepted_by) VALUES (?1, ?2, ?3, ?4)",

@@ -7,6 +7,9 @@ use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::ports::{
     CancelOutcome, CreateOutcome, DeleteOutcome, Page, Snapshot, StepOutcome, TaskFilter,
 };
+use lmsp_domain::schedule::{
+    next_claim, ClientLoad, QueueHead, QueueLimits, ServiceTier, TierAging,
+};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
@@ -17,6 +20,7 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec;
+use crate::ops::clients;
 use crate::ops::idempotency::{put_record, stored_record};
 use crate::ops::{
     client_key, corrupt, delete_snapshot, events, from_i64, insert_task_rows, instance_key, key,
@@ -30,6 +34,7 @@ pub fn create_task(
     conn: &Connection,
     task: Task,
     idempotency: Option<IdempotencyRecord>,
+    service_max_queued: Option<u32>,
 ) -> Res<(CreateOutcome, Vec<Event>)> {
     let stored = match &idempotency {
         Some(record) => stored_record(conn, &record.scope, &record.key)?,
@@ -41,6 +46,37 @@ pub fn create_task(
             return Ok((CreateOutcome::KeyAnswered(record), Vec::new()))
         }
     };
+    let limits = QueueLimits {
+        client: clients::client_limits(conn, task.client_id)?.max_queued,
+        service: service_max_queued,
+    };
+    if limits.any() {
+        let count = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> Res<u64> {
+            let n: i64 = conn
+                .prepare_cached(sql)?
+                .query_row(params, |row| row.get(0))?;
+            Ok(from_i64(n)?)
+        };
+        let client_queued = match limits.client {
+            Some(max) => count(
+                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queue \
+                 WHERE status = 'queued' AND client_id = ?1 LIMIT ?2)",
+                &[&client_key(task.client_id), &max],
+            )?,
+            None => 0,
+        };
+        let service_queued = match limits.service {
+            Some(max) => count(
+                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queue \
+                 WHERE status = 'queued' LIMIT ?1)",
+                &[&max],
+            )?,
+            None => 0,
+        };
+        if let Err(full) = limits.admit(client_queued, service_queued) {
+            return Ok((CreateOutcome::QueueFull(full), Vec::new()));
+        }
+    }
     insert_task_rows(conn, &write.task)?;
     events::insert_events(conn, &write.events)?;
     if let Some(record) = &idempotency {
@@ -107,27 +143,98 @@ pub fn append(
     }
 }
 
-/// Claims the oldest queued task for `by`.
+/// Claims the next queued task for `by`: the one [`next_claim`] picks from every client's queue
+/// heads (tiers with aging, then fairness between clients), and records when its client was
+/// served. Reads a few index entries per client with queued work (the `tasks_queue` and
+/// `tasks_active` partial indexes), never the queue itself.
 pub fn claim_next(
     conn: &Connection,
     by: InstanceId,
     at: Timestamp,
+    aging: TierAging,
 ) -> Res<(Option<Task>, Vec<Event>)> {
-    let sql = format!(
-        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.status = 'queued' ORDER BY t.id LIMIT 1"
-    );
-    let Some(raw) = conn
-        .prepare_cached(&sql)?
-        .query_row([], raw_task)
-        .optional()?
-    else {
+    let heads = queue_heads(conn)?;
+    let Some(id) = next_claim(&heads, aging, at) else {
         return Ok((None, Vec::new()));
     };
-    let old = raw.decode()?;
+    let old = load_task(conn, id)?.ok_or_else(|| corrupt("a queue head without its task"))?;
     let write = plan_claim(&old, by, at)
         .map_err(|refusal| corrupt(format!("a queued task refused a claim: {refusal}")))?;
     write_task(conn, &old, &write)?;
+    conn.prepare_cached(
+        "INSERT INTO client_queues (client_id, served_at) VALUES (?1, ?2) \
+         ON CONFLICT (client_id) DO UPDATE SET served_at = excluded.served_at",
+    )?
+    .execute(params![client_key(old.client_id), at.as_millis()])?;
     Ok((Some(write.task), write.events))
+}
+
+// `INDEXED BY`: left to itself, the planner reads every queued task through `tasks_status`
+// and sorts them; these must stay seeks however long the queue grows.
+
+/// The next client after `?1` with a queued task (an index seek in `tasks_queue`).
+pub(crate) const NEXT_QUEUED_CLIENT: &str = "SELECT client_id FROM tasks INDEXED BY tasks_queue \
+     WHERE status = 'queued' AND client_id > ?1 ORDER BY client_id LIMIT 1";
+
+/// The oldest queued task of client `?1` in tier `?2` (an index seek in `tasks_queue`).
+pub(crate) const QUEUE_HEAD: &str = "SELECT id, created_at FROM tasks INDEXED BY tasks_queue \
+     WHERE status = 'queued' AND client_id = ?1 AND tier = ?2 ORDER BY id LIMIT 1";
+
+/// How many tasks of client `?1` are claimed and unfinished (the entries of `tasks_active`).
+pub(crate) const CLIENT_RUNNING: &str = "SELECT count(*) FROM tasks INDEXED BY tasks_active \
+     WHERE client_id = ?1 AND status IN ('loading', 'running', 'cancelling')";
+
+/// For each client with queued tasks (found one by one through the `tasks_queue` index), the
+/// oldest queued task of each tier, with the client's load.
+fn queue_heads(conn: &Connection) -> Res<Vec<(QueueHead, ClientLoad)>> {
+    let mut heads = Vec::new();
+    let mut after: Vec<u8> = Vec::new();
+    loop {
+        let client: Option<Vec<u8>> = conn
+            .prepare_cached(NEXT_QUEUED_CLIENT)?
+            .query_row([&after], |row| row.get(0))
+            .optional()?;
+        let Some(client) = client else {
+            return Ok(heads);
+        };
+        let client_id = ClientId::from_ulid(codec::ulid_of(&client)?);
+        let load = client_load(conn, &client)?;
+        for tier in ServiceTier::ALL {
+            let head: Option<(Vec<u8>, i64)> = conn
+                .prepare_cached(QUEUE_HEAD)?
+                .query_row(params![client, codec::tier_rank(*tier)], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .optional()?;
+            if let Some((task, created_at)) = head {
+                let head = QueueHead {
+                    task: TaskId::from_ulid(codec::ulid_of(&task)?),
+                    client: client_id,
+                    tier: *tier,
+                    created_at: Timestamp::from_millis(created_at),
+                };
+                heads.push((head, load));
+            }
+        }
+        after = client;
+    }
+}
+
+/// A client's claimed, unfinished tasks, its `max_running` and when it was last served.
+fn client_load(conn: &Connection, client: &[u8]) -> Res<ClientLoad> {
+    let running: i64 = conn
+        .prepare_cached(CLIENT_RUNNING)?
+        .query_row([client], |row| row.get(0))?;
+    let queue: Option<(Option<i64>, Option<i64>)> = conn
+        .prepare_cached("SELECT max_running, served_at FROM client_queues WHERE client_id = ?1")?
+        .query_row([client], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    let (max_running, last_served) = queue.unwrap_or((None, None));
+    Ok(ClientLoad {
+        running: codec::u32_of(running)?,
+        max_running: max_running.map(codec::u32_of).transpose()?,
+        last_served: last_served.map(Timestamp::from_millis),
+    })
 }
 
 /// P-4, I-3: decides and applies a cancel.

@@ -313,6 +313,9 @@ pub struct ResponseObject {
     pub seed: u64,
     /// How many service restarts moved the task.
     pub restarts: u32,
+    /// How urgently it runs: `priority`, `default` or `flex`.
+    #[schema(schema_with = schema::service_tier)]
+    pub service_tier: &'static str,
 }
 
 /// The OpenAI status of a task in `status`.
@@ -376,6 +379,7 @@ pub fn response_in(
         on_restart: task.on_restart.as_str(),
         seed: task.spec.seed,
         restarts: task.restarts,
+        service_tier: task.service_tier.as_str(),
     }
 }
 

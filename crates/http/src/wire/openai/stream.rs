@@ -9,9 +9,9 @@ use lmsp_domain::{
 };
 
 use super::{response_in, OutputItem, OutputMessage, OutputText, ResponseObject};
-use crate::wire::tools::{self, FunctionCallItem, LogprobObject};
 use crate::openapi as schema;
 use crate::wire::constant;
+use crate::wire::tools::{self, FunctionCallItem, LogprobObject};
 
 /// The type of a stream event that carries the whole response object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
