@@ -203,7 +203,9 @@ async fn text_and_usage(server: &TestServer, task_id: &str) -> (String, Value) {
     let response = stored_response(server, task_id).await;
     let usage = &response["usage"];
     assert!(
-        usage["input_tokens_details"]["cached_tokens"].as_u64().unwrap()
+        usage["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
             <= usage["input_tokens"].as_u64().unwrap(),
         "{usage}"
     );

@@ -153,7 +153,10 @@ async fn a_response_is_cancelled_by_its_resp_id_p4() {
     assert_eq!(headers["lmsp-task-id"], queued["task_id"].as_str().unwrap());
 
     let (status, _, body) = server.post(&cancel(&running), Value::Null).await;
-    assert_eq!(status, 200, "the cancel waited for the engine to stop: {body}");
+    assert_eq!(
+        status, 200,
+        "the cancel waited for the engine to stop: {body}"
+    );
     assert_eq!(body["status"], "cancelled");
     let task = server.wait_status(&running_task, "cancelled").await;
     let (status, _, body) = server.post(&cancel(&running), Value::Null).await;

@@ -134,7 +134,7 @@ fn job(max_output_tokens: u32, resume: Option<ResumePoint>) -> GenerationJob {
             temperature: lmsp_domain::task::Fraction::new(0.5),
             top_p: None,
             previous_response_id: None,
-        controls: Default::default(),
+            controls: Default::default(),
         }),
         resume,
     }

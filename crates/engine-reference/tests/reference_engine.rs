@@ -67,7 +67,7 @@ fn job_with(
             temperature: temperature.and_then(Fraction::new),
             top_p: None,
             previous_response_id: None,
-        controls: Default::default(),
+            controls: Default::default(),
         }),
         resume,
     }
