@@ -3,8 +3,9 @@
 //! greedy output known in advance) is registered, loaded, run to its exact text and token count,
 //! resumed exactly after a kill -9 (I-6), and cancelled; a real model, SmolLM2 135M
 //! (`scripts/smollm2-model`), resumes sampled and greedy tasks byte for byte after kills before
-//! and after its KV checkpoints, from corrupt and foreign checkpoints too, and gives identical
-//! text to concurrent identical seeded requests.
+//! and after its KV checkpoints, from corrupt and foreign checkpoints too, gives identical
+//! text to concurrent identical seeded requests, and keeps a structured output and a tool call's
+//! arguments valid and exact across a kill -9.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -376,4 +377,144 @@ async fn two_concurrent_identical_seeded_smollm2_requests_give_identical_text() 
     assert!(text_a.len() > 50, "{text_a}");
     assert_eq!(text_a, text_b);
     assert_eq!(usage_a, usage_b);
+}
+
+/// The schema of [`structured_outputs_and_tool_calls_validate_and_resume_exactly_on_smollm2`]'s
+/// structured output: every string bounded, so a run always closes its JSON within its budget.
+fn person_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 24},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "color": {"enum": ["red", "green", "blue"]}
+        },
+        "required": ["name", "age", "color"],
+        "additionalProperties": false
+    })
+}
+
+fn is_person(text: &str) -> bool {
+    let Ok(Value::Object(person)) = serde_json::from_str::<Value>(text) else {
+        return false;
+    };
+    person.len() == 3
+        && person["name"]
+            .as_str()
+            .is_some_and(|n| (1..=24).contains(&n.chars().count()))
+        && person["age"].as_u64().is_some_and(|a| a <= 120)
+        && person["color"]
+            .as_str()
+            .is_some_and(|c| ["red", "green", "blue"].contains(&c))
+}
+
+fn weather_parameters() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "minLength": 1, "maxLength": 30},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}
+        },
+        "required": ["city", "days"],
+        "additionalProperties": false
+    })
+}
+
+fn is_weather_call(arguments: &str) -> bool {
+    let Ok(Value::Object(arguments)) = serde_json::from_str::<Value>(arguments) else {
+        return false;
+    };
+    arguments.len() == 2
+        && arguments["city"]
+            .as_str()
+            .is_some_and(|c| (1..=30).contains(&c.chars().count()))
+        && arguments["days"]
+            .as_u64()
+            .is_some_and(|d| (1..=7).contains(&d))
+}
+
+/// A task's function calls, as `(name, arguments)`, from its stored response.
+async fn stored_calls(server: &TestServer, task_id: &str) -> Vec<(String, String)> {
+    let response = stored_response(server, task_id).await;
+    response["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item["type"] == "function_call")
+        .map(|item| {
+            (
+                item["name"].as_str().unwrap().to_owned(),
+                item["arguments"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Submits `body`, kills the server once the task stored more than `events` events, restarts it
+/// and waits for the task to complete; its id.
+async fn killed_and_completed(server: &mut TestServer, body: Value, events: u64) -> String {
+    let id = server.submit(body).await;
+    server
+        .wait_task(&id, "some output", |t| {
+            t["last_sequence_number"].as_u64().unwrap_or(0) > events
+        })
+        .await;
+    server.kill();
+    server.restart(&[SMOLLM2_FLAGS, &["--workers", "1"]].concat());
+    let task = server.wait_status(&id, "completed").await;
+    assert_eq!(task["restarts"], 1, "{task}");
+    id
+}
+
+/// Through the Responses API on SmolLM2: a `json_schema` output parses and validates, a named
+/// tool's call has arguments that validate against its parameters, both are exactly the
+/// uninterrupted run's after a kill -9 inside them (the grammar's state replayed), and a schema
+/// keyword the grammar cannot enforce is a 400 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_outputs_and_tool_calls_validate_and_resume_exactly_on_smollm2() {
+    let mut server = server_with_smollm2("1");
+    register_smollm2(&server).await;
+
+    let mut refused = person_schema();
+    refused["properties"]["age"]["multipleOf"] = json!(5);
+    let (status, _, reply) = server
+        .post(
+            "/v1/responses",
+            json!({"model": "smollm2", "input": "Describe a person.",
+                   "text": {"format": {"type": "json_schema", "name": "person", "schema": refused}}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    assert_eq!(
+        reply["error"]["param"], "text.format.schema.properties.age.multipleOf",
+        "{reply}"
+    );
+
+    let person = json!({
+        "model": "smollm2", "input": "Describe a person as JSON.", "max_output_tokens": 120,
+        "temperature": 1.0, "seed": 5, "on_restart": "resume", "background": true,
+        "text": {"format": {"type": "json_schema", "name": "person", "schema": person_schema(),
+                            "strict": true}},
+    });
+    let (text, usage) = uninterrupted(&server, person.clone()).await;
+    assert!(is_person(&text), "{text}");
+    let id = killed_and_completed(&mut server, person, 10).await;
+    assert_eq!(text_and_usage(&server, &id).await, (text, usage));
+
+    let call = json!({
+        "model": "smollm2", "input": "What will the weather be in Paris this week?",
+        "max_output_tokens": 80, "temperature": 1.0, "seed": 6, "on_restart": "resume",
+        "background": true,
+        "tools": [{"type": "function", "name": "get_weather", "description": "The forecast.",
+                   "parameters": weather_parameters(), "strict": true}],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+    });
+    let id = server.submit(call.clone()).await;
+    server.wait_status(&id, "completed").await;
+    let calls = stored_calls(&server, &id).await;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].0, "get_weather");
+    assert!(is_weather_call(&calls[0].1), "{calls:?}");
+    let id = killed_and_completed(&mut server, call, 8).await;
+    assert_eq!(stored_calls(&server, &id).await, calls);
 }

@@ -270,10 +270,14 @@ async fn a_dropped_synchronous_request_still_keeps_its_final_reply_past_its_task
     let finished_task = finished(&h, &task).await;
     let expected = format!("finished {} completed w0 w1 w2 ", finished_task.id);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while stored_reply(&h, "gone-client", "body").await.as_ref() != Some(&expected) {
+    loop {
+        let stored = stored_reply(&h, "gone-client", "body").await;
+        if stored.as_ref() == Some(&expected) {
+            break;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the final reply was never kept with the key"
+            "the final reply was never kept with the key: {stored:?}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
