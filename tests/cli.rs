@@ -135,7 +135,15 @@ async fn clients_add_prints_the_id_and_the_token_and_list_has_a_header() {
     let header = listing.lines().next().unwrap_or_default();
     assert_eq!(
         header.split('\t').collect::<Vec<_>>(),
-        ["ID", "NAME", "SCOPES", "STATE", "CREATED"]
+        [
+            "ID",
+            "NAME",
+            "SCOPES",
+            "STATE",
+            "CREATED",
+            "MAX_RUNNING",
+            "MAX_QUEUED"
+        ]
     );
     let row = listing
         .lines()

@@ -261,11 +261,10 @@ async fn what_lmsp_cannot_do_is_a_400_naming_the_field() {
     let server = TestServer::start(&[]);
     let rows: Vec<(&str, &str, Value, &str)> = vec![
         (
-            "tools",
+            "a tool that is not a function",
             "/v1/responses",
-            json!({"model": "reference", "input": "x",
-                   "tools": [{"type": "function", "name": "f", "parameters": {}}]}),
-            "tools",
+            json!({"model": "reference", "input": "x", "tools": [{"type": "web_search"}]}),
+            "tools[0].type",
         ),
         (
             "an image",
@@ -281,18 +280,18 @@ async fn what_lmsp_cannot_do_is_a_400_naming_the_field() {
             "reasoning",
         ),
         (
-            "structured output",
+            "an output format that is not text or JSON",
             "/v1/responses",
             json!({"model": "reference", "input": "x",
-                   "text": {"format": {"type": "json_object"}}}),
+                   "text": {"format": {"type": "grammar"}}}),
             "text.format.type",
         ),
         (
             "a chat with tools",
             "/v1/chat/completions",
             json!({"model": "reference", "messages": [{"role": "user", "content": "x"}],
-                   "tools": [{"type": "function", "function": {"name": "f"}}]}),
-            "tools",
+                   "tools": [{"type": "file_search"}]}),
+            "tools[0].type",
         ),
         (
             "several choices",

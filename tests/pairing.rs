@@ -161,7 +161,16 @@ async fn the_client_list_never_shows_a_secret_i7() {
         fields.sort_unstable();
         assert_eq!(
             fields,
-            ["created_at", "id", "name", "object", "revoked_at", "scopes"]
+            [
+                "created_at",
+                "id",
+                "max_queued",
+                "max_running",
+                "name",
+                "object",
+                "revoked_at",
+                "scopes"
+            ]
         );
     }
     for id in ["cli_01ARZ3NDEKTSV4RRFFQ69G5FAV", "not-an-id", "cli_..%2F.."] {

@@ -935,6 +935,20 @@ async fn responses_stream_events_have_exactly_the_documented_shapes() {
     .await;
     assert_eq!(replayed, frames, "the replay is the same stream");
 
+    // A function call: its item and argument events.
+    let body = json!({"model": "reference", "input": "Weather in Paris?", "stream": true,
+        "tool_choice": "required",
+        "tools": [{"type": "function", "name": "get_weather",
+                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                  "required": ["city"]}}]});
+    let frames = sse_data(
+        &app.router,
+        request(Method::POST, "/v1/responses", token, Some(body)),
+    )
+    .await;
+    assert_frames_conform(&document, schema, &variants, &frames, &mut seen);
+    assert_eq!(frames.last().unwrap()["type"], "response.completed");
+
     let model = vanishing_model(&app).await;
     let body = json!({"model": model, "input": "hello", "stream": true});
     let frames = sse_data(

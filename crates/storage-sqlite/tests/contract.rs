@@ -137,6 +137,30 @@ async fn every_kind_of_event_reads_back_as_it_was_committed_p3_i2() {
         )
         .await
         .unwrap();
+    let called = running(RestartPolicy::Fail).await;
+    contract::support::step(
+        &store,
+        &called,
+        worker,
+        vec![
+            Step::CallStarted {
+                name: String::from("get_weather"),
+            },
+            Step::CallArguments {
+                delta: String::from("{\"city\":"),
+            },
+            Step::CallArguments {
+                delta: String::from("\"Paris\"}"),
+            },
+            Step::CallDone {
+                name: String::from("get_weather"),
+                arguments: String::from("{\"city\":\"Paris\"}"),
+            },
+        ],
+        None,
+        contract::time(7),
+    )
+    .await;
     let resumed = running(RestartPolicy::Resume).await;
     let requeued = running(RestartPolicy::Retry).await;
     let rescuer = contract::support::register(&store, "rescuer", contract::time(10))
@@ -148,7 +172,9 @@ async fn every_kind_of_event_reads_back_as_it_was_committed_p3_i2() {
         .unwrap();
 
     let mut kinds = HashSet::new();
-    for task in [&completed, &failed, &cancelled, &resumed, &requeued] {
+    for task in [
+        &completed, &failed, &cancelled, &called, &resumed, &requeued,
+    ] {
         let written: Vec<Event> = listener.events_of(task.id);
         let (_, read) = contract::assert_log_consistent(&store, task.id).await;
         assert_eq!(

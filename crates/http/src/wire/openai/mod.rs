@@ -295,7 +295,7 @@ pub struct ResponseObject {
     #[schema(value_type = Vec<Object>)]
     pub tools: Vec<Value>,
     /// `auto`, `none`, `required` or `{"type": "function", "name"}`.
-    #[schema(value_type = Object)]
+    #[schema(value_type = serde_json::Value)]
     pub tool_choice: Value,
     /// Whether a run may make several calls.
     pub parallel_tool_calls: bool,
