@@ -797,3 +797,75 @@ fn a_life_with_a_requeue_a_late_worker_and_a_cancel_ends_cancelled() {
     assert_eq!(life.task.restarts, 1);
     assert_eq!(life.task.items.opened, 2);
 }
+
+/// I-6 for function calls: the resume point of a run that wrote a message and then a call reads
+/// the message's text and the call's arguments as far as they went (a delta finds its call by
+/// item; the call's done event replaces the pieces by the whole arguments), and whether the call
+/// was still open.
+#[test]
+fn a_run_so_far_holds_its_message_and_its_calls_arguments_i6() {
+    use lmsp_domain::event::CallItem;
+    use lmsp_domain::resume::{run_so_far, RunSoFar};
+
+    let mut task = support::queued_task(
+        40,
+        InstanceId::from_ulid(ulid::Ulid::nil()),
+        RestartPolicy::Resume,
+    );
+    task.items.opened = 2;
+    task.items.open = true;
+    let (message, call) = (ItemId::of(task.id, 0), ItemId::of(task.id, 1));
+    let payloads = [
+        EventPayload::OutputItemAdded { item: message },
+        EventPayload::OutputTextDelta {
+            item: message,
+            delta: String::from("Let me look. "),
+        },
+        EventPayload::FunctionCallAdded {
+            item: call,
+            name: String::from("get_weather"),
+        },
+        EventPayload::FunctionCallArgumentsDelta {
+            item: call,
+            delta: String::from("{\"city\""),
+        },
+        EventPayload::FunctionCallDone(CallItem {
+            item: call,
+            name: String::from("get_weather"),
+            arguments: String::from("{\"city\":\"Paris\"}"),
+        }),
+    ];
+    let log: Vec<Event> = payloads
+        .iter()
+        .enumerate()
+        .map(|(n, payload)| Event {
+            task_id: task.id,
+            sequence_number: n as u64 + 5,
+            created_at: Timestamp::from_millis(1_000),
+            payload: payload.clone(),
+        })
+        .collect();
+
+    let mid_call = run_so_far(&task, 8, &log);
+    assert_eq!(mid_call.text, "Let me look. ");
+    assert_eq!(mid_call.calls.len(), 1);
+    assert_eq!(mid_call.calls[0].arguments, "{\"city\"");
+    assert!(mid_call.call_open);
+
+    let done = run_so_far(&task, 9, &log);
+    assert_eq!(done.text, "Let me look. ");
+    assert_eq!(done.calls[0].arguments, "{\"city\":\"Paris\"}");
+    assert!(!done.call_open);
+
+    let mut followed = RunSoFar::default();
+    for payload in &payloads[..4] {
+        followed.follow(payload);
+    }
+    assert_eq!(followed.text, "Let me look. ");
+    assert_eq!(followed.calls[0].name, "get_weather");
+    assert_eq!(followed.calls[0].arguments, "{\"city\"");
+    assert!(followed.call_open);
+    followed.follow(&payloads[4]);
+    assert_eq!(followed.calls[0].arguments, "{\"city\":\"Paris\"}");
+    assert!(!followed.call_open);
+}
