@@ -869,3 +869,82 @@ fn a_run_so_far_holds_its_message_and_its_calls_arguments_i6() {
     assert_eq!(followed.calls[0].arguments, "{\"city\":\"Paris\"}");
     assert!(!followed.call_open);
 }
+
+/// A function call opens an output item of its own after the run's message (counted in the
+/// task's items, open until the call is done), and a completion after calls closes the message
+/// only when the run wrote text before them.
+#[test]
+fn a_call_opens_its_own_item_and_a_completion_closes_the_message_before_it() {
+    use lmsp_domain::event::CallItem;
+
+    let worker = InstanceId::from_ulid(ulid::Ulid::from_parts(1, 1));
+    let at = Timestamp::from_millis(2_000);
+    let run = |text: &str| {
+        let task = support::queued_task(41, worker, RestartPolicy::Fail);
+        let mut steps = vec![support::claim(), Step::Loaded];
+        if !text.is_empty() {
+            steps.push(Step::Output {
+                delta: text.to_owned(),
+            });
+        }
+        steps.push(Step::CallStarted {
+            name: String::from("f"),
+        });
+        let started = advance_all(&task, &steps, worker, None, at).unwrap().task;
+        let opened = if text.is_empty() { 1 } else { 2 };
+        assert_eq!(started.items.opened, opened, "the call's item is counted");
+        assert!(started.items.open, "the call is open");
+        let call = CallItem {
+            item: ItemId::of(task.id, opened - 1),
+            name: String::from("f"),
+            arguments: String::from("{}"),
+        };
+        let done = advance_all(
+            &started,
+            &[
+                Step::CallArguments {
+                    delta: String::from("{}"),
+                },
+                Step::CallDone {
+                    name: String::from("f"),
+                    arguments: String::from("{}"),
+                },
+            ],
+            worker,
+            None,
+            at,
+        )
+        .unwrap()
+        .task;
+        assert_eq!(done.items.opened, opened);
+        assert!(!done.items.open, "the call is closed");
+        let mut response = support::response_of(&done, text, at);
+        response.calls = vec![call];
+        let completed = advance_all(
+            &done,
+            &[Step::Complete {
+                response: Box::new(response),
+            }],
+            worker,
+            None,
+            at,
+        )
+        .unwrap();
+        completed
+            .events
+            .iter()
+            .map(|event| event.kind())
+            .collect::<Vec<_>>()
+    };
+    let with_text = run("Let me look. ");
+    assert!(
+        with_text.contains(&EventKind::OutputTextDone),
+        "the message before the call is closed: {with_text:?}"
+    );
+    let without = run("");
+    assert!(
+        !without.contains(&EventKind::OutputTextDone),
+        "no message to close: {without:?}"
+    );
+    assert_eq!(without.last(), Some(&EventKind::Completed));
+}
