@@ -144,7 +144,7 @@ async fn one_clients_long_queue_lets_another_clients_task_start_after_at_most_on
     assert!(before <= 1, "{before} of A's tasks started before B's");
 }
 
-/// Issue 25: a client's `max_queued` (set with `PATCH /v1/clients/{id}`, shown by
+/// Issue 25, I-9 (a refused submit changes nothing): a client's `max_queued` (set with `PATCH /v1/clients/{id}`, shown by
 /// `GET /v1/clients`): the submit past it is 429 `rate_limited` with `Retry-After` and creates
 /// nothing; lifting the limit (`null`) lets it in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -214,7 +214,7 @@ async fn a_submit_past_the_clients_max_queued_is_429_and_creates_nothing() {
     assert_eq!(status, 202, "{response}");
 }
 
-/// Issue 25: the service-wide `--max-queued`: past it a submit is 503 `service_unavailable` with
+/// Issue 25, I-9 (a refused submit changes nothing): the service-wide `--max-queued`: past it a submit is 503 `service_unavailable` with
 /// `Retry-After`, and creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submit_past_the_services_max_queued_is_503_and_creates_nothing() {

@@ -334,6 +334,18 @@ struct ReferenceGeneration {
     queued: Option<GenerationItem>,
 }
 
+/// Waits until the next word is due, `delay` after the pull that first asked for it.
+/// Cancel-safe: nothing changes before the word is due, and a pull dropped meanwhile leaves the
+/// due time as it was.
+async fn wait_for_token(due: &mut Option<tokio::time::Instant>, delay: std::time::Duration) {
+    if delay.is_zero() {
+        return;
+    }
+    let at = *due.get_or_insert_with(|| tokio::time::Instant::now() + delay);
+    tokio::time::sleep_until(at).await;
+    *due = None;
+}
+
 #[async_trait]
 impl Generation for ReferenceGeneration {
     async fn next_item(&mut self) -> Result<Option<GenerationItem>, EngineError> {
@@ -353,16 +365,7 @@ impl Generation for ReferenceGeneration {
                 },
             }));
         }
-        // Cancel-safe: nothing changes before the word is due, and a pull dropped meanwhile
-        // leaves the due time as it was.
-        if !self.settings.token_delay.is_zero() {
-            let delay = self.settings.token_delay;
-            let due = *self
-                .due
-                .get_or_insert_with(|| tokio::time::Instant::now() + delay);
-            tokio::time::sleep_until(due).await;
-            self.due = None;
-        }
+        wait_for_token(&mut self.due, self.settings.token_delay).await;
         let value = splitmix64(self.base ^ self.next.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let followers = self
             .corpus
@@ -512,14 +515,7 @@ impl Generation for ScriptedGeneration {
                 },
             }));
         }
-        if !self.settings.token_delay.is_zero() {
-            let delay = self.settings.token_delay;
-            let due = *self
-                .due
-                .get_or_insert_with(|| tokio::time::Instant::now() + delay);
-            tokio::time::sleep_until(due).await;
-            self.due = None;
-        }
+        wait_for_token(&mut self.due, self.settings.token_delay).await;
         let index = self.next;
         self.next += 1;
         let state = encode_script_state(self.next);

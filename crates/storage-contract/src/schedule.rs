@@ -253,7 +253,8 @@ pub async fn client_limits_are_set_and_replaced<F: StoreFactory>(factory: &F) {
     assert!(!store.set_client_limits(client_id(), limits).await.unwrap());
 }
 
-/// Past a client's `max_queued` queued tasks a create writes nothing and answers the full queue;
+/// P-2, I-9: past a client's `max_queued` queued tasks a create writes nothing (no task, no
+/// event) and answers the full queue;
 /// a claim or a cancel frees a place; other clients are not limited by it.
 pub async fn a_client_past_its_max_queued_creates_nothing<F: StoreFactory>(factory: &F) {
     let (store, listener) = fresh_store(factory).await;
@@ -283,7 +284,7 @@ pub async fn a_client_past_its_max_queued_creates_nothing<F: StoreFactory>(facto
     create(&store, third).await;
 }
 
-/// Past the service's `max_queued` a create writes nothing and answers the full queue.
+/// P-2, I-9: past the service's `max_queued` a create writes nothing and answers the full queue.
 pub async fn a_create_past_the_services_max_queued_creates_nothing<F: StoreFactory>(factory: &F) {
     let (store, _) = fresh_store(factory).await;
     for _ in 0..3 {
