@@ -37,15 +37,20 @@ pub fn workspace_root() -> PathBuf {
 pub fn lmsp_binary() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
-        .get_or_init(|| cargo_built(&["-p", "lmsp", "--bin", "lmsp"], "lmsp"))
+        .get_or_init(|| cargo_built("lmsp"))
         .clone()
 }
 
-/// Runs `cargo build ARGS` in the profile of the test that calls it (its binary sits in
-/// `<target>/<profile>/deps`) and returns `path`, relative to that profile's directory, which the
-/// build must have left there. Cargo rebuilds what changed and does nothing when it is up to
-/// date, so a test never runs a binary left over from an earlier build.
-pub fn cargo_built(args: &[&str], path: &str) -> PathBuf {
+/// Runs `cargo build --workspace --bins --examples` in the profile of the test that calls it (its
+/// binary sits in `<target>/<profile>/deps`) and returns `path`, relative to that profile's
+/// directory, which the build must have left there. Cargo rebuilds what changed and does nothing
+/// when it is up to date, so a test never runs a binary left over from an earlier build.
+///
+/// Always the whole workspace, with its examples: cargo unifies features over the packages and
+/// targets it builds, so `-p lmsp` alone would resolve other features than `cargo test
+/// --workspace` did (dev-dependencies add some) and rebuild most of the tree, llama.cpp included
+/// (minutes), instead of reusing what the test build already compiled.
+pub fn cargo_built(path: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test's own path");
     let profile_dir = exe
         .parent()
@@ -58,8 +63,8 @@ pub fn cargo_built(args: &[&str], path: &str) -> PathBuf {
     };
     let output = Command::new(env!("CARGO"))
         .current_dir(workspace_root())
-        .args(["build", "--locked", "--profile", &profile])
-        .args(args)
+        .args(["build", "--locked", "--workspace", "--bins", "--examples"])
+        .args(["--profile", &profile])
         .env(
             "CARGO_TARGET_DIR",
             profile_dir.parent().expect("a target directory"),
@@ -68,7 +73,7 @@ pub fn cargo_built(args: &[&str], path: &str) -> PathBuf {
         .expect("cargo runs");
     assert!(
         output.status.success(),
-        "cargo build {args:?} failed:\n{}",
+        "cargo build --workspace --bins --examples failed:\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     let built = profile_dir.join(path);

@@ -14,8 +14,5 @@ pub fn lmsp() -> PathBuf {
 /// The apalis peer example (the comparison's other job queue) of the sources under test.
 #[allow(dead_code)]
 pub fn apalis_peer() -> PathBuf {
-    lmsp_tests::cargo_built(
-        &["-p", "lmsp-bench", "--example", "apalis_peer"],
-        "examples/apalis_peer",
-    )
+    lmsp_tests::cargo_built("examples/apalis_peer")
 }
