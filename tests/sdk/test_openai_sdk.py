@@ -35,7 +35,7 @@ import httpx2
 import openai
 import pydantic
 from openai import OpenAI
-from openai.types import Model
+from openai.types import Batch, FileObject, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import (
     Response,
@@ -193,6 +193,22 @@ def native_events(client, task_id):
         after = page["data"][-1]["sequence_number"]
 
 
+def pair_application(admin, name):
+    """Pairs another client with an application's scopes, as `lmsp` pairing does; its token."""
+    scopes = ["responses:write", "responses:read", "models:read"]
+    pairing = admin.post("pairings", json={"scopes": scopes})
+    pairing.raise_for_status()
+    paired = admin.post("pair", json={"code": pairing.json()["code"], "name": name,
+                                      "scopes": scopes})
+    paired.raise_for_status()
+    return paired.json()["token"]
+
+
+def jsonl(lines):
+    """Request lines as a JSONL file's bytes."""
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
 def strings_in(value):
     """Every string anywhere in a JSON value, keys included."""
     if isinstance(value, str):
@@ -216,6 +232,8 @@ class OpenAiSdk(unittest.TestCase):
         cls.client = sdk()
         cls.http = http()
         cls.admin = http(ADMIN_TOKEN)
+        # A second application on the same service (paired first: test_17 locks pairing).
+        cls.other = sdk(token=pair_application(cls.admin, "another application"))
         # The reference output for PROMPT/SEED/TOKENS, from a synchronous create.
         cls.reference = cls.client.responses.create(
             model=MODEL, input=PROMPT, max_output_tokens=TOKENS, extra_body={"seed": SEED}
@@ -226,6 +244,7 @@ class OpenAiSdk(unittest.TestCase):
         cls.http.close()
         cls.admin.close()
         cls.client.close()
+        cls.other.close()
 
     # ---- helpers that check a whole answer ----
 
@@ -1168,6 +1187,259 @@ class OpenAiSdk(unittest.TestCase):
             include=["message.output_text.logprobs"], top_logprobs=2, stream=True))
         deltas = [e for e in events if e.type == "response.output_text.delta"]
         self.assertTrue(all(len(e.logprobs) == 1 for e in deltas), deltas)
+
+
+    # ---- files and batches (issue 24) ----
+
+    ENDED = ("completed", "failed", "expired", "cancelled")
+
+    def wait_batch(self, batch_id, client=None, statuses=ENDED, deadline=120.0):
+        """Polls batches.retrieve until the batch is in one of `statuses`."""
+        client = client or self.client
+
+        def probe():
+            batch = client.batches.retrieve(batch_id)
+            return batch if batch.status in statuses else None
+
+        return wait_for(f"batch {batch_id} in {statuses}", probe, deadline)
+
+    def file_lines(self, file_id, client=None):
+        """The JSON lines of an output or error file (none without a file)."""
+        if file_id is None:
+            return []
+        text = (client or self.client).files.content(file_id).text
+        return [json.loads(line) for line in text.splitlines() if line]
+
+    def batch_tasks(self, batch_id):
+        return [t for t in all_tasks(self.http) if t.get("batch_id") == batch_id]
+
+    def test_23_batch_responses(self):
+        """files.create(purpose="batch") + batches.create + batches.retrieve until completed +
+        files.content(output_file_id): one output line per request, each body the response the
+        endpoint answers synchronously; files.list / files.retrieve; each line's task is listed
+        under /v1/tasks with its batch_id and custom_id, at the flex tier."""
+        bodies = {
+            f"resp-{i}": {"model": MODEL, "input": f"{PROMPT} {i}", "max_output_tokens": 8,
+                          "seed": SEED + i}
+            for i in range(12)
+        }
+        data = jsonl({"custom_id": custom_id, "method": "POST", "url": "/v1/responses",
+                      "body": body} for custom_id, body in bodies.items())
+        file = self.client.files.create(file=("requests.jsonl", data), purpose="batch")
+        validated(FileObject, file)
+        self.assertTrue(file.id.startswith("file-"), file.id)
+        self.assertEqual((file.purpose, file.bytes, file.filename),
+                         ("batch", len(data), "requests.jsonl"))
+        self.assertEqual(self.client.files.retrieve(file.id).id, file.id)
+        self.assertIn(file.id, [f.id for f in self.client.files.list()])
+        self.assertEqual(self.client.files.content(file.id).content, data)
+        batch = self.client.batches.create(input_file_id=file.id, endpoint="/v1/responses",
+                                           completion_window="24h", metadata={"job": "test"})
+        validated(Batch, batch)
+        self.assertTrue(batch.id.startswith("batch_"), batch.id)
+        self.assertEqual((batch.status, batch.input_file_id, batch.metadata),
+                         ("validating", file.id, {"job": "test"}))
+        done = self.wait_batch(batch.id)
+        validated(Batch, done)
+        self.assertEqual(done.status, "completed", done)
+        counts = done.request_counts
+        self.assertEqual((counts.total, counts.completed, counts.failed), (12, 12, 0))
+        self.assertIsNone(done.error_file_id)
+        self.assertIsNotNone(done.completed_at)
+        output = self.client.files.retrieve(done.output_file_id)
+        self.assertEqual(output.purpose, "batch_output")
+        lines = self.file_lines(done.output_file_id)
+        self.assertEqual(sorted(line["custom_id"] for line in lines), sorted(bodies))
+        for line in lines:
+            self.assertTrue(line["id"].startswith("batch_req_"), line)
+            self.assertIsNone(line["error"])
+            self.assertEqual(line["response"]["status_code"], 200)
+            answered = Response.model_validate(lmsp_error_codes_as_openai(line["response"]["body"]))
+            body = bodies[line["custom_id"]]
+            sync = self.client.responses.create(
+                model=MODEL, input=body["input"], max_output_tokens=8,
+                extra_body={"seed": body["seed"]})
+            self.assertEqual(answered.status, "completed")
+            self.assertEqual(answered.output_text, sync.output_text)
+            self.assertEqual(answered.usage.output_tokens, sync.usage.output_tokens)
+            self.assertEqual(answered.background, sync.background)
+        tasks = self.batch_tasks(batch.id)
+        self.assertEqual(sorted(t["custom_id"] for t in tasks), sorted(bodies))
+        self.assertTrue(all(t["service_tier"] == "flex" for t in tasks), tasks)
+        self.assertIn(batch.id, [b.id for b in self.client.batches.list(limit=100)])
+
+    def test_24_batch_chat_completions(self):
+        """A batch for /v1/chat/completions: each output body is the chat.completion the
+        endpoint answers synchronously."""
+        bodies = {
+            f"chat-{i}": {"model": MODEL, "messages": [{"role": "user", "content": f"Hi {i}"}],
+                          "max_completion_tokens": 6, "seed": SEED + i}
+            for i in range(6)
+        }
+        data = jsonl({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                      "body": body} for custom_id, body in bodies.items())
+        file = self.client.files.create(file=("chat.jsonl", data), purpose="batch")
+        batch = self.client.batches.create(input_file_id=file.id,
+                                           endpoint="/v1/chat/completions",
+                                           completion_window="24h")
+        done = self.wait_batch(batch.id)
+        self.assertEqual(done.status, "completed", done)
+        lines = self.file_lines(done.output_file_id)
+        self.assertEqual(sorted(line["custom_id"] for line in lines), sorted(bodies))
+        for line in lines:
+            answered = ChatCompletion.model_validate(line["response"]["body"])
+            body = bodies[line["custom_id"]]
+            sync = self.client.chat.completions.create(
+                model=MODEL, messages=body["messages"], max_completion_tokens=6,
+                seed=body["seed"])
+            self.assertEqual(answered.choices[0].message.content,
+                             sync.choices[0].message.content)
+            self.assertEqual(answered.object, "chat.completion")
+
+    def test_25_batch_refused_and_files_isolated(self):
+        """A file with bad lines: the batch is failed with errors.data naming each line (from
+        1), and no task exists for it. An unknown file id and another client's file: the SDK's
+        NotFoundError; another client sees neither the file nor the batch. A purpose other than
+        batch: BadRequestError. files.delete."""
+        good = {"custom_id": "ok", "method": "POST", "url": "/v1/responses",
+                "body": {"model": MODEL, "input": PROMPT}}
+        data = b"".join([
+            jsonl([good]),
+            b"this is not json\n",
+            jsonl([{**good, "custom_id": "ok"}]),
+            jsonl([{**good, "custom_id": "chat", "url": "/v1/chat/completions"}]),
+            jsonl([{**good, "custom_id": "zero", "body": {"model": MODEL, "input": PROMPT,
+                                                          "max_output_tokens": 0}}]),
+            jsonl([{**good, "custom_id": "nomodel", "body": {"model": "no-such-model",
+                                                             "input": PROMPT}}]),
+            jsonl([{**good, "custom_id": "get", "method": "GET"}]),
+        ])
+        file = self.client.files.create(file=("bad.jsonl", data), purpose="batch")
+        batch = self.client.batches.create(input_file_id=file.id, endpoint="/v1/responses",
+                                           completion_window="24h")
+        failed = self.wait_batch(batch.id)
+        validated(Batch, failed)
+        self.assertEqual(failed.status, "failed", failed)
+        errors = {(e.line, e.code) for e in failed.errors.data}
+        self.assertEqual(errors, {
+            (2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "invalid_url"),
+            (5, "invalid_request"), (6, "invalid_request"), (7, "invalid_method"),
+        })
+        params = {e.line: e.param for e in failed.errors.data}
+        self.assertEqual(params[5], "body.max_output_tokens")
+        self.assertEqual(params[6], "body.model")
+        self.assertEqual(failed.request_counts.total, 0)
+        self.assertEqual(self.batch_tasks(batch.id), [])
+        with self.assertRaises(openai.NotFoundError):
+            self.client.batches.create(input_file_id="file-01J00000000000000000000000",
+                                       endpoint="/v1/responses", completion_window="24h")
+        with self.assertRaises(openai.NotFoundError):
+            self.other.batches.create(input_file_id=file.id, endpoint="/v1/responses",
+                                      completion_window="24h")
+        with self.assertRaises(openai.NotFoundError):
+            self.other.files.retrieve(file.id)
+        with self.assertRaises(openai.NotFoundError):
+            self.other.files.content(file.id)
+        with self.assertRaises(openai.NotFoundError):
+            self.other.batches.retrieve(batch.id)
+        self.assertNotIn(file.id, [f.id for f in self.other.files.list()])
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.files.create(file=("x.jsonl", data), purpose="assistants")
+        self.assertEqual(caught.exception.param, "purpose")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.batches.create(input_file_id=file.id, endpoint="/v1/embeddings",
+                                       completion_window="24h")
+        self.assertEqual(caught.exception.param, "endpoint")
+        deleted = self.client.files.delete(file.id)
+        self.assertTrue(deleted.deleted)
+        with self.assertRaises(openai.NotFoundError):
+            self.client.files.retrieve(file.id)
+
+    def long_lines(self, count, tokens=400):
+        return jsonl({"custom_id": f"long-{i}", "method": "POST", "url": "/v1/responses",
+                      "body": {"model": MODEL, "input": PROMPT, "max_output_tokens": tokens,
+                               "seed": i}}
+                     for i in range(count))
+
+    def check_answered_once(self, done, count, client=None):
+        """Every line answered exactly once across the output and error files, and the
+        counts are those lines."""
+        output = self.file_lines(done.output_file_id, client)
+        errors = self.file_lines(done.error_file_id, client)
+        ids = [line["custom_id"] for line in output + errors]
+        self.assertEqual(len(ids), count, "a line was answered twice or not at all")
+        self.assertEqual(len(set(ids)), count, "a line was answered twice")
+        counts = done.request_counts
+        self.assertEqual((counts.total, counts.completed, counts.failed),
+                         (count, len(output), len(errors)))
+        return output, errors
+
+    def test_26_batch_cancel(self):
+        """batches.cancel mid-batch (one worker, so the lines run one by one): cancelling, then
+        cancelled; the lines that finished are in the output file, the others in the error file
+        with batch_cancelled."""
+        client = sdk(SLOW_TOKEN, SLOW_BASE_URL)
+        file = client.files.create(file=("long.jsonl", self.long_lines(5, tokens=40)),
+                                   purpose="batch")
+        batch = client.batches.create(input_file_id=file.id, endpoint="/v1/responses",
+                                      completion_window="24h")
+        wait_for("a first line to finish",
+                 lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1,
+                 deadline=120.0)
+        cancelling = client.batches.cancel(batch.id)
+        self.assertIn(cancelling.status, ("cancelling", "cancelled"))
+        done = self.wait_batch(batch.id, client)
+        self.assertEqual(done.status, "cancelled", done)
+        self.assertIsNotNone(done.cancelled_at)
+        output, errors = self.check_answered_once(done, 5, client)
+        self.assertGreaterEqual(len(output), 1)
+        self.assertGreaterEqual(len(errors), 1)
+        for line in errors:
+            self.assertEqual(line["error"]["code"], "batch_cancelled", line)
+            self.assertIsNone(line["response"])
+        self.assertEqual(client.batches.cancel(batch.id).status, "cancelled")
+
+    def test_27_batch_expires(self):
+        """A completion window that passes: the unfinished lines are cancelled, the batch is
+        expired, the finished lines kept."""
+        client = sdk(SLOW_TOKEN, SLOW_BASE_URL)
+        file = client.files.create(file=("long.jsonl", self.long_lines(4, tokens=150)),
+                                   purpose="batch")
+        batch = client.batches.create(input_file_id=file.id, endpoint="/v1/responses",
+                                      completion_window="3s")
+        self.assertEqual(batch.completion_window, "3s")
+        done = self.wait_batch(batch.id, client)
+        self.assertEqual(done.status, "expired", done)
+        self.assertIsNotNone(done.expired_at)
+        _, errors = self.check_answered_once(done, 4, client)
+        self.assertGreaterEqual(len(errors), 1)
+        self.assertTrue(all(line["error"]["code"] == "batch_expired" for line in errors), errors)
+
+    def test_28_batch_survives_kill_9(self):
+        """kill -9 of the server at three moments of a 500-line batch, each followed by a
+        restart: every custom_id is answered exactly once, and the counts are the lines."""
+        count = 500
+        data = jsonl({"custom_id": f"k-{i}", "method": "POST", "url": "/v1/responses",
+                      "body": {"model": MODEL, "input": PROMPT, "max_output_tokens": 3,
+                               "seed": i, "on_restart": ["resume", "retry", "fail"][i % 3]}}
+                     for i in range(count))
+        file = self.client.files.create(file=("kill.jsonl", data), purpose="batch")
+        batch = self.client.batches.create(input_file_id=file.id, endpoint="/v1/responses",
+                                           completion_window="24h")
+        restarted = os.path.join(CONTROL_DIR, "restarted")
+        rng = __import__("random").Random(SEED)
+        for _ in range(3):
+            time.sleep(rng.uniform(0.05, 1.5))
+            with open(os.path.join(CONTROL_DIR, "restart"), "w", encoding="utf-8"):
+                pass
+            wait_for("the server to restart", lambda: os.path.exists(restarted))
+            os.remove(restarted)
+        done = self.wait_batch(batch.id, deadline=300.0)
+        self.assertEqual(done.status, "completed", done)
+        output, errors = self.check_answered_once(done, count)
+        for line in errors:
+            # Only a line whose policy is fail, running at a kill, fails.
+            self.assertEqual(line["response"]["body"]["error"]["code"], "server_restarted", line)
 
 
 def main():

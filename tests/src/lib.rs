@@ -36,9 +36,7 @@ pub fn workspace_root() -> PathBuf {
 /// the first call of each test binary asks cargo to build it (`cargo_built`).
 pub fn lmsp_binary() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| cargo_built("lmsp"))
-        .clone()
+    BUILT.get_or_init(|| cargo_built("lmsp")).clone()
 }
 
 /// Runs `cargo build --workspace --bins --examples` in the profile of the test that calls it (its

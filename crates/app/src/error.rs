@@ -74,6 +74,15 @@ pub enum AppError {
     #[error("{0}; try again when some have run")]
     QueueFull(QueueFull),
     /// The service is shutting down.
+    /// An upload past `--max-file-bytes` (nothing was stored).
+    #[error("the file is larger than the {0} bytes a file may have")]
+    FileTooLarge(u64),
+    /// A file an unfinished batch reads cannot be deleted.
+    #[error("an unfinished batch reads this file; delete it once the batch has ended")]
+    FileInUse,
+    /// A batch that ended (other than by a cancel) cannot be cancelled.
+    #[error("the batch is {0} and cannot be cancelled")]
+    BatchNotCancellable(&'static str),
     #[error("the service is shutting down")]
     ShuttingDown,
     /// The store cannot commit now (disk full, I/O error, database unreachable).

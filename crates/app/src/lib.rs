@@ -5,6 +5,7 @@
 //! The app knows the ports of `lmsp-domain`, never an adapter: the `lmsp` binary builds the
 //! adapters and hands them in as `Arc<dyn …>` ([`Adapters`]).
 
+mod batches;
 mod caller;
 mod clients;
 mod credentials;
@@ -28,6 +29,7 @@ mod submit;
 mod tasks;
 mod worker;
 
+pub use batches::{BatchRequest, BatchWire, FileContent, ReadLine, Received};
 pub use caller::Caller;
 pub use clients::{offline as clients_offline, LimitsUpdate, NewClient};
 pub use credentials::{generate_pairing_code, generate_token, new_client};

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lmsp_domain::ports::{Store, StoreError};
+use lmsp_domain::ports::{FileContents, Store, StoreError};
 use lmsp_domain::Timestamp;
 
 use crate::lifecycle::Lifecycle;
@@ -78,8 +78,49 @@ async fn rest_after(batch_began: Instant) {
     tokio::time::sleep(rest).await;
 }
 
+/// What one pass over ended batches removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BatchPurgeTotals {
+    /// Batches removed.
+    pub batches: u64,
+    /// Their tasks.
+    pub tasks: u64,
+    /// Their output and error files.
+    pub files: u64,
+}
+
+/// Ended batches whose end is before `cutoff` go, with their tasks, then their output and error
+/// files (records, then bytes), batch after paced batch. Uploaded files stay until deleted.
+pub async fn purge_batches_pass(
+    store: &dyn Store,
+    contents: &dyn FileContents,
+    cutoff: Timestamp,
+) -> Result<BatchPurgeTotals, StoreError> {
+    let mut totals = BatchPurgeTotals::default();
+    loop {
+        let began = Instant::now();
+        let purge = store.purge_batches(cutoff, PURGE_BATCH).await?;
+        totals.batches += purge.batches;
+        totals.tasks += purge.tasks;
+        for file in &purge.files {
+            if let Err(error) = contents.remove(*file).await {
+                tracing::warn!(%error, %file, "could not remove a purged file's bytes");
+            }
+            totals.files += 1;
+        }
+        if !purge.more {
+            return Ok(totals);
+        }
+        rest_after(began).await;
+    }
+}
+
 /// The job: a pass every `purge_interval` until the service stops, when this instance leads.
-pub(crate) async fn run_purge(core: Arc<Core>, life: Arc<Lifecycle>) {
+pub(crate) async fn run_purge(
+    core: Arc<Core>,
+    life: Arc<Lifecycle>,
+    contents: Arc<dyn FileContents>,
+) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(core.settings.purge_interval) => {}
@@ -105,6 +146,18 @@ pub(crate) async fn run_purge(core: Arc<Core>, life: Arc<Lifecycle>) {
             ),
             Ok(_) => {}
             Err(error) => tracing::error!(%error, "purge failed; it runs again next interval"),
+        }
+        match purge_batches_pass(core.store.as_ref(), contents.as_ref(), cutoff).await {
+            Ok(totals) if totals.batches > 0 || totals.tasks > 0 => tracing::info!(
+                batches = totals.batches,
+                tasks = totals.tasks,
+                files = totals.files,
+                "purged ended batches"
+            ),
+            Ok(_) => {}
+            Err(error) => {
+                tracing::error!(%error, "batch purge failed; it runs again next interval")
+            }
         }
     }
 }

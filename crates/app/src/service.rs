@@ -1,18 +1,19 @@
 //! The running service: its adapters, startup (initialize, register the instance, recover,
 //! models), the workers and background jobs, and shutdown. The model use cases are [`Models`]'s;
 //! the other use cases are `impl Service` blocks of their own modules (tasks, submitting,
-//! following, clients, pairing), which read the parts held here.
+//! following, clients, pairing, files and batches), which read the parts held here.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use lmsp_domain::auth::{Scope, Scopes, Secret};
 use lmsp_domain::ports::{
-    Clock, EngineHealth, InstanceInfo, ModelFiles, RecoveryReport, Registration, ServiceIdentity,
-    Store,
+    Clock, EngineHealth, FileContents, InstanceInfo, ModelFiles, RecoveryReport, Registration,
+    ServiceIdentity, Store,
 };
 use lmsp_domain::{EngineKind, InstanceId, ServiceId, Timestamp};
 
+use crate::batches::BatchWire;
 use crate::credentials::new_client;
 use crate::engines::Engines;
 use crate::error::AppError;
@@ -33,6 +34,10 @@ pub struct Adapters {
     pub engines: Engines,
     /// The model files.
     pub model_files: Arc<dyn ModelFiles>,
+    /// Where uploaded and written files' bytes are kept.
+    pub file_contents: Arc<dyn FileContents>,
+    /// How batch lines are read and answered (the driving adapter's request shapes).
+    pub batch_wire: Arc<dyn BatchWire>,
     /// The clock.
     pub clock: Arc<dyn Clock>,
 }
@@ -70,6 +75,12 @@ pub(crate) struct Inner {
     pub(crate) identity: ServiceIdentity,
     /// When this process started.
     pub(crate) started_at: Timestamp,
+    /// Files' bytes.
+    pub(crate) contents: Arc<dyn FileContents>,
+    /// Batch lines' reading and answers.
+    pub(crate) batch_wire: Arc<dyn BatchWire>,
+    /// Wakes the batch upkeep (a batch was created or cancelled).
+    pub(crate) batch_upkeep: tokio::sync::Notify,
 }
 
 /// The running service: cheap to clone, shared by every request handler.
@@ -104,6 +115,8 @@ impl Service {
             store,
             engines,
             model_files,
+            file_contents,
+            batch_wire,
             clock,
         } = adapters;
         let now = clock.now();
@@ -144,6 +157,9 @@ impl Service {
             models,
             identity: initialized.identity,
             started_at: now,
+            contents: file_contents,
+            batch_wire,
+            batch_upkeep: tokio::sync::Notify::new(),
         };
         Ok(Started {
             service: Self {
@@ -169,7 +185,9 @@ impl Service {
         jobs.spawn(crate::purge::run_purge(
             Arc::clone(&core),
             Arc::clone(&life),
+            Arc::clone(&self.inner.contents),
         ));
+        jobs.spawn(self.clone().run_batch_upkeep());
         jobs.spawn(jobs::run_lease(Arc::clone(&core), Arc::clone(&life)));
         jobs.spawn(jobs::run_rescuer(
             Arc::clone(&core),

@@ -39,6 +39,8 @@ pub struct Settings {
     pub tier_aging: TierAging,
     /// How many tasks may be queued in the whole service (`None`: no limit).
     pub max_queued: Option<u32>,
+    /// The largest file a client may upload, in bytes.
+    pub max_file_bytes: u64,
 }
 
 impl Settings {
@@ -59,6 +61,7 @@ impl Settings {
             engine_stop_grace: Duration::from_secs(30),
             tier_aging: TierAging::DEFAULT,
             max_queued: None,
+            max_file_bytes: 200 * 1024 * 1024,
         }
     }
 }

@@ -14,12 +14,13 @@ use std::sync::Arc;
 use rand::RngCore;
 
 use lmsp_domain::auth::Scope;
+use lmsp_domain::batch::BatchLine;
 use lmsp_domain::idempotency::{KeyClaim, Operation, StoredReply};
 use lmsp_domain::ports::{CreateOutcome, StoreError};
 use lmsp_domain::validation::{check_tool_answers, SubmitRequest, ValidationError};
 use lmsp_domain::{
-    Input, Message, NewTask, Response, ResponseId, Role, Task, TaskId, TaskSpec, TaskStatus,
-    ToolCall,
+    Input, Message, NewTask, Response, ResponseId, RestartPolicy, Role, ServiceTier, Task, TaskId,
+    TaskSpec, TaskStatus, ToolCall,
 };
 
 use crate::caller::Caller;
@@ -322,53 +323,7 @@ impl Service {
             return Err(AppError::ShuttingDown);
         }
         let core = &self.inner.core;
-        let Some(record) = core.store.model(&request.model).await? else {
-            return Err(AppError::ModelNotFound(request.model.to_string()));
-        };
-        let input = match request.previous_response_id {
-            Some(previous) => {
-                self.continued_input(caller, previous, &request.input)
-                    .await?
-            }
-            None => request.input.clone(),
-        };
-        let earlier = match &input {
-            Input::Messages(all) => all.len().saturating_sub(request.input.messages().len()),
-            Input::Text(_) => 0,
-        };
-        check_tool_answers(&input, earlier).map_err(AppError::Invalid)?;
-        let seed = request.seed.unwrap_or_else(|| rand::rngs::OsRng.next_u64());
-        let task = Task::new_queued(NewTask {
-            id: TaskId::from_ulid(core.next_ulid()),
-            client_id: caller.client_id,
-            owner: core.instance,
-            model: request.model.clone(),
-            on_restart: request
-                .on_restart
-                .unwrap_or(core.settings.default_on_restart),
-            background: request.background,
-            spec: TaskSpec {
-                input,
-                instructions: request.instructions.clone(),
-                max_output_tokens: request.max_output_tokens,
-                seed,
-                temperature: request.temperature,
-                top_p: request.top_p,
-                previous_response_id: request.previous_response_id,
-                controls: request.controls.clone(),
-            },
-            metadata: request.metadata.clone(),
-            created_at: self.now(),
-            service_tier: request.service_tier,
-        });
-        let engine = record
-            .engine()
-            .and_then(|kind| self.inner.workers.engines().get(kind));
-        if let Some(engine) = engine {
-            engine.check(&task.spec).map_err(|unsupported| {
-                AppError::Invalid(ValidationError::new(unsupported.param, unsupported.message))
-            })?;
-        }
+        let task = self.prepare_task(caller, request, None).await?;
         let kept = key.map(|(_, kept_for)| kept_for(&task));
         let record = key
             .zip(kept.clone())
@@ -389,6 +344,81 @@ impl Service {
                 None => Err(AppError::KeyInUse),
             },
         }
+    }
+
+    /// The task a request asks for, checked as far as it can be before it is stored: its model
+    /// is registered, an earlier response it continues is the caller's and completed, its tool
+    /// answers answer calls, and its model's engine can run it. `batch` names the batch line it
+    /// answers, if any.
+    pub(crate) async fn prepare_task(
+        &self,
+        caller: &Caller,
+        request: &SubmitRequest,
+        batch: Option<BatchLine>,
+    ) -> Result<Task, AppError> {
+        let core = &self.inner.core;
+        let Some(record) = core.store.model(&request.model).await? else {
+            return Err(AppError::ModelNotFound(request.model.to_string()));
+        };
+        let input = match request.previous_response_id {
+            Some(previous) => {
+                self.continued_input(caller, previous, &request.input)
+                    .await?
+            }
+            None => request.input.clone(),
+        };
+        let earlier = match &input {
+            Input::Messages(all) => all.len().saturating_sub(request.input.messages().len()),
+            Input::Text(_) => 0,
+        };
+        check_tool_answers(&input, earlier).map_err(AppError::Invalid)?;
+        let seed = request.seed.unwrap_or_else(|| rand::rngs::OsRng.next_u64());
+        let (on_restart, service_tier) = match batch {
+            // A batch's lines resume by default, and never hold up interactive work.
+            Some(_) => (
+                request.on_restart.unwrap_or(RestartPolicy::Resume),
+                ServiceTier::Flex,
+            ),
+            None => (
+                request
+                    .on_restart
+                    .unwrap_or(core.settings.default_on_restart),
+                request.service_tier,
+            ),
+        };
+        let task = Task {
+            batch,
+            ..Task::new_queued(NewTask {
+                id: TaskId::from_ulid(core.next_ulid()),
+                client_id: caller.client_id,
+                owner: core.instance,
+                model: request.model.clone(),
+                on_restart,
+                background: request.background,
+                spec: TaskSpec {
+                    input,
+                    instructions: request.instructions.clone(),
+                    max_output_tokens: request.max_output_tokens,
+                    seed,
+                    temperature: request.temperature,
+                    top_p: request.top_p,
+                    previous_response_id: request.previous_response_id,
+                    controls: request.controls.clone(),
+                },
+                metadata: request.metadata.clone(),
+                created_at: self.now(),
+                service_tier,
+            })
+        };
+        let engine = record
+            .engine()
+            .and_then(|kind| self.inner.workers.engines().get(kind));
+        if let Some(engine) = engine {
+            engine.check(&task.spec).map_err(|unsupported| {
+                AppError::Invalid(ValidationError::new(unsupported.param, unsupported.message))
+            })?;
+        }
+        Ok(task)
     }
 
     /// The conversation of an earlier response (its input and output) followed by `input`.

@@ -13,9 +13,11 @@ use lmsp_app::{Adapters, Engines, Listener, Service, SystemClock};
 use lmsp_domain::auth::{Client, Scope, Scopes, SecretHash};
 use lmsp_domain::ports::{ClientStore, Store, StoreListener};
 use lmsp_domain::{ClientId, EngineKind, Timestamp};
-use lmsp_storage_sqlite::{NoListener, RestartBudget, SqliteOptions, SqliteStore, SyncMode};
+use lmsp_storage_sqlite::{
+    FileDir, NoListener, RestartBudget, SqliteOptions, SqliteStore, SyncMode,
+};
 
-use support::{engine_with, files_ok, settings};
+use support::{engine_with, files_ok, settings, NoBatchLines};
 
 /// A started service on a SQLite store with `budget`; the store reports to `heard` (the
 /// service's listener, or one that hears nothing).
@@ -47,6 +49,8 @@ async fn start(budget: RestartBudget, told: bool) -> Running {
             Arc::new(engine_with(Duration::ZERO, 1)),
         ),
         model_files: Arc::new(files_ok()),
+        file_contents: Arc::new(FileDir::open(&dir.path().join("files")).unwrap()),
+        batch_wire: Arc::new(NoBatchLines),
         clock: Arc::new(SystemClock),
     };
     let started = Service::start(

@@ -104,6 +104,20 @@ prefixed_id!(
     "instance"
 );
 
+prefixed_id!(
+    /// Identifies a stored file: an uploaded batch input, or a batch's output or error file
+    /// (`file-…`, OpenAI's spelling).
+    FileId,
+    "file-",
+    "file"
+);
+prefixed_id!(
+    /// Identifies a batch of requests (`batch_…`).
+    BatchId,
+    "batch_",
+    "batch"
+);
+
 /// The id of an output item of a task's response (`msg_…`): the message one run of the task
 /// produces. It is derived from the task and the item's `output_index`, so it needs no storage
 /// and a resumed run continues the same item.

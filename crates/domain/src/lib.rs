@@ -7,6 +7,7 @@
 //! reads the clock, touches a file, spawns a task, or knows HTTP, SQL or JSON.
 
 pub mod auth;
+pub mod batch;
 pub mod cancel;
 pub mod error_code;
 pub mod event;
@@ -29,7 +30,9 @@ pub mod writes;
 pub use cancel::{decide_cancel, CancelDecision, CancelReply};
 pub use error_code::TaskErrorCode;
 pub use event::{CallItem, ClosedItem, Event, EventKind, EventPayload, QueueReason};
-pub use ids::{ClientId, InstanceId, ItemId, MalformedId, ResponseId, ServiceId, TaskId};
+pub use ids::{
+    BatchId, ClientId, FileId, InstanceId, ItemId, MalformedId, ResponseId, ServiceId, TaskId,
+};
 pub use model::{
     Digest, EngineKind, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource,
     ModelToLoad,

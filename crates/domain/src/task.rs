@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
+use crate::batch::BatchLine;
 use crate::error_code::TaskErrorCode;
 use crate::event::{CallItem, EventPayload};
 use crate::ids::{ClientId, InstanceId, ItemId, ResponseId, TaskId};
@@ -259,6 +260,8 @@ pub struct Task {
     pub items: OutputItems,
     /// How urgently it is claimed (never changes; aging is computed at claim time).
     pub service_tier: ServiceTier,
+    /// The batch line it answers, when a batch created it.
+    pub batch: Option<BatchLine>,
 }
 
 /// What the app knows of a new task before it is stored.
@@ -310,6 +313,7 @@ impl Task {
             error: None,
             items: OutputItems::default(),
             service_tier: new.service_tier,
+            batch: None,
         }
     }
 

@@ -404,7 +404,8 @@ fn validate_input(input: DraftInput) -> Result<Input, ValidationError> {
     }
 }
 
-fn validate_metadata(metadata: Metadata) -> Result<Metadata, ValidationError> {
+/// Metadata within its bounds: at most 16 pairs, keys of 1–64 characters, values of at most 512.
+pub fn validate_metadata(metadata: Metadata) -> Result<Metadata, ValidationError> {
     if metadata.len() > MAX_METADATA_PAIRS {
         return Err(invalid("metadata", "`metadata` holds at most 16 pairs"));
     }

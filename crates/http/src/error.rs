@@ -41,7 +41,11 @@ pub enum ErrorCode {
     AlreadyExists,
     /// 409: the task is unfinished, so its response cannot be deleted yet.
     TaskNotFinished,
-    /// 413: the body is over 2 MiB.
+    /// 409: an unfinished batch reads the file, so it cannot be deleted yet.
+    FileInUse,
+    /// 409: the batch ended (other than by a cancel) and cannot be cancelled.
+    BatchNotCancellable,
+    /// 413: the body is over 2 MiB (a file upload: over `--max-file-bytes`).
     PayloadTooLarge,
     /// 415: the body is not `application/json`.
     UnsupportedMediaType,
@@ -74,7 +78,9 @@ impl ErrorCode {
             | ErrorCode::TaskCancelled
             | ErrorCode::IdempotencyKeyInUse
             | ErrorCode::AlreadyExists
-            | ErrorCode::TaskNotFinished => StatusCode::CONFLICT,
+            | ErrorCode::TaskNotFinished
+            | ErrorCode::FileInUse
+            | ErrorCode::BatchNotCancellable => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -232,6 +238,9 @@ impl From<AppError> for ApiError {
             AppError::ModelNotFound(_) => ErrorCode::ModelNotFound,
             AppError::NotCancellable(_) => ErrorCode::TaskNotCancellable,
             AppError::Unfinished(_) => ErrorCode::TaskNotFinished,
+            AppError::FileTooLarge(_) => ErrorCode::PayloadTooLarge,
+            AppError::FileInUse => ErrorCode::FileInUse,
+            AppError::BatchNotCancellable(_) => ErrorCode::BatchNotCancellable,
             AppError::AlreadyExists(_) => ErrorCode::AlreadyExists,
             AppError::TaskCancelled => return ApiError::task_cancelled(),
             AppError::TaskFailed(task_error) => return ApiError::task_failed(task_error),
@@ -301,6 +310,8 @@ mod tests {
             (ErrorCode::NotFound, 404),
             (ErrorCode::ModelNotFound, 404),
             (ErrorCode::TaskNotCancellable, 409),
+            (ErrorCode::FileInUse, 409),
+            (ErrorCode::BatchNotCancellable, 409),
             (ErrorCode::TaskCancelled, 409),
             (ErrorCode::IdempotencyKeyInUse, 409),
             (ErrorCode::AlreadyExists, 409),

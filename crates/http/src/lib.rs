@@ -83,6 +83,21 @@ fn api() -> OpenApiRouter<AppState> {
             routes::clients::delete_client,
             routes::clients::update_client
         ))
+        .routes(routes!(
+            routes::batches::create_file,
+            routes::batches::list_files
+        ))
+        .routes(routes!(
+            routes::batches::get_file,
+            routes::batches::delete_file
+        ))
+        .routes(routes!(routes::batches::get_file_content))
+        .routes(routes!(
+            routes::batches::create_batch,
+            routes::batches::list_batches
+        ))
+        .routes(routes!(routes::batches::get_batch))
+        .routes(routes!(routes::batches::cancel_batch))
 }
 
 /// The OpenAPI 3.1 document of the routes [`router`] serves (`GET /v1/openapi.json`).

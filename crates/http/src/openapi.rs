@@ -67,7 +67,11 @@ pub const BEARER: &str = "bearer";
         (name = "chat", description = "Chat completions, OpenAI-compatible."),
         (name = "tasks", description = "Tasks, their cancel, and their event logs."),
         (name = "models", description = "Registered models."),
-        (name = "clients", description = "Pairing and clients.")
+        (name = "clients", description = "Pairing and clients."),
+        (name = "files", description = "Files: batch input uploads, batch output and error \
+            files (OpenAI's Files API)."),
+        (name = "batches", description = "Batches of requests run as durable tasks (OpenAI's \
+            Batch API).")
     )
 )]
 pub struct ApiDoc;

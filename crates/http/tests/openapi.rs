@@ -29,9 +29,10 @@ use lmsp_domain::ports::{
 };
 use lmsp_domain::{EngineKind, ModelToLoad};
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
+use lmsp_http::wire::batches::HttpBatchWire;
 use lmsp_http::{router, AppState};
 use lmsp_models_fs::FsModelFiles;
-use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
+use lmsp_storage_sqlite::{FileDir, SqliteOptions, SqliteStore};
 
 /// A service over a fresh data directory, its router, and an admin token.
 struct TestApp {
@@ -128,6 +129,8 @@ async fn test_app_with(upstream: Option<Arc<dyn Engine>>) -> TestApp {
         store,
         engines,
         model_files,
+        file_contents: Arc::new(FileDir::open(&data_dir.path().join("files")).unwrap()),
+        batch_wire: Arc::new(HttpBatchWire),
         clock,
     };
     // Starting on an empty store creates the `admin` client (its token shown once) and

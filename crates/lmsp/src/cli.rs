@@ -224,6 +224,11 @@ pub struct ServeArgs {
     /// `service_unavailable` with `Retry-After` and creates nothing. Default: no limit.
     #[arg(long, env = "LMSP_MAX_QUEUED", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_queued: Option<u32>,
+    /// The largest file a client may upload (`POST /v1/files`), in bytes; a larger upload is
+    /// answered 413 and nothing of it is kept.
+    #[arg(long, env = "LMSP_MAX_FILE_BYTES", default_value_t = 200 * 1024 * 1024,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_file_bytes: u64,
     /// Log format on stderr (`RUST_LOG` filters, default `info`).
     #[arg(long, env = "LMSP_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

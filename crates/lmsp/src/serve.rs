@@ -13,16 +13,17 @@ use std::time::Duration;
 use anyhow::Context;
 
 use lmsp_app::{Adapters, Engines, Listener, Service, Settings, SystemClock};
-use lmsp_domain::ports::{Clock, Engine, ModelFiles, Store, StoreListener};
+use lmsp_domain::ports::{Clock, Engine, FileContents, ModelFiles, Store, StoreListener};
 use lmsp_domain::{EngineKind, TierAging};
 use lmsp_engine_llama::{CheckpointSettings, LlamaEngine, LlamaSettings};
 use lmsp_engine_openai::{OpenAiEngine, OpenAiSettings};
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
 use lmsp_http::server::{ServerLimits, ServerStop};
+use lmsp_http::wire::batches::HttpBatchWire;
 use lmsp_http::{router, AppState};
 use lmsp_models_fs::FsModelFiles;
 use lmsp_storage_postgres::{PostgresOptions, PostgresStore};
-use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode, WriterStatus};
+use lmsp_storage_sqlite::{FileDir, SqliteOptions, SqliteStore, SyncMode, WriterStatus};
 use tokio::sync::watch;
 
 use crate::cli::{EngineFlag, ServeArgs, SyncFlag};
@@ -59,12 +60,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // PostgreSQL, whose connections are pooled and reconnect by themselves.
     let mut writer_gave_up: Pin<Box<dyn Future<Output = String> + Send>> =
         Box::pin(std::future::pending());
-    let store: Arc<dyn Store> = match &args.data.database {
-        Some(url) => Arc::new(
-            PostgresStore::connect(url, PostgresOptions::default(), heard)
+    // Files' bytes: in the shared database on PostgreSQL (every instance reads them), beside
+    // SQLite's database in `DATA_DIR/files/` otherwise.
+    let (store, file_contents): (Arc<dyn Store>, Arc<dyn FileContents>) = match &args.data.database
+    {
+        Some(url) => {
+            let postgres = PostgresStore::connect(url, PostgresOptions::default(), heard)
                 .await
-                .with_context(|| format!("cannot open the database {}", offline::redacted(url)))?,
-        ),
+                .with_context(|| format!("cannot open the database {}", offline::redacted(url)))?;
+            let contents = postgres.file_contents();
+            (Arc::new(postgres), contents)
+        }
         None => {
             let path = datadir::database_path(&args.data.data_dir);
             let options = SqliteOptions {
@@ -75,7 +81,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let sqlite = SqliteStore::open(&path, options, heard)
                 .with_context(|| format!("cannot open the database {}", path.display()))?;
             writer_gave_up = Box::pin(watch_writer(sqlite.writer_status()));
-            Arc::new(sqlite)
+            let files_dir = args.data.data_dir.join("files");
+            let contents = FileDir::open(&files_dir).with_context(|| {
+                format!("cannot open the files directory {}", files_dir.display())
+            })?;
+            (Arc::new(sqlite), Arc::new(contents))
         }
     };
     let models_dir = args
@@ -144,6 +154,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )
     .unwrap_or_default();
     settings.max_queued = args.max_queued;
+    settings.max_file_bytes = args.max_file_bytes;
     if args.data.database.is_some() {
         settings.instance_name = args.instance.clone().unwrap_or_else(host_name);
         // Notifications from other instances may be lost (a dropped LISTEN connection): a poll
@@ -154,6 +165,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         store,
         engines,
         model_files,
+        file_contents,
+        batch_wire: Arc::new(HttpBatchWire),
         clock,
     };
     let started = Service::start(adapters, listener, settings).await?;

@@ -11,11 +11,15 @@
 //! ([`records`]), which both adapters read and write column for column; only binding the values
 //! is theirs.
 
+pub mod batches;
 pub mod events;
 pub mod records;
 pub mod recovery;
 pub mod rows;
 
+pub use batches::{
+    batch_key, file_key, BatchRow, FileRow, StagedRow, BATCH_COLUMNS, FILE_COLUMNS, STAGING_COLUMNS,
+};
 pub use events::{event_data, EventCode, EventRow, Needs, Sources};
 pub use records::{
     hash_from_text, ClientRow, IdempotencyRow, ModelRow, CLIENT_COLUMNS, IDEMPOTENCY_COLUMNS,

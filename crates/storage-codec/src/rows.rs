@@ -4,7 +4,8 @@
 //! Ids of tasks, clients and instances are stored as the 16 bytes of their ULID, so key order is
 //! creation order.
 
-use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::batch::BatchLine;
+use lmsp_domain::ids::{BatchId, ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::model::ModelId;
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::schedule::ServiceTier;
@@ -20,10 +21,10 @@ use crate::{corrupt, error_from_text, error_to_text, metadata_from_text, spec_fr
 pub const TASK_COLUMNS: &str = "t.id, t.client_id, t.status, t.model, t.on_restart, \
      t.created_at, t.started_at, t.finished_at, t.last_sequence_number, t.restarts, t.error, \
      t.response_id, t.owner, t.background, t.items_opened, t.item_open, s.spec, s.metadata, \
-     s.accepted_by, t.tier";
+     s.accepted_by, t.tier, t.batch_id, t.batch_line, s.custom_id";
 
 /// How many columns [`TASK_COLUMNS`] names.
-pub const TASK_COLUMN_COUNT: usize = 20;
+pub const TASK_COLUMN_COUNT: usize = 23;
 
 /// `tasks` joined with its spec, for `SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE …`.
 pub const TASK_FROM: &str = "tasks t JOIN task_specs s ON s.task_id = t.id";
@@ -128,6 +129,12 @@ pub struct TaskRow {
     pub accepted_by: Option<Vec<u8>>,
     /// `t.tier`: the service tier's rank ([`ServiceTier::rank`]).
     pub tier: i64,
+    /// `t.batch_id`: the batch that created the task (`NULL` for a request's task).
+    pub batch_id: Option<Vec<u8>>,
+    /// `t.batch_line`: its line in the batch's input.
+    pub batch_line: Option<i64>,
+    /// `s.custom_id`: its line's `custom_id`.
+    pub custom_id: Option<String>,
 }
 
 impl TaskRow {
@@ -169,6 +176,15 @@ impl TaskRow {
                 open: self.item_open,
             },
             service_tier: tier_of(self.tier)?,
+            batch: match (self.batch_id, self.batch_line, self.custom_id) {
+                (Some(batch), Some(line), Some(custom_id)) => Some(BatchLine {
+                    batch_id: BatchId::from_ulid(ulid_of(&batch)?),
+                    line: u32_of(line)?,
+                    custom_id,
+                }),
+                (None, None, None) => None,
+                _ => return Err(corrupt(format!("task {id} has half a batch line"))),
+            },
         })
     }
 }

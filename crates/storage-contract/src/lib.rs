@@ -53,6 +53,7 @@ pub mod fixtures;
 pub mod recording;
 pub mod support;
 
+pub mod batches;
 pub mod cancel;
 pub mod clients;
 pub mod concurrency;
@@ -127,6 +128,7 @@ mod tests {
     fn every_check_is_generated_by_a_macro() {
         let macros = include_str!("macros.rs");
         let modules = [
+            ("batches", include_str!("batches.rs")),
             ("cancel", include_str!("cancel.rs")),
             ("clients", include_str!("clients.rs")),
             ("concurrency", include_str!("concurrency.rs")),

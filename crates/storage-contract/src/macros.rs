@@ -9,6 +9,18 @@ macro_rules! storage_contract_tests {
     ($factory:expr) => {
         $crate::__storage_contract_checks!(
             $factory;
+            batches::batch_files_are_listed_oldest_first_per_client_and_paged_i7,
+            batches::a_file_an_unfinished_batch_reads_is_in_use_until_the_batch_ends,
+            batches::starting_a_batch_creates_every_kept_line_as_a_queued_task_p2,
+            batches::a_batch_cancelled_while_validating_starts_nothing_p2,
+            batches::each_batch_line_counts_once_when_its_task_ends,
+            batches::a_batch_line_recovery_fails_counts_as_failed_p7,
+            batches::a_batch_step_is_a_compare_and_set_on_its_status,
+            batches::a_batch_ends_with_its_files_and_keeps_its_errors,
+            batches::batch_tasks_page_in_line_order_and_filter_by_status,
+            batches::batches_are_listed_newest_first_per_client_i7,
+            batches::purging_batches_removes_only_ended_ones_with_their_tasks_and_files_p5_p6,
+            batches::purging_finished_tasks_leaves_batch_tasks_to_their_batch_p5,
             cancel::a_cancel_follows_the_table_in_every_status_p4,
             cancel::after_an_accepted_cancel_the_worker_can_only_acknowledge_it_p4_i3,
             cancel::a_cancel_for_a_client_finds_only_that_clients_tasks_i7,

@@ -812,10 +812,11 @@ fn push_events(params: &mut Vec<Param>, events: &[Event]) -> Result<(), DbError>
 /// P-2: a new task's row, its spec and its first events, in one statement.
 const CREATE_SQL: &str = "WITH t AS (INSERT INTO tasks (id, client_id, status, model, on_restart, \
      created_at, started_at, finished_at, last_sequence_number, restarts, error, response_id, \
-     owner, background, items_opened, item_open, tier) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $25)), \
-     s AS (INSERT INTO task_specs (task_id, spec, metadata, accepted_by) \
-     VALUES ($1, $17, $18, $19)) \
+     owner, background, items_opened, item_open, tier, batch_id, batch_line) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $25, $26, \
+     $27)), \
+     s AS (INSERT INTO task_specs (task_id, spec, metadata, accepted_by, custom_id) \
+     VALUES ($1, $17, $18, $19, $28)) \
      INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
      SELECT $1, * FROM unnest($20::bigint[], $21::bigint[], $22::bigint[], $23::text[], \
      $24::bigint[])";
@@ -844,6 +845,13 @@ fn create_statement(task: &Task, events: &[Event]) -> Result<Stmt, DbError> {
     ];
     push_events(&mut params, events)?;
     params.push(Box::new(i16::from(task.service_tier.rank())));
+    let line = task.batch.as_ref();
+    params.push(Box::new(line.map(|line| ops::batch_key(line.batch_id))));
+    params.push(Box::new(
+        line.map(|line| ops::batches::line_key(line.line))
+            .transpose()?,
+    ));
+    params.push(Box::new(line.map(|line| line.custom_id.clone())));
     Ok(Stmt::new(String::from(CREATE_SQL), params))
 }
 

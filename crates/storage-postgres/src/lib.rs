@@ -18,11 +18,15 @@
 //!   [`StoreListener::committed`] before the write returns.
 //! - The schema is versioned (`schema_migrations`), migrated at [`PostgresStore::connect`] under
 //!   an advisory lock.
+//! - Files' bytes are rows of the shared database ([`PostgresStore::file_contents`]), so every
+//!   instance reads what any of them wrote; a batch's counts are kept by a trigger in the
+//!   transaction of each of its tasks' ends (schema version 4).
 
 #![warn(missing_docs)]
 
 mod batch;
 mod codec;
+mod contents;
 mod error;
 mod notify;
 mod ops;
@@ -35,13 +39,14 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::InstanceId;
-use lmsp_domain::ports::{CommitStats, StoreError, StoreListener};
+use lmsp_domain::ports::{CommitStats, FileContents, StoreError, StoreListener};
 use tokio::task::JoinHandle;
 use tokio_postgres::{IsolationLevel, NoTls};
 
 use crate::error::DbError;
 use crate::ops::Res;
 
+pub use crate::contents::{PostgresFileContents, PART_BYTES};
 pub use crate::error::DbError as PostgresError;
 
 /// The advisory lock key the maintenance leader holds (`pg_try_advisory_lock`, session level).
@@ -229,6 +234,12 @@ impl PostgresStore {
         self.listening.abort();
         self.leadership.lock().await.give_up();
         self.pool.close();
+    }
+
+    /// The bytes of files ([`FileContents`]), kept in this store's database: every instance on it
+    /// reads what any of them wrote.
+    pub fn file_contents(&self) -> Arc<dyn FileContents> {
+        Arc::new(PostgresFileContents::new(self.pool.clone()))
     }
 
     /// The name of the database the store is connected to (as its URL gave it).

@@ -86,6 +86,17 @@ impl Notifier {
     }
 }
 
+impl Notifier {
+    /// Queues the notification that task `task_id` is at `sequence`, from a committed
+    /// transaction that wrote its events set-based (a batch's start creates its tasks in SQL),
+    /// so that the other instances hear of new work as they do of a create's.
+    pub fn announce(&self, origin: &str, task_id: TaskId, sequence: u64) {
+        let _ = self
+            .queue
+            .send(vec![format!("{origin} {task_id} {sequence} {EVENTS_FLAG}")]);
+    }
+}
+
 /// Sends `payloads` in one transaction.
 async fn send_batch(pool: &deadpool_postgres::Pool, payloads: &[String]) -> Result<(), DbError> {
     let mut conn = pool.get().await?;

@@ -6,17 +6,18 @@ use crate::error::DbError;
 use crate::{no_events, ops, pg, pg_mut, PostgresStore, LEADER_LOCK};
 use async_trait::async_trait;
 use lmsp_domain::auth::{Client, Pairing, SecretHash};
+use lmsp_domain::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
 use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
 };
-use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
-    CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome, IdempotencyStore, Initialized,
-    InstanceInfo, InstanceStore, KeyedInsert, ModelStore, Page, PurgeReport, RecoveryReport,
-    Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError,
-    TaskFilter, TaskStore,
+    BatchPurge, BatchStore, CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome,
+    FileDeleteOutcome, IdempotencyStore, Initialized, InstanceInfo, InstanceStore, KeyedInsert,
+    ModelStore, Page, PurgeReport, RecoveryReport, Redemption, Registration, ServiceIdentity,
+    ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore,
 };
 use lmsp_domain::schedule::{ClientLimits, TierAging};
 use lmsp_domain::status::TaskStatus;
@@ -600,6 +601,164 @@ impl ServiceStore for PostgresStore {
     async fn check_writable(&self, at: Timestamp) -> Result<(), StoreError> {
         self.write(false, move |tx| {
             Box::pin(async move { ops::service::probe(tx, at).await.map(no_events) })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl BatchStore for PostgresStore {
+    async fn insert_file(&self, file: StoredFile) -> Result<(), StoreError> {
+        self.write(false, move |tx| {
+            let file = file.clone();
+            Box::pin(async move { ops::batches::insert_file(tx, &file).await.map(no_events) })
+        })
+        .await
+    }
+
+    async fn file(&self, id: FileId) -> Result<Option<StoredFile>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::batches::file(pg(&conn), id).await?)
+    }
+
+    async fn list_files(
+        &self,
+        client: Option<ClientId>,
+        purpose: Option<FilePurpose>,
+        after: Option<FileId>,
+        limit: usize,
+    ) -> Result<Page<StoredFile>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::batches::list_files(pg(&conn), client, purpose, after, limit).await?)
+    }
+
+    async fn delete_file(
+        &self,
+        id: FileId,
+        client: Option<ClientId>,
+    ) -> Result<FileDeleteOutcome, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::batches::delete_file(tx, id, client)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn insert_batch(&self, batch: Batch) -> Result<(), StoreError> {
+        self.write(false, move |tx| {
+            let batch = batch.clone();
+            Box::pin(async move { ops::batches::insert_batch(tx, &batch).await.map(no_events) })
+        })
+        .await
+    }
+
+    async fn batch(&self, id: BatchId) -> Result<Option<Batch>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::batches::batch(pg(&conn), id).await?)
+    }
+
+    async fn list_batches(
+        &self,
+        client: Option<ClientId>,
+        before: Option<BatchId>,
+        limit: usize,
+    ) -> Result<Page<Batch>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::batches::list_batches(pg(&conn), client, before, limit).await?)
+    }
+
+    async fn unfinished_batches(&self, limit: usize) -> Result<Vec<Batch>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::batches::unfinished_batches(pg(&conn), limit).await?)
+    }
+
+    async fn stage_batch_tasks(&self, tasks: Vec<Task>) -> Result<(), StoreError> {
+        let tasks = std::sync::Arc::new(tasks);
+        self.write(false, move |tx| {
+            let tasks = std::sync::Arc::clone(&tasks);
+            Box::pin(async move {
+                ops::batches::stage_batch_tasks(tx, &tasks)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn start_batch(&self, started: Batch) -> Result<Option<Batch>, StoreError> {
+        let (stored, first) = self
+            .write(false, move |tx| {
+                let started = started.clone();
+                Box::pin(
+                    async move { ops::batches::start_batch(tx, &started).await.map(no_events) },
+                )
+            })
+            .await?;
+        if let Some(first) = first {
+            // After the commit: the other instances hear of the new work as of a create's.
+            self.notifier.announce(&self.origin, first, 1);
+        }
+        Ok(stored)
+    }
+
+    async fn update_batch(
+        &self,
+        from: BatchStatus,
+        batch: Batch,
+    ) -> Result<Option<Batch>, StoreError> {
+        self.write(false, move |tx| {
+            let batch = batch.clone();
+            Box::pin(async move {
+                ops::batches::update_batch(tx, from, &batch)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn end_batch(
+        &self,
+        from: BatchStatus,
+        batch: Batch,
+        files: Vec<StoredFile>,
+    ) -> Result<Option<Batch>, StoreError> {
+        self.write(false, move |tx| {
+            let (batch, files) = (batch.clone(), files.clone());
+            Box::pin(async move {
+                ops::batches::end_batch(tx, from, &batch, &files)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn batch_tasks(
+        &self,
+        batch: BatchId,
+        statuses: &[TaskStatus],
+        after: u32,
+        limit: usize,
+    ) -> Result<Vec<Task>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::batches::batch_tasks(pg(&conn), batch, statuses, after, limit).await?)
+    }
+
+    async fn purge_batches(
+        &self,
+        cutoff: Timestamp,
+        batch: usize,
+    ) -> Result<BatchPurge, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::batches::purge_batches(tx, cutoff, batch)
+                    .await
+                    .map(no_events)
+            })
         })
         .await
     }

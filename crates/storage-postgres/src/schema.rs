@@ -169,9 +169,113 @@ CREATE TABLE client_queues (
 );
 "#;
 
+/// Version 4: files and batches (the SQLite adapter's version 4). A batch's tasks name it and
+/// their line (`tasks.batch_id`, `batch_line`, `task_specs.custom_id`); `batch_staging` keeps a
+/// validating batch's tasks aside until they are all created at once; `files` holds the records
+/// of uploaded and written files and `file_chunks` their bytes (in the database, because every
+/// instance must read them), in parts of at most 1 MiB.
+///
+/// The trigger keeps each batch's counts in the same transaction as each of its tasks' ends, on
+/// every write path that moves a task (`UPDATE tasks SET status = …`: the group-committed steps
+/// and cancels, recovery), as the domain's `batch::counted` says: a completed task counts as
+/// `completed`, a failed or cancelled one as `failed`. It fires per row, once, on the move from
+/// an unfinished status to a finished one. Batch tasks are purged with their batch, from its end,
+/// so the index of the purge of finished tasks (`tasks_finished`) leaves them out.
+const V4: &str = r#"
+ALTER TABLE tasks ADD COLUMN batch_id BYTEA, ADD COLUMN batch_line INTEGER;
+ALTER TABLE task_specs ADD COLUMN custom_id TEXT;
+CREATE INDEX tasks_batch ON tasks (batch_id, batch_line) WHERE batch_id IS NOT NULL;
+-- The purge of finished tasks passes over batch tasks (they go with their batch).
+DROP INDEX tasks_finished;
+CREATE INDEX tasks_finished ON tasks (finished_at) WHERE finished_at IS NOT NULL AND batch_id IS NULL;
+
+CREATE TABLE files (
+    id         BYTEA PRIMARY KEY,
+    client_id  BYTEA NOT NULL,
+    filename   TEXT NOT NULL,
+    purpose    TEXT NOT NULL,
+    bytes      BIGINT NOT NULL,
+    digest     TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    batch_id   BYTEA
+);
+CREATE INDEX files_client ON files (client_id, id);
+
+CREATE TABLE file_chunks (
+    file_id BYTEA NOT NULL,
+    part    INTEGER NOT NULL,
+    data    BYTEA NOT NULL,
+    PRIMARY KEY (file_id, part)
+);
+
+-- `endpoint`: '/v1/responses' or '/v1/chat/completions'; `completion_window` in milliseconds;
+-- `status`: `BatchStatus::as_str`; `errors`: a JSON array of {code, message, param, line}, NULL
+-- when there is none; `metadata`: the codec's metadata text.
+CREATE TABLE batches (
+    id                BYTEA PRIMARY KEY,
+    client_id         BYTEA NOT NULL,
+    endpoint          TEXT NOT NULL,
+    input_file_id     BYTEA NOT NULL,
+    completion_window BIGINT NOT NULL,
+    status            TEXT NOT NULL,
+    output_file_id    BYTEA,
+    error_file_id     BYTEA,
+    errors            TEXT,
+    total             BIGINT NOT NULL DEFAULT 0,
+    completed         BIGINT NOT NULL DEFAULT 0,
+    failed            BIGINT NOT NULL DEFAULT 0,
+    metadata          TEXT NOT NULL,
+    created_at        BIGINT NOT NULL,
+    in_progress_at    BIGINT,
+    failed_at         BIGINT,
+    finalizing_at     BIGINT,
+    completed_at      BIGINT,
+    expired_at        BIGINT,
+    cancelling_at     BIGINT,
+    cancelled_at      BIGINT
+);
+CREATE INDEX batches_client ON batches (client_id, id);
+CREATE INDEX batches_unfinished ON batches (id)
+    WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling');
+CREATE INDEX batches_input ON batches (input_file_id);
+
+CREATE TABLE batch_staging (
+    batch_id    BYTEA NOT NULL,
+    line        INTEGER NOT NULL,
+    task_id     BYTEA NOT NULL,
+    client_id   BYTEA NOT NULL,
+    custom_id   TEXT NOT NULL,
+    model       TEXT NOT NULL,
+    on_restart  TEXT NOT NULL,
+    tier        SMALLINT NOT NULL,
+    response_id TEXT,
+    owner       BYTEA NOT NULL,
+    spec        TEXT NOT NULL,
+    metadata    TEXT NOT NULL,
+    created_at  BIGINT NOT NULL,
+    PRIMARY KEY (batch_id, line)
+);
+
+-- `batch::counted`: completed -> `completed`; failed or cancelled -> `failed`.
+CREATE FUNCTION lmsp_batch_counts() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    UPDATE batches SET completed = completed + (NEW.status = 'completed')::int,
+        failed = failed + (NEW.status <> 'completed')::int
+    WHERE id = NEW.batch_id;
+    RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER batch_counts AFTER UPDATE OF status ON tasks FOR EACH ROW
+    WHEN (NEW.batch_id IS NOT NULL
+        AND OLD.status IN ('queued', 'loading', 'running', 'cancelling')
+        AND NEW.status IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION lmsp_batch_counts();
+"#;
+
 /// The migrations, in order: version `n` is `MIGRATIONS[n - 1]`. Never edit a released one;
 /// append a new version.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -281,3 +281,192 @@ async fn leadership_passes_on_when_the_leader_goes() {
     })
     .await;
 }
+
+/// Files' bytes are rows of the shared database: what one process writes, in parts of at most
+/// a MiB, another reads back whole and in order; a file with no bytes and no record is none, an
+/// empty file with its record reads empty at once, and a removal drops every part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_bytes_are_kept_in_parts_every_process_reads() {
+    use lmsp_domain::batch::{FilePurpose, StoredFile};
+    use lmsp_domain::ids::FileId;
+    use lmsp_domain::ports::BatchStore;
+    use lmsp_storage_contract::{self as contract, RecordingListener};
+    use lmsp_storage_postgres::PART_BYTES;
+
+    let factory = Postgres::new();
+    let (first, _heard) = contract::fresh_store(&factory).await;
+    let second = factory
+        .another_process(&first, RecordingListener::new())
+        .await;
+    let (writing, reading) = (first.file_contents(), second.file_contents());
+
+    let bytes: Vec<u8> = (0..PART_BYTES * 5 / 2).map(|n| (n % 251) as u8).collect();
+    let id = FileId::from_ulid(contract::ulid());
+    let mut writer = writing.create(id).await.unwrap();
+    for piece in bytes.chunks(300_001) {
+        writer.write(piece).await.unwrap();
+    }
+    writer.finish().await.unwrap();
+    let mut reader = reading.open(id).await.unwrap().expect("written");
+    let mut read = Vec::new();
+    let mut parts = 0;
+    loop {
+        let part = reader.read().await.unwrap();
+        if part.is_empty() {
+            break;
+        }
+        assert!(part.len() <= PART_BYTES);
+        parts += 1;
+        read.extend(part);
+    }
+    assert_eq!(parts, 3);
+    assert!(read == bytes, "the bytes read back are the bytes written");
+    assert!(
+        reader.read().await.unwrap().is_empty(),
+        "the end stays the end"
+    );
+
+    reading.remove(id).await.unwrap();
+    assert!(
+        writing.open(id).await.unwrap().is_none(),
+        "no part and no record"
+    );
+    assert!(reading
+        .open(FileId::from_ulid(contract::ulid()))
+        .await
+        .unwrap()
+        .is_none());
+
+    let empty = StoredFile {
+        id: FileId::from_ulid(contract::ulid()),
+        client_id: contract::client_id(),
+        filename: String::from("empty.jsonl"),
+        purpose: FilePurpose::BatchOutput,
+        bytes: 0,
+        digest: String::from("e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+        created_at: contract::time(0),
+        batch_id: None,
+    };
+    writing
+        .create(empty.id)
+        .await
+        .unwrap()
+        .finish()
+        .await
+        .unwrap();
+    first.insert_file(empty.clone()).await.unwrap();
+    let mut reader = reading
+        .open(empty.id)
+        .await
+        .unwrap()
+        .expect("a recorded file");
+    assert!(reader.read().await.unwrap().is_empty());
+}
+
+/// `batch::counted` under the group commit, from two processes at once: every line of a batch
+/// ends (completed, failed or cancelled) concurrently, and the counts add up to the total, each
+/// line counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_line_ends_in_two_processes_count_each_line_once() {
+    use lmsp_domain::batch::{Batch, BatchEndpoint, BatchLine, FilePurpose, NewBatch, StoredFile};
+    use lmsp_domain::ids::{BatchId, FileId};
+    use lmsp_domain::ports::{BatchStore, TaskStore};
+    use lmsp_domain::transition::Step;
+    use lmsp_storage_contract::{self as contract, RecordingListener};
+
+    const LINES: u32 = 48;
+    let factory = Postgres::new();
+    let (first, _heard) = contract::fresh_store(&factory).await;
+    let second = factory
+        .another_process(&first, RecordingListener::new())
+        .await;
+    let client = contract::client_id();
+    let worker = contract::instance_id();
+    let input = StoredFile {
+        id: FileId::from_ulid(contract::ulid()),
+        client_id: client,
+        filename: String::from("in.jsonl"),
+        purpose: FilePurpose::Batch,
+        bytes: 1,
+        digest: String::from("00"),
+        created_at: contract::time(0),
+        batch_id: None,
+    };
+    first.insert_file(input.clone()).await.unwrap();
+    let batch = Batch::new(NewBatch {
+        id: BatchId::from_ulid(contract::ulid()),
+        client_id: client,
+        endpoint: BatchEndpoint::ChatCompletions,
+        input_file_id: input.id,
+        completion_window_ms: 60_000,
+        metadata: Default::default(),
+        created_at: contract::time(0),
+    });
+    first.insert_batch(batch.clone()).await.unwrap();
+    let lines: Vec<_> = (1..=LINES)
+        .map(|line| {
+            let mut task = contract::TaskBuilder::new(worker).client(client).build();
+            task.batch = Some(BatchLine {
+                batch_id: batch.id,
+                line,
+                custom_id: format!("r{line}"),
+            });
+            task
+        })
+        .collect();
+    second.stage_batch_tasks(lines.clone()).await.unwrap();
+    first
+        .start_batch(batch.started(contract::time(1)))
+        .await
+        .unwrap()
+        .unwrap();
+    let stores = [&first, &second];
+    let ends = lines.iter().enumerate().map(|(index, task)| {
+        let store = stores[index % 2];
+        async move {
+            match index % 3 {
+                0 => {
+                    let running = contract::support::step(
+                        store,
+                        task,
+                        worker,
+                        vec![contract::claim(task), Step::Loaded],
+                        None,
+                        contract::time(2),
+                    )
+                    .await;
+                    contract::support::finish(
+                        store,
+                        &running,
+                        worker,
+                        contract::complete(&running, "ok", contract::time(3)),
+                    )
+                    .await;
+                }
+                1 => {
+                    let loading = contract::support::step(
+                        store,
+                        task,
+                        worker,
+                        vec![contract::claim(task)],
+                        None,
+                        contract::time(2),
+                    )
+                    .await;
+                    contract::support::finish(store, &loading, worker, contract::fail()).await;
+                }
+                _ => {
+                    store
+                        .cancel(task.id, None, contract::time(2))
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+    });
+    futures::future::join_all(ends).await;
+    let stored = first.batch(batch.id).await.unwrap().unwrap();
+    assert_eq!(stored.counts.total, u64::from(LINES));
+    assert_eq!(stored.counts.completed, u64::from(LINES / 3));
+    assert_eq!(stored.counts.failed, u64::from(LINES - LINES / 3));
+}

@@ -12,6 +12,7 @@
 //! is stopped. All SQL of the service lives in this crate and `lmsp-storage-postgres`.
 
 mod codec;
+mod contents;
 mod error;
 mod ops;
 mod ports;
@@ -29,6 +30,7 @@ use lmsp_domain::event::Event;
 use lmsp_domain::ports::{StoreError, StoreListener};
 use rusqlite::Connection;
 
+pub use crate::contents::FileDir;
 use crate::error::DbError;
 use crate::reads::ReadPool;
 use crate::writer::{Command, Typed, Work};

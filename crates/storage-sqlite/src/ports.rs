@@ -4,17 +4,18 @@
 use crate::{ops, SqliteStore};
 use async_trait::async_trait;
 use lmsp_domain::auth::{Client, Pairing, SecretHash};
+use lmsp_domain::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
 use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
 };
-use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
-    CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome, IdempotencyStore, Initialized,
-    InstanceInfo, InstanceStore, KeyedInsert, ModelStore, Page, PurgeReport, RecoveryReport,
-    Redemption, Registration, ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError,
-    TaskFilter, TaskStore,
+    BatchPurge, BatchStore, CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome,
+    FileDeleteOutcome, IdempotencyStore, Initialized, InstanceInfo, InstanceStore, KeyedInsert,
+    ModelStore, Page, PurgeReport, RecoveryReport, Redemption, Registration, ServiceIdentity,
+    ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore,
 };
 use lmsp_domain::schedule::{ClientLimits, TierAging};
 use lmsp_domain::status::TaskStatus;
@@ -422,6 +423,128 @@ impl ServiceStore for SqliteStore {
     async fn check_writable(&self, at: Timestamp) -> Result<(), StoreError> {
         self.write(Box::new(move |conn| {
             ops::service::probe(conn, at).map(no_events)
+        }))
+        .await
+    }
+}
+
+#[async_trait]
+impl BatchStore for SqliteStore {
+    async fn insert_file(&self, file: StoredFile) -> Result<(), StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::batches::insert_file(conn, &file).map(no_events)
+        }))
+        .await
+    }
+
+    async fn file(&self, id: FileId) -> Result<Option<StoredFile>, StoreError> {
+        self.point_read(|conn| ops::batches::file(conn, id))
+    }
+
+    async fn list_files(
+        &self,
+        client: Option<ClientId>,
+        purpose: Option<FilePurpose>,
+        after: Option<FileId>,
+        limit: usize,
+    ) -> Result<Page<StoredFile>, StoreError> {
+        self.read(move |conn| ops::batches::list_files(conn, client, purpose, after, limit))
+            .await
+    }
+
+    async fn delete_file(
+        &self,
+        id: FileId,
+        client: Option<ClientId>,
+    ) -> Result<FileDeleteOutcome, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::batches::delete_file(conn, id, client).map(no_events)
+        }))
+        .await
+    }
+
+    async fn insert_batch(&self, batch: Batch) -> Result<(), StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::batches::insert_batch(conn, &batch).map(no_events)
+        }))
+        .await
+    }
+
+    async fn batch(&self, id: BatchId) -> Result<Option<Batch>, StoreError> {
+        self.point_read(|conn| ops::batches::batch(conn, id))
+    }
+
+    async fn list_batches(
+        &self,
+        client: Option<ClientId>,
+        before: Option<BatchId>,
+        limit: usize,
+    ) -> Result<Page<Batch>, StoreError> {
+        self.read(move |conn| ops::batches::list_batches(conn, client, before, limit))
+            .await
+    }
+
+    async fn unfinished_batches(&self, limit: usize) -> Result<Vec<Batch>, StoreError> {
+        self.read(move |conn| ops::batches::unfinished_batches(conn, limit))
+            .await
+    }
+
+    async fn stage_batch_tasks(&self, tasks: Vec<Task>) -> Result<(), StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::batches::stage_batch_tasks(conn, &tasks).map(no_events)
+        }))
+        .await
+    }
+
+    async fn start_batch(&self, started: Batch) -> Result<Option<Batch>, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::batches::start_batch(conn, &started).map(no_events)
+        }))
+        .await
+    }
+
+    async fn update_batch(
+        &self,
+        from: BatchStatus,
+        batch: Batch,
+    ) -> Result<Option<Batch>, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::batches::update_batch(conn, from, &batch).map(no_events)
+        }))
+        .await
+    }
+
+    async fn end_batch(
+        &self,
+        from: BatchStatus,
+        batch: Batch,
+        files: Vec<StoredFile>,
+    ) -> Result<Option<Batch>, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::batches::end_batch(conn, from, &batch, &files).map(no_events)
+        }))
+        .await
+    }
+
+    async fn batch_tasks(
+        &self,
+        batch: BatchId,
+        statuses: &[TaskStatus],
+        after: u32,
+        limit: usize,
+    ) -> Result<Vec<Task>, StoreError> {
+        let statuses = statuses.to_vec();
+        self.read(move |conn| ops::batches::batch_tasks(conn, batch, &statuses, after, limit))
+            .await
+    }
+
+    async fn purge_batches(
+        &self,
+        cutoff: Timestamp,
+        batch: usize,
+    ) -> Result<BatchPurge, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::batches::purge_batches(conn, cutoff, batch).map(no_events)
         }))
         .await
     }

@@ -2,8 +2,8 @@
 //! `PRAGMA user_version`). Version 1 is the layout of the first release; version 2 adds instances
 //! and ownership, output items, upstream models, sticky model deletions, and idempotency records
 //! that hold a key across processes; version 3 adds service tiers, client limits and the state
-//! fair claims need. A migration that moves data does so in Rust, in the same
-//! transaction as its SQL.
+//! fair claims need; version 4 adds files and batches. A migration that moves data does so in
+//! Rust, in the same transaction as its SQL.
 
 use rusqlite::{params, Connection, Transaction};
 use rusqlite_migration::{HookError, HookResult, Migrations, M};
@@ -275,16 +275,94 @@ CREATE TABLE client_queues (
 ) WITHOUT ROWID;
 "#;
 
+/// Version 4: files and batches. A batch's tasks name it and their line (`tasks.batch_id`,
+/// `batch_line`, `task_specs.custom_id`); `batch_staging` keeps a validating batch's tasks aside
+/// until they are all created at once; `files` holds the records of uploaded and written files
+/// (their bytes are in `DATA_DIR/files/`). The trigger keeps each batch's counts in the same
+/// transaction as each of its tasks' ends, on every write path (a step, a cancel, a recovery
+/// cell), as the domain's `batch::counted` says: a completed task counts as `completed`, a
+/// failed or cancelled one as `failed`. Batch tasks are purged with their batch, from its end.
+const V4: &str = r#"
+ALTER TABLE tasks ADD COLUMN batch_id BLOB;
+ALTER TABLE tasks ADD COLUMN batch_line INTEGER;
+ALTER TABLE task_specs ADD COLUMN custom_id TEXT;
+CREATE INDEX tasks_batch ON tasks (batch_id, batch_line) WHERE batch_id IS NOT NULL;
+CREATE TABLE files (
+    id         BLOB PRIMARY KEY,
+    client_id  BLOB NOT NULL,
+    filename   TEXT NOT NULL,
+    purpose    TEXT NOT NULL,
+    bytes      INTEGER NOT NULL,
+    digest     TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    batch_id   BLOB
+) WITHOUT ROWID;
+CREATE INDEX files_client ON files (client_id, id);
+CREATE TABLE batches (
+    id                BLOB PRIMARY KEY,
+    client_id         BLOB NOT NULL,
+    endpoint          TEXT NOT NULL,
+    input_file_id     BLOB NOT NULL,
+    completion_window INTEGER NOT NULL,
+    status            TEXT NOT NULL,
+    output_file_id    BLOB,
+    error_file_id     BLOB,
+    errors            TEXT,
+    total             INTEGER NOT NULL DEFAULT 0,
+    completed         INTEGER NOT NULL DEFAULT 0,
+    failed            INTEGER NOT NULL DEFAULT 0,
+    metadata          TEXT NOT NULL,
+    created_at        INTEGER NOT NULL,
+    in_progress_at    INTEGER,
+    failed_at         INTEGER,
+    finalizing_at     INTEGER,
+    completed_at      INTEGER,
+    expired_at        INTEGER,
+    cancelling_at     INTEGER,
+    cancelled_at      INTEGER
+) WITHOUT ROWID;
+CREATE INDEX batches_client ON batches (client_id, id);
+CREATE INDEX batches_unfinished ON batches (id)
+    WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling');
+CREATE INDEX batches_input ON batches (input_file_id);
+CREATE TABLE batch_staging (
+    batch_id    BLOB NOT NULL,
+    line        INTEGER NOT NULL,
+    task_id     BLOB NOT NULL,
+    client_id   BLOB NOT NULL,
+    custom_id   TEXT NOT NULL,
+    model       TEXT NOT NULL,
+    on_restart  TEXT NOT NULL,
+    tier        INTEGER NOT NULL,
+    response_id TEXT,
+    owner       BLOB NOT NULL,
+    spec        TEXT NOT NULL,
+    metadata    TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    PRIMARY KEY (batch_id, line)
+) WITHOUT ROWID;
+CREATE TRIGGER batch_counts AFTER UPDATE OF status ON tasks
+    WHEN NEW.batch_id IS NOT NULL
+        AND OLD.status IN ('queued', 'loading', 'running', 'cancelling')
+        AND NEW.status IN ('completed', 'failed', 'cancelled')
+BEGIN
+    UPDATE batches SET completed = completed + (NEW.status = 'completed'),
+        failed = failed + (NEW.status <> 'completed')
+    WHERE id = NEW.batch_id;
+END;
+"#;
+
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(V1),
         M::up_with_hook(V2, move_idempotency_records),
         M::up(V3),
+        M::up(V4),
     ])
 }
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: usize = 3;
+pub const SCHEMA_VERSION: usize = 4;
 
 /// Applies every migration newer than the database's `user_version`, each in its own transaction,
 /// then checks that the layout is the one this build expects.

@@ -10,15 +10,18 @@ use async_trait::async_trait;
 use mockall::mock;
 
 use lmsp_app::retry::RetryPolicy;
-use lmsp_app::{Adapters, Caller, Engines, Listener, Service, Settings, SystemClock};
+use lmsp_app::{
+    Adapters, BatchWire, Caller, Engines, Listener, ReadLine, Service, Settings, SystemClock,
+};
 use lmsp_domain::auth::{Client, Pairing, Scope, Scopes, SecretHash};
+use lmsp_domain::batch::{Batch, BatchEndpoint, BatchStatus, FilePurpose, LineOutcome, StoredFile};
 use lmsp_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
 };
 use lmsp_domain::ports::*;
 use lmsp_domain::validation::{validate_submit, DraftInput, SubmitDraft};
 use lmsp_domain::*;
-use lmsp_storage_sqlite::{SqliteOptions, SqliteStore, SyncMode};
+use lmsp_storage_sqlite::{FileDir, SqliteOptions, SqliteStore, SyncMode};
 
 mock! {
     pub Engine {}
@@ -322,6 +325,87 @@ impl ModelStore for FaultyStore {
     }
 }
 
+/// Files and batches pass through untouched: the faults are the task write path's.
+#[async_trait]
+impl BatchStore for FaultyStore {
+    async fn insert_file(&self, file: StoredFile) -> Result<(), StoreError> {
+        self.inner.insert_file(file).await
+    }
+    async fn file(&self, id: FileId) -> Result<Option<StoredFile>, StoreError> {
+        self.inner.file(id).await
+    }
+    async fn list_files(
+        &self,
+        client: Option<ClientId>,
+        purpose: Option<FilePurpose>,
+        after: Option<FileId>,
+        limit: usize,
+    ) -> Result<Page<StoredFile>, StoreError> {
+        self.inner.list_files(client, purpose, after, limit).await
+    }
+    async fn delete_file(
+        &self,
+        id: FileId,
+        client: Option<ClientId>,
+    ) -> Result<FileDeleteOutcome, StoreError> {
+        self.inner.delete_file(id, client).await
+    }
+    async fn insert_batch(&self, batch: Batch) -> Result<(), StoreError> {
+        self.inner.insert_batch(batch).await
+    }
+    async fn batch(&self, id: BatchId) -> Result<Option<Batch>, StoreError> {
+        self.inner.batch(id).await
+    }
+    async fn list_batches(
+        &self,
+        client: Option<ClientId>,
+        before: Option<BatchId>,
+        limit: usize,
+    ) -> Result<Page<Batch>, StoreError> {
+        self.inner.list_batches(client, before, limit).await
+    }
+    async fn unfinished_batches(&self, limit: usize) -> Result<Vec<Batch>, StoreError> {
+        self.inner.unfinished_batches(limit).await
+    }
+    async fn stage_batch_tasks(&self, tasks: Vec<Task>) -> Result<(), StoreError> {
+        self.inner.stage_batch_tasks(tasks).await
+    }
+    async fn start_batch(&self, started: Batch) -> Result<Option<Batch>, StoreError> {
+        self.inner.start_batch(started).await
+    }
+    async fn update_batch(
+        &self,
+        from: BatchStatus,
+        batch: Batch,
+    ) -> Result<Option<Batch>, StoreError> {
+        self.inner.update_batch(from, batch).await
+    }
+    async fn end_batch(
+        &self,
+        from: BatchStatus,
+        batch: Batch,
+        files: Vec<StoredFile>,
+    ) -> Result<Option<Batch>, StoreError> {
+        self.inner.end_batch(from, batch, files).await
+    }
+    async fn batch_tasks(
+        &self,
+        batch: BatchId,
+        statuses: &[TaskStatus],
+        after: u32,
+        limit: usize,
+    ) -> Result<Vec<Task>, StoreError> {
+        self.inner.batch_tasks(batch, statuses, after, limit).await
+    }
+    async fn purge_batches(
+        &self,
+        cutoff: Timestamp,
+        batch: usize,
+    ) -> Result<BatchPurge, StoreError> {
+        self.inner.purge_batches(cutoff, batch).await
+    }
+}
+
 #[async_trait]
 impl IdempotencyStore for FaultyStore {
     async fn claim_key(&self, claim: &KeyClaim, now: Timestamp) -> Result<KeyDecision, StoreError> {
@@ -415,6 +499,26 @@ pub struct Harness {
     _dir: tempfile::TempDir,
 }
 
+/// The batch lines of the app's tests, which drive no HTTP: every line reads as no JSON object
+/// (the HTTP edge reads and answers lines; its tests and the end-to-end suite cover batches).
+pub struct NoBatchLines;
+
+impl BatchWire for NoBatchLines {
+    fn read_line(&self, _endpoint: BatchEndpoint, _text: &[u8]) -> Option<ReadLine> {
+        None
+    }
+
+    fn answer(
+        &self,
+        _endpoint: BatchEndpoint,
+        _task: &Task,
+        _response: Option<&Response>,
+        _outcome: LineOutcome,
+    ) -> Vec<u8> {
+        Vec::new()
+    }
+}
+
 /// Settings for tests: one worker, fast store retries that give up after `give_up_after`.
 pub fn settings(give_up_after: Duration) -> Settings {
     let mut settings = Settings::with_defaults("test");
@@ -464,6 +568,8 @@ pub async fn harness(
         store: Arc::clone(&store),
         engines: Engines::new().with(EngineKind::Reference, Arc::new(engine)),
         model_files: Arc::new(files),
+        file_contents: Arc::new(FileDir::open(&dir.path().join("files")).unwrap()),
+        batch_wire: Arc::new(NoBatchLines),
         clock: Arc::new(SystemClock),
     };
     let started = Service::start(adapters, Arc::clone(&listener), settings)

@@ -11,6 +11,7 @@
 //! failing. Nothing here assumes one process: claims and recovery go by instance, and what one
 //! instance commits reaches the others through the [`StoreListener`] notification port.
 
+mod batches;
 mod clients;
 mod engine;
 mod files;
@@ -19,6 +20,9 @@ mod instances;
 mod models;
 mod tasks;
 
+pub use batches::{
+    BatchPurge, BatchStore, ContentReader, ContentWriter, FileContents, FileDeleteOutcome,
+};
 pub use clients::{ClientStore, Redemption};
 pub use engine::{
     Engine, EngineError, EngineHealth, Generation, GenerationItem, GenerationJob, ResumePoint,
@@ -130,12 +134,18 @@ pub trait ServiceStore: Send + Sync {
 
 /// The whole storage port, as the app holds it (`Arc<dyn Store>`).
 pub trait Store:
-    TaskStore + ClientStore + ModelStore + IdempotencyStore + InstanceStore + ServiceStore
+    TaskStore + ClientStore + ModelStore + IdempotencyStore + InstanceStore + ServiceStore + BatchStore
 {
 }
 
 impl<T> Store for T where
-    T: TaskStore + ClientStore + ModelStore + IdempotencyStore + InstanceStore + ServiceStore
+    T: TaskStore
+        + ClientStore
+        + ModelStore
+        + IdempotencyStore
+        + InstanceStore
+        + ServiceStore
+        + BatchStore
 {
 }
 

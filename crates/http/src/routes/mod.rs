@@ -4,6 +4,7 @@
 //! bodies, every status and header. The route table in `lib.rs` registers a handler through it,
 //! so a route cannot be served without being documented, nor documented without being served.
 
+pub mod batches;
 pub mod chat;
 pub mod clients;
 pub mod models;

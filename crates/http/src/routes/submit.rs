@@ -146,7 +146,11 @@ fn accepted(task: &Task) -> ReplyDoc {
 
 /// The reply of a synchronous request whose task finished: 200 with the response (or chat
 /// completion), 409 `task_cancelled`, or 500 with the task's error code; each naming the task.
-fn finished(task: &Task, response: Option<&TaskResponse>, rendering: Rendering) -> ReplyDoc {
+pub(crate) fn finished(
+    task: &Task,
+    response: Option<&TaskResponse>,
+    rendering: Rendering,
+) -> ReplyDoc {
     let doc = match (task.status, response) {
         (TaskStatus::Completed, Some(response)) => match rendering {
             Rendering::Responses => ReplyDoc::whole(

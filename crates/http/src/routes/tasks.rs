@@ -40,7 +40,7 @@ pub struct ListQuery {
     after: Option<String>,
 }
 
-fn parse_limit(text: Option<&str>, default: usize, max: usize) -> ApiResult<usize> {
+pub(crate) fn parse_limit(text: Option<&str>, default: usize, max: usize) -> ApiResult<usize> {
     match text {
         None => Ok(default),
         Some(text) => match text.parse::<usize>() {
@@ -53,7 +53,7 @@ fn parse_limit(text: Option<&str>, default: usize, max: usize) -> ApiResult<usiz
     }
 }
 
-fn query_error(error: axum::extract::rejection::QueryRejection) -> ApiError {
+pub(crate) fn query_error(error: axum::extract::rejection::QueryRejection) -> ApiError {
     ApiError::new(ErrorCode::InvalidRequest, error.body_text())
 }
 

@@ -6,6 +6,7 @@
 //! these structs (serde, unknown fields refused), the same type the document describes, so the
 //! document and the parser cannot drift.
 
+pub mod batches;
 pub mod chat;
 pub mod native;
 pub mod openai;

@@ -89,6 +89,12 @@ pub struct TaskObject {
     pub response_id: String,
     /// The client's string pairs.
     pub metadata: BTreeMap<String, String>,
+    /// The batch whose line it answers (`batch_…`); absent for a request's task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
+    /// Its batch line's `custom_id`; absent for a request's task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub custom_id: Option<String>,
 }
 
 /// A task object.
@@ -110,6 +116,8 @@ pub fn task(task: &Task) -> TaskObject {
         error: task.error.as_ref().map(TaskErrorObject::of),
         response_id: task.response_id.to_string(),
         metadata: task.metadata.clone(),
+        batch_id: task.batch.as_ref().map(|line| line.batch_id.to_string()),
+        custom_id: task.batch.as_ref().map(|line| line.custom_id.clone()),
     }
 }
 

@@ -5,6 +5,7 @@
 //! compare-and-set on what it read. Ids of tasks, clients and instances are the 16 bytes of their
 //! ULID.
 
+pub mod batches;
 pub mod clients;
 pub mod events;
 pub mod idempotency;
@@ -16,7 +17,7 @@ pub mod tasks;
 
 use async_trait::async_trait;
 use lmsp_domain::event::Event;
-use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
+use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, TaskId};
 use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use tokio_postgres::types::ToSql;
@@ -127,6 +128,16 @@ pub fn ulid_of(bytes: &[u8]) -> Res<Ulid> {
     Ok(codec::ulid_of(bytes)?)
 }
 
+/// The stored key of a batch id.
+pub fn batch_key(id: BatchId) -> Vec<u8> {
+    id.ulid().to_bytes().to_vec()
+}
+
+/// The stored key of a file id.
+pub fn file_key(id: FileId) -> Vec<u8> {
+    id.ulid().to_bytes().to_vec()
+}
+
 /// An instance id from its stored bytes.
 pub fn instance_of(bytes: &[u8]) -> Res<InstanceId> {
     Ok(InstanceId::from_ulid(ulid_of(bytes)?))
@@ -156,6 +167,9 @@ pub fn decode_task(row: &Row) -> Res<Task> {
         metadata: row.try_get(17)?,
         accepted_by: row.try_get(18)?,
         tier: i64::from(row.try_get::<_, i16>(19)?),
+        batch_id: row.try_get(20)?,
+        batch_line: row.try_get::<_, Option<i32>>(21)?.map(i64::from),
+        custom_id: row.try_get(22)?,
     }
     .decode(None)?)
 }

@@ -9,7 +9,9 @@ use crate::ops::{from_i64, to_i64, Db, Res};
 
 /// One bounded purge batch: finished tasks (the domain's [`PURGED_STATUSES`]: never an unfinished
 /// one, P-6) with `finished_at < cutoff`, oldest first, as many as the domain's [`purge_batch`]
-/// takes of them. The rows are locked with `SKIP LOCKED`, so a purge never waits on a writer.
+/// takes of them. The rows are locked with `SKIP LOCKED`, so a purge never waits on a writer. A
+/// batch's tasks are left to [`crate::ops::batches::purge_batches`]: they go with their batch,
+/// from its end.
 pub async fn purge_finished<C: Db>(
     db: &C,
     cutoff: Timestamp,
@@ -23,7 +25,8 @@ pub async fn purge_finished<C: Db>(
     let candidates = db
         .query(
             "SELECT id, last_sequence_number FROM tasks WHERE finished_at IS NOT NULL \
-             AND finished_at < $1 AND status = ANY($3) ORDER BY finished_at, id LIMIT $2 \
+             AND finished_at < $1 AND status = ANY($3) AND batch_id IS NULL \
+             ORDER BY finished_at, id LIMIT $2 \
              FOR UPDATE SKIP LOCKED",
             &[
                 &cutoff.as_millis(),

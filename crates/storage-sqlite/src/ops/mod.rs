@@ -5,6 +5,7 @@
 //! 16 bytes of their ULID. Every write reads the rows it changes inside its transaction, asks the
 //! domain, and writes what the domain returns as a compare-and-set on what it read.
 
+pub mod batches;
 pub mod clients;
 pub mod events;
 pub mod idempotency;
@@ -83,6 +84,9 @@ pub fn raw_task(row: &Row<'_>) -> rusqlite::Result<RawTask> {
         metadata: row.get(17)?,
         accepted_by: row.get(18)?,
         tier: row.get(19)?,
+        batch_id: row.get(20)?,
+        batch_line: row.get(21)?,
+        custom_id: row.get(22)?,
     }))
 }
 

@@ -10,7 +10,8 @@ use crate::ops::{from_i64, to_i64, Res};
 
 /// One bounded purge batch: finished tasks (the domain's [`PURGED_STATUSES`]: never an unfinished
 /// one, P-6) with `finished_at < cutoff`, oldest first, as many as the domain's [`purge_batch`]
-/// takes of them, so one transaction stays short whatever the tasks' sizes.
+/// takes of them, so one transaction stays short whatever the tasks' sizes. A batch's tasks are
+/// left to [`crate::ops::batches::purge_batches`]: they go with their batch, from its end.
 pub fn purge_finished(
     conn: &Connection,
     cutoff: Timestamp,
@@ -21,7 +22,8 @@ pub fn purge_finished(
     let candidates: Vec<(Vec<u8>, i64)> = conn
         .prepare_cached(
             "SELECT id, last_sequence_number FROM tasks WHERE finished_at IS NOT NULL \
-             AND finished_at < ?1 AND status IN (?3, ?4, ?5) ORDER BY finished_at LIMIT ?2",
+             AND finished_at < ?1 AND status IN (?3, ?4, ?5) AND batch_id IS NULL \
+             ORDER BY finished_at LIMIT ?2",
         )?
         .query_map(
             params![
