@@ -1442,6 +1442,32 @@ class OpenAiSdk(unittest.TestCase):
             self.assertEqual(line["response"]["body"]["error"]["code"], "server_restarted", line)
 
 
+    def test_29_input_items(self):
+        """responses.input_items.list: the request's messages as OpenAI's input items, newest
+        first by default, oldest first with order="asc", paged with after/limit."""
+        messages = [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "First question"},
+            {"role": "assistant", "content": "First answer"},
+            {"role": "user", "content": "Second question"},
+        ]
+        response = self.client.responses.create(model=MODEL, input=messages,
+                                                max_output_tokens=4)
+        items = list(self.client.responses.input_items.list(response.id, order="asc"))
+        self.assertEqual([(i.type, i.role) for i in items],
+                         [("message", m["role"]) for m in messages])
+        self.assertEqual([i.content[0].text for i in items], [m["content"] for m in messages])
+        self.assertEqual(len({i.id for i in items}), len(items))
+        newest = self.client.responses.input_items.list(response.id, limit=2)
+        self.assertEqual([i.id for i in newest.data], [i.id for i in reversed(items)][:2])
+        self.assertTrue(newest.has_more)
+        rest = self.client.responses.input_items.list(response.id, limit=2,
+                                                      after=newest.data[-1].id)
+        self.assertEqual([i.id for i in rest.data], [i.id for i in reversed(items)][2:])
+        with self.assertRaises(openai.NotFoundError):
+            self.other.responses.input_items.list(response.id)
+
+
 def main():
     missing = [name for name in ENV if not os.environ.get(name)]
     if missing:

@@ -63,6 +63,7 @@ fn api() -> OpenApiRouter<AppState> {
             routes::responses::delete_response
         ))
         .routes(routes!(routes::responses::cancel_response))
+        .routes(routes!(routes::responses::list_input_items))
         .routes(routes!(routes::chat::create_chat_completion))
         .routes(routes!(routes::tasks::list_tasks))
         .routes(routes!(routes::tasks::get_task))

@@ -17,8 +17,11 @@ use crate::openapi::{
 };
 use crate::replies::with_task_header;
 use crate::routes::submit::{self, Rendering};
+use crate::routes::tasks::{parse_limit, query_error};
 use crate::routes::{json_reply, parse_flag, parse_response_id, parse_sequence, ApiResult};
+use crate::wire::input_items::{input_items, InputItemList};
 use crate::wire::openai::{self, DeletedResponse, ResponseObject, ResponseStreamEvent};
+use crate::wire::ListTag;
 use crate::wire::requests::CreateResponseRequest;
 use crate::AppState;
 
@@ -277,5 +280,90 @@ pub async fn delete_response(
         id: response_id.to_string(),
         object: "response.deleted",
         deleted: true,
+    }))
+}
+
+/// Query of `GET /v1/responses/{id}/input_items`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct InputItemsQuery {
+    /// Items per page, 1…100 (default 20).
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 100)]
+    limit: Option<String>,
+    /// An item id: continue with the items after it, in `order`.
+    #[param(value_type = Option<String>)]
+    after: Option<String>,
+    /// `desc` (default, newest first) or `asc`.
+    #[param(value_type = Option<String>)]
+    order: Option<String>,
+    /// Only empty: nothing extra can be included.
+    #[param(value_type = Option<Vec<String>>)]
+    #[serde(rename = "include[]", alias = "include")]
+    include: Option<String>,
+}
+
+/// A response's input items.
+///
+/// The conversation its task was given: its messages (with the earlier turns of a
+/// `previous_response_id`), an earlier assistant turn's function calls, tools' answers.
+#[utoipa::path(
+    get,
+    path = "/v1/responses/{id}/input_items",
+    tag = "responses",
+    operation_id = "listInputItems",
+    security(("bearer" = ["responses:read"])),
+    params(
+        ("id" = String, Path, description = "A response id (`resp_…`)."),
+        InputItemsQuery,
+    ),
+    responses(
+        (status = 200, description = "A page of input items.", body = InputItemList),
+        (status = 400, description = "`invalid_request`: a bad parameter.", body = ErrorEnvelope),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, description = "`not_found`.", body = ErrorEnvelope),
+        (status = 500, response = InternalError)
+    )
+)]
+pub async fn list_input_items(
+    State(state): State<AppState>,
+    Authed(caller): Authed,
+    Path(id): Path<String>,
+    query: Result<Query<InputItemsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<InputItemList>> {
+    let Query(query) = query.map_err(query_error)?;
+    let limit = parse_limit(query.limit.as_deref(), 20, 100)?;
+    if query.include.as_deref().is_some_and(|i| !i.is_empty()) {
+        return Err(ApiError::invalid(
+            "include",
+            "including extra input data is not supported by LMSP",
+        ));
+    }
+    let (task, _) = state
+        .service
+        .response(&caller, parse_response_id(&id)?)
+        .await?;
+    let mut items = input_items(&task);
+    match query.order.as_deref() {
+        None | Some("") | Some("desc") => items.reverse(),
+        Some("asc") => {}
+        Some(_) => return Err(ApiError::invalid("order", "`order` must be `asc` or `desc`")),
+    }
+    if let Some(after) = query.after.as_deref().filter(|a| !a.is_empty()) {
+        let at = items
+            .iter()
+            .position(|item| item.id() == after)
+            .ok_or_else(|| ApiError::invalid("after", "`after` must be an item of this list"))?;
+        items.drain(..=at);
+    }
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    Ok(Json(InputItemList {
+        object: ListTag::Value,
+        first_id: items.first().map(|item| item.id().to_owned()),
+        last_id: items.last().map(|item| item.id().to_owned()),
+        data: items,
+        has_more,
     }))
 }

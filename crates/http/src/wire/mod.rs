@@ -8,6 +8,7 @@
 
 pub mod batches;
 pub mod chat;
+pub mod input_items;
 pub mod native;
 pub mod openai;
 pub mod requests;
