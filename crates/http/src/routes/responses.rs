@@ -21,8 +21,8 @@ use crate::routes::tasks::{parse_limit, query_error};
 use crate::routes::{json_reply, parse_flag, parse_response_id, parse_sequence, ApiResult};
 use crate::wire::input_items::{input_items, InputItemList};
 use crate::wire::openai::{self, DeletedResponse, ResponseObject, ResponseStreamEvent};
-use crate::wire::ListTag;
 use crate::wire::requests::CreateResponseRequest;
+use crate::wire::ListTag;
 use crate::AppState;
 
 /// Create a response.
@@ -348,7 +348,12 @@ pub async fn list_input_items(
     match query.order.as_deref() {
         None | Some("") | Some("desc") => items.reverse(),
         Some("asc") => {}
-        Some(_) => return Err(ApiError::invalid("order", "`order` must be `asc` or `desc`")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "order",
+                "`order` must be `asc` or `desc`",
+            ))
+        }
     }
     if let Some(after) = query.after.as_deref().filter(|a| !a.is_empty()) {
         let at = items
