@@ -7,7 +7,7 @@
 // loads only while the test cuts the network on purpose).
 import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
-import { mkdirSync, mkdtempSync, rmSync, statfsSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, statfsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import net from "node:net";
@@ -47,6 +47,37 @@ async function call(method, path, body, token = admin) {
   let json = null;
   try { json = JSON.parse(text); } catch { json = null; }
   return { status: response.status, json };
+}
+
+/** Uploads `text` as a batch input file (multipart, as a client would) and creates a batch. */
+async function createBatch(lines, token = admin) {
+  const form = new FormData();
+  form.append("purpose", "batch");
+  const text = lines.map((line) => (typeof line === "string" ? line : JSON.stringify(line))).join("\n");
+  form.append("file", new Blob([`${text}\n`], { type: "application/jsonl" }), "lines.jsonl");
+  const uploaded = await fetch(`${base}/v1/files`, {
+    method: "POST", headers: { Authorization: `Bearer ${token}` }, body: form,
+  });
+  assert.equal(uploaded.status, 200, await uploaded.clone().text());
+  const file = await uploaded.json();
+  const batch = await call("POST", "/v1/batches", {
+    input_file_id: file.id, endpoint: "/v1/responses", completion_window: "24h",
+  }, token);
+  assert.equal(batch.status, 200, JSON.stringify(batch.json));
+  return batch.json;
+}
+
+/** A batch line of the reference model. */
+const batchLine = (customId, input, maxTokens = 4) => ({
+  custom_id: customId, method: "POST", url: "/v1/responses",
+  body: { model: "reference", input, max_output_tokens: maxTokens },
+});
+
+/** The bytes of a stored file, as text. */
+async function fileText(id) {
+  const response = await fetch(`${base}/v1/files/${id}/content`, { headers: { Authorization: `Bearer ${admin}` } });
+  assert.equal(response.status, 200);
+  return response.text();
 }
 
 // Chromium's flags: the four the console's CI contract names, then only what a test browser
@@ -164,7 +195,7 @@ try {
     assert.match(await engine.textContent(), /^reference ok$/);
     await page.locator("svg.chart").first().waitFor();
     // Every nav entry shows for an admin.
-    for (const name of ["Tasks", "Submit", "Models", "Clients"]) {
+    for (const name of ["Tasks", "Batches", "Submit", "Models", "Clients"]) {
       assert.ok(await page.locator("#nav").getByRole("link", { name, exact: true }).isVisible(), name);
     }
     await shot("overview");
@@ -282,6 +313,120 @@ try {
     await row.waitFor();
     assert.match(await row.textContent(), /sha256:/);
     await shot("models");
+  });
+
+  const batchState = { id: null };
+  await step("batches: a batch made through the API is listed and completes 3/3", async () => {
+    const batch = await createBatch([
+      batchLine("line-1", [
+        { role: "system", content: "Answer briefly." },
+        { role: "user", content: [{ type: "input_text", text: `First line ${XSS}` }] },
+      ]), batchLine("line-2", "Second line"), batchLine("line-3", "hi"),
+    ]);
+    batchState.id = batch.id;
+    await nav("Batches");
+    await page.waitForURL(/\/console\/batches$/);
+    const row = page.locator(`#batches-body tr[data-batch="${batch.id}"]`);
+    await row.waitFor();
+    // Newest first; refreshed until it has finished.
+    assert.equal(await page.locator("#batches-body tr").first().getAttribute("data-batch"), batch.id);
+    await page.locator(`#batches-body tr[data-batch="${batch.id}"][data-status="completed"]`).waitFor();
+    const progress = row.locator(".progress");
+    assert.equal(await progress.getAttribute("data-done"), "3");
+    assert.equal(await progress.getAttribute("data-total"), "3");
+    assert.match(await row.textContent(), /3\/3/);
+    assert.match(await row.textContent(), /\/v1\/responses/);
+    assert.equal(await row.locator("progress").getAttribute("value"), "3");
+    await shot("batches");
+  });
+
+  await step("a batch's page: its counts, and its output downloaded (keyboard) with the token", async () => {
+    const id = batchState.id;
+    await page.locator(`#batches-body tr[data-batch="${id}"] a`).click();
+    await page.waitForURL(new RegExp(`/console/batches/${id}$`));
+    await page.locator('#batch-status[data-status="completed"]').waitFor();
+    assert.equal(await page.textContent("#count-total"), "3");
+    assert.equal(await page.textContent("#count-completed"), "3");
+    assert.equal(await page.textContent("#count-failed"), "0");
+    assert.ok(await page.locator("#batch-cancel").isHidden(), "no Cancel once completed");
+    const batch = (await call("GET", `/v1/batches/${id}`)).json;
+    assert.ok(batch.output_file_id);
+    assert.equal(await page.locator("#download-errors").isHidden(), !batch.error_file_id);
+    await page.locator(`#batch-files [data-file="${batch.input_file_id}"]`).getByText("lines.jsonl").waitFor();
+    await tabTo("#download-output");
+    await assertFocusVisible("the Download output button");
+    const [saved] = await Promise.all([page.waitForEvent("download"), page.keyboard.press("Enter")]);
+    assert.equal(saved.suggestedFilename(), `${id}_output.jsonl`);
+    const text = readFileSync(await saved.path(), "utf8");
+    assert.equal(text, await fileText(batch.output_file_id));
+    const lines = text.trim().split("\n").map((line) => JSON.parse(line));
+    assert.deepEqual(lines.map((line) => line.custom_id).sort(), ["line-1", "line-2", "line-3"]);
+    batchState.lines = lines;
+    await shot("batch");
+  });
+
+  await step("a batch line's task page shows its batch, custom_id and input (as text)", async () => {
+    const line = batchState.lines.find((l) => l.custom_id === "line-1");
+    const taskId = line.response.request_id;
+    const task = (await call("GET", `/v1/tasks/${taskId}`)).json;
+    assert.equal(task.batch_id, batchState.id);
+    assert.equal(task.custom_id, "line-1");
+    await page.goto(`${base}/console/tasks/${taskId}`);
+    await page.locator('#task-status[data-status="completed"]').waitFor();
+    assert.equal(await page.textContent("#task-batch"), batchState.id);
+    assert.equal(await page.textContent("#task-custom-id"), "line-1");
+    // The input, oldest first: each message's role and text.
+    const items = page.locator('#task-input li[data-type="message"]');
+    await items.first().waitFor();
+    const shown = await items.evaluateAll((lis) => lis.map((li) => [li.dataset.role, li.querySelector("pre").textContent]));
+    assert.deepEqual(shown, [["system", "Answer briefly."], ["user", `First line ${XSS}`]]);
+    assert.equal(await page.locator("img").count(), 0, "the input was parsed as HTML");
+    await shot("batch-task");
+    await page.click("#task-batch");
+    await page.waitForURL(new RegExp(`/console/batches/${batchState.id}$`));
+    await page.locator('#batch-status[data-status="completed"]').waitFor();
+  });
+
+  await step("a refused batch shows its errors by line, as text", async () => {
+    const batch = await createBatch([
+      batchLine("ok-1", "fine"), `not json ${XSS}`, batchLine("ok-1", "a repeated custom_id"),
+    ]);
+    await page.goto(`${base}/console/batches/${batch.id}`);
+    await page.locator('#batch-status[data-status="failed"]').waitFor();
+    const rows = page.locator("#batch-errors-table tbody tr");
+    await rows.first().waitFor();
+    const failed = (await call("GET", `/v1/batches/${batch.id}`)).json;
+    assert.equal(await rows.count(), failed.errors.data.length);
+    const shown = await rows.evaluateAll((trs) => trs.map((tr) => [...tr.cells].map((td) => td.textContent)));
+    assert.deepEqual(shown, failed.errors.data.map((e) =>
+      [e.line == null ? "—" : String(e.line), e.code, e.param ?? "—", e.message]));
+    assert.ok(failed.errors.data.some((e) => e.line === 2), JSON.stringify(failed.errors));
+    assert.equal(await page.locator("img").count(), 0);
+    assert.ok(await page.locator("#batch-cancel").isHidden());
+    assert.ok(await page.locator("#download-output").isHidden());
+  });
+
+  await step("cancel a running batch (after a confirmation): it ends cancelled, its errors downloadable", async () => {
+    const batch = await createBatch([
+      batchLine("slow-1", "A long story", 100000), batchLine("slow-2", "Another long story", 100000),
+    ]);
+    await page.goto(`${base}/console/batches/${batch.id}`);
+    await page.locator('#batch-status[data-status="in_progress"]').waitFor();
+    await page.locator("#batch-cancel").click();
+    await page.locator("#confirm-no").click();
+    await page.locator("dialog.confirm").waitFor({ state: "detached" });
+    assert.equal((await call("GET", `/v1/batches/${batch.id}`)).json.status, "in_progress", "Keep cancelled nothing");
+    await page.locator("#batch-cancel").click();
+    await page.locator("#confirm-yes").click();
+    await page.locator('#batch-status[data-status="cancelled"]').waitFor();
+    assert.ok(await page.locator("#batch-cancel").isHidden());
+    const cancelled = (await call("GET", `/v1/batches/${batch.id}`)).json;
+    assert.equal(cancelled.status, "cancelled");
+    assert.ok(cancelled.error_file_id, "the cancelled lines are in the error file");
+    await page.locator("#download-errors").waitFor();
+    const [saved] = await Promise.all([page.waitForEvent("download"), page.click("#download-errors")]);
+    assert.equal(saved.suggestedFilename(), `${batch.id}_errors.jsonl`);
+    assert.equal(readFileSync(await saved.path(), "utf8"), await fileText(cancelled.error_file_id));
   });
 
   await step("clients: create a pairing code, shown with its countdown", async () => {
@@ -444,6 +589,7 @@ try {
     await page.locator("#service-id").waitFor();
     const navLink = (name) => page.locator("#nav").getByRole("link", { name, exact: true });
     assert.ok(await navLink("Tasks").isVisible());
+    assert.ok(await navLink("Batches").isVisible());
     for (const name of ["Submit", "Models", "Clients"]) assert.ok(await navLink(name).isHidden(), name);
     assert.match(await page.textContent("#who"), /signed in · responses:read$/);
     await page.locator('#counts [data-status="completed"]').waitFor();

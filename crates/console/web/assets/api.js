@@ -145,6 +145,33 @@ export async function followEvents(taskId, { after = 0, signal, onEvent, onState
   return last;
 }
 
+/**
+ * Downloads a file of the API (e.g. `/v1/files/{id}/content`) with the token and saves it under
+ * `filename`: the bytes are fetched with the Authorization header (a plain link could not send
+ * it), then handed to the browser as a Blob through a temporary object URL.
+ */
+export async function download(path, filename) {
+  const response = await fetch(path, {
+    headers: headers(), cache: "no-store", credentials: "omit", referrerPolicy: "no-referrer",
+  });
+  if (!response.ok) {
+    const error = await failure(response);
+    if (response.status === 401) onUnauthorized(error);
+    throw error;
+  }
+  const blob = await response.blob();
+  const url = URL.createObjectURL(blob);
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = filename;
+  link.hidden = true;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+  return blob.size;
+}
+
 /** Every page of a list, following `after` (bounded). */
 export async function listAll(path, max = 1000) {
   const out = [];

@@ -4,6 +4,7 @@ import { h, note, replace } from "./dom.js";
 import * as overview from "./views/overview.js";
 import * as tasks from "./views/tasks.js";
 import * as task from "./views/task.js";
+import * as batches from "./views/batches.js";
 import * as submit from "./views/submit.js";
 import * as models from "./views/models.js";
 import * as clients from "./views/clients.js";
@@ -99,6 +100,8 @@ const VIEWS = [
   { re: /^$/, view: overview, name: "overview" },
   { re: /^tasks$/, view: tasks, name: "tasks", scope: "responses:read" },
   { re: /^tasks\/([^/]+)$/, view: task, name: "tasks", scope: "responses:read" },
+  { re: /^batches$/, view: batches, name: "batches", scope: "responses:read" },
+  { re: /^batches\/([^/]+)$/, view: batches, name: "batches", scope: "responses:read" },
   { re: /^submit$/, view: submit, name: "submit", scope: "responses:write" },
   { re: /^models$/, view: models, name: "models", scope: "models:read" },
   { re: /^clients$/, view: clients, name: "clients", scope: "admin" },

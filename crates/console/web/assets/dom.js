@@ -48,13 +48,17 @@ export function replace(el, ...children) {
   append(el, children);
 }
 
-/** A local time for an RFC 3339 string (or Unix seconds), "—" for none. */
+/**
+ * A local time for an RFC 3339 string (with its milliseconds) or Unix seconds (whole seconds:
+ * they have no milliseconds to show), "—" for none.
+ */
 export function time(value) {
   if (value === null || value === undefined) return "—";
-  const date = typeof value === "number" ? new Date(value * 1000) : new Date(value);
+  const seconds = typeof value === "number";
+  const date = seconds ? new Date(value * 1000) : new Date(value);
   if (Number.isNaN(date.getTime())) return String(value);
-  return date.toLocaleString(undefined, { hour12: false }) +
-    "." + String(date.getMilliseconds()).padStart(3, "0");
+  const text = date.toLocaleString(undefined, { hour12: false });
+  return seconds ? text : `${text}.${String(date.getMilliseconds()).padStart(3, "0")}`;
 }
 
 /** A byte count, human-sized. */

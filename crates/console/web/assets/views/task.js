@@ -1,9 +1,10 @@
-// One task: its details, the timeline of its events, its output growing live from the stream
-// (resumed by sequence number after a drop), its error, Cancel (after a confirmation), and its
-// response JSON.
-import { api, followEvents } from "../api.js";
+// One task: its details (with its batch and custom_id when a batch line made it), its input, the
+// timeline of its events, its output growing live from the stream (resumed by sequence number
+// after a drop), its error, Cancel (after a confirmation), and its response JSON.
+import { api, listAll, followEvents } from "../api.js";
 import { h, note, replace, time, badge } from "../dom.js";
 import { confirmDialog } from "../confirm.js";
+import { batchHref } from "./batches.js";
 
 const UNFINISHED = new Set(["queued", "loading", "running", "cancelling"]);
 const QUIET = new Set([
@@ -11,8 +12,43 @@ const QUIET = new Set([
   "response.output_text.done",
 ]);
 
-/** Renders a live task panel into `container`; returns its cleanup. */
-export function taskPanel(container, ctx, taskId) {
+/** The text of one content part of an input message. */
+function partText(part) {
+  if (typeof part === "string") return part;
+  if (typeof part?.text === "string") return part.text;
+  if (typeof part?.refusal === "string") return part.refusal;
+  return `[${part?.type ?? "part"}]`;
+}
+
+/** One input item (OpenAI's shapes): a message's role and text, a function call or its output. */
+function inputItem(item) {
+  const type = item.type ?? "message";
+  let label;
+  let text;
+  if (type === "message") {
+    label = item.role ?? "message";
+    text = typeof item.content === "string" ? item.content
+      : (item.content ?? []).map(partText).join("\n");
+  } else if (type === "function_call_output") {
+    label = `function output${item.call_id ? ` · ${item.call_id}` : ""}`;
+    text = typeof item.output === "string" ? item.output : JSON.stringify(item.output);
+  } else if (type === "function_call") {
+    label = `function call${item.name ? ` · ${item.name}` : ""}`;
+    text = item.arguments ?? "";
+  } else {
+    label = type;
+    text = JSON.stringify(item);
+  }
+  return h("li", { "data-type": type, "data-role": item.role ?? null },
+    h("div", { class: "role" }, label),
+    h("pre", { class: "output" }, text));
+}
+
+/**
+ * Renders a live task panel into `container`; returns its cleanup. With `showInput`, the
+ * request's input is shown too (`GET /v1/responses/{id}/input_items`).
+ */
+export function taskPanel(container, ctx, taskId, { showInput = false } = {}) {
   const controller = new AbortController();
   const head = h("dl", { class: "kv", id: "task-head" });
   const stateBadge = h("span", { id: "task-status" });
@@ -24,6 +60,11 @@ export function taskPanel(container, ctx, taskId) {
   const timeline = h("ol", { id: "timeline", class: "timeline" });
   const output = h("pre", { id: "output", class: "output", "aria-live": "off", tabindex: "0" });
   const messages = h("div", { "aria-live": "polite" });
+  const inputList = h("ol", { id: "task-input", class: "inputs" });
+  const inputCard = showInput ? h("section", { class: "card", "aria-labelledby": "input-h" },
+    h("h2", { id: "input-h" }, "Input"), inputList) : null;
+  // "no" (not read yet), "reading", "retry" (to read again once the task has finished), "done".
+  let inputState = showInput ? "no" : "done";
   let deltaCount = 0;
   const deltaNote = h("span", { class: "muted", id: "delta-count" });
   let task = null;
@@ -39,6 +80,7 @@ export function taskPanel(container, ctx, taskId) {
       h("section", { class: "card", "aria-labelledby": "timeline-h" },
         h("h2", { id: "timeline-h" }, "Timeline"), timeline, deltaNote)),
     errorBox,
+    inputCard,
     h("section", { class: "card", "aria-labelledby": "output-h" },
       h("h2", { id: "output-h" }, "Output"), output),
     json);
@@ -55,6 +97,10 @@ export function taskPanel(container, ctx, taskId) {
       h("dt", {}, "started"), h("dd", {}, time(t.started_at)),
       h("dt", {}, "finished"), h("dd", {}, time(t.finished_at)),
       h("dt", {}, "events"), h("dd", {}, String(t.last_sequence_number)),
+      t.batch_id ? [h("dt", {}, "batch"), h("dd", {},
+        h("a", { id: "task-batch", href: batchHref(t.batch_id) }, h("code", {}, t.batch_id)))] : null,
+      t.custom_id !== undefined && t.custom_id !== null
+        ? [h("dt", {}, "custom_id"), h("dd", {}, h("code", { id: "task-custom-id" }, t.custom_id))] : null,
       h("dt", {}, "response"), h("dd", {}, h("code", {}, `/v1/responses/${t.response_id}`)),
       Object.keys(t.metadata ?? {}).length
         ? [h("dt", {}, "metadata"), h("dd", {}, h("code", {}, JSON.stringify(t.metadata)))] : null);
@@ -62,6 +108,24 @@ export function taskPanel(container, ctx, taskId) {
     if (t.error) {
       replace(errorBox, h("section", { class: "card error", role: "alert" },
         h("h2", {}, "Error"), h("p", {}, h("code", {}, t.error.code), " ", t.error.message)));
+    }
+    if (inputState === "no" || (inputState === "retry" && !UNFINISHED.has(t.status))) readInput(t);
+  }
+
+  async function readInput(t) {
+    const unfinished = UNFINISHED.has(t.status);
+    inputState = "reading";
+    try {
+      const items = await listAll(
+        `/v1/responses/${encodeURIComponent(t.response_id)}/input_items?order=asc&limit=100`);
+      if (controller.signal.aborted) return;
+      replace(inputList, items.length === 0
+        ? h("li", { class: "muted" }, "No input items.") : items.map(inputItem));
+      inputState = "done";
+    } catch (error) {
+      if (controller.signal.aborted) return;
+      inputState = unfinished ? "retry" : "done";
+      replace(inputList, h("li", { class: "muted" }, `The input could not be read: ${error.message}`));
     }
   }
 
@@ -162,5 +226,5 @@ export function taskPanel(container, ctx, taskId) {
 
 export function render(main, ctx, [taskId]) {
   main.append(h("p", {}, h("a", { href: "/console/tasks" }, "← All tasks")));
-  return taskPanel(main, ctx, taskId);
+  return taskPanel(main, ctx, taskId, { showInput: true });
 }
