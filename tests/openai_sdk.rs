@@ -19,8 +19,14 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 /// The flags of every server: slow enough that a long response is still running when the SDK
-/// cancels it.
-const SERVE_FLAGS: [&str; 2] = ["--reference-token-delay", "10ms"];
+/// cancels it; webhook retries 100 ms apart at first, so a receiver's failures are retried
+/// within the test.
+const SERVE_FLAGS: [&str; 4] = [
+    "--reference-token-delay",
+    "10ms",
+    "--webhook-retry-base",
+    "100ms",
+];
 
 /// The second server's extra flags: one worker (a second response waits `queued` behind a
 /// running one) and an engine slow to stop (a cancelled response stays `cancelling` a while),

@@ -23,6 +23,7 @@ Run: target/openai-sdk-venv/bin/python tests/sdk/test_openai_sdk.py [-v]
 (the venv comes from scripts/openai-sdk-deps).
 """
 
+import http.server as http_server
 import json
 import os
 import sys
@@ -220,6 +221,65 @@ def strings_in(value):
     elif isinstance(value, list):
         for item in value:
             yield from strings_in(item)
+
+
+class Receiver:
+    """A webhook receiver: a real HTTP server on 127.0.0.1 that keeps every delivery (headers
+    and body) and answers with the next of `answers` (then 200); an answer of None hangs for
+    `hang` seconds before answering 200."""
+
+    def __init__(self, answers=(), hang=30.0):
+        self.deliveries = []
+        self.answers = list(answers)
+        self.hang = hang
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(http_server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                with receiver.lock:
+                    receiver.deliveries.append((dict(self.headers.items()), body))
+                    answer = receiver.answers.pop(0) if receiver.answers else 200
+                if answer is None:
+                    time.sleep(receiver.hang)
+                    answer = 200
+                self.send_response(answer)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http_server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def received(self):
+        with self.lock:
+            return list(self.deliveries)
+
+    def events(self, secret):
+        """Every delivery that verifies under `secret`, parsed by the SDK's webhooks.unwrap
+        (deliveries signed under another secret, e.g. before a rotation, are left out)."""
+        unwrapper = OpenAI(api_key="unused", base_url=BASE_URL, webhook_secret=secret)
+        events = []
+        for headers, body in self.received():
+            try:
+                events.append(unwrapper.webhooks.unwrap(body, headers))
+            except openai.InvalidWebhookSignatureError:
+                pass
+        return events
+
+    def wait_event(self, secret, predicate, deadline=DEADLINE):
+        return wait_for("a webhook delivery",
+                        lambda: next((e for e in self.events(secret) if predicate(e)), None),
+                        deadline)
 
 
 class OpenAiSdk(unittest.TestCase):
@@ -1466,6 +1526,152 @@ class OpenAiSdk(unittest.TestCase):
         self.assertEqual([i.id for i in rest.data], [i.id for i in reversed(items)][2:])
         with self.assertRaises(openai.NotFoundError):
             self.other.responses.input_items.list(response.id)
+
+
+    # ---- webhooks (issue 25) ----
+
+    RESPONSE_EVENTS = ["response.completed", "response.failed", "response.cancelled"]
+
+    def test_30_webhook_endpoints(self):
+        """client.webhooks.create / retrieve / list / update / test / rotate_secret / delete
+        (admin): the secret at creation and rotation only; a test delivery and a background
+        response's response.completed verify with OpenAI(webhook_secret=…).webhooks.unwrap; a
+        synchronous response fires nothing; after a rotation only the new secret verifies;
+        another client's token is refused."""
+        receiver = Receiver()
+        admin = sdk(ADMIN_TOKEN)
+        try:
+            with self.assertRaises(openai.PermissionDeniedError):
+                self.client.webhooks.create(name="x", url=receiver.url,
+                                            event_types=["response.completed"])
+            created = admin.webhooks.create(name="hooks", url=receiver.url,
+                                            event_types=self.RESPONSE_EVENTS)
+            self.assertTrue(created.id.startswith("we_"), created.id)
+            self.assertTrue(created.signing_secret.startswith("whsec_"))
+            self.assertEqual(created.event_types, self.RESPONSE_EVENTS)
+            fetched = admin.webhooks.retrieve(created.id)
+            self.assertEqual((fetched.name, fetched.url), ("hooks", receiver.url))
+            self.assertNotIn("signing_secret", fetched.to_dict())
+            self.assertIn(created.id, [e.id for e in admin.webhooks.list()])
+            renamed = admin.webhooks.update(created.id, name="renamed")
+            self.assertEqual(renamed.name, "renamed")
+            with self.assertRaises(openai.BadRequestError) as caught:
+                admin.webhooks.update(created.id, url="ftp://example.com/")
+            self.assertEqual(caught.exception.param, "url")
+
+            tested = admin.webhooks.test(created.id, event_type="response.completed")
+            self.assertEqual((tested.status_code, tested.success), (200, True))
+            event = receiver.wait_event(created.signing_secret,
+                                        lambda e: e.id.startswith("evt_test"))
+            self.assertEqual(event.type, "response.completed")
+
+            sync = self.client.responses.create(model=MODEL, input=PROMPT, max_output_tokens=4)
+            background = self.client.responses.create(
+                model=MODEL, input=PROMPT, max_output_tokens=4, background=True)
+            event = receiver.wait_event(created.signing_secret,
+                                        lambda e: e.data.id == background.id)
+            self.assertEqual(event.type, "response.completed")
+            self.assertTrue(event.id.startswith("evt_"), event.id)
+            self.assertGreater(event.created_at, 0)
+            self.assertNotIn(sync.id, [e.data.id for e in receiver.events(created.signing_secret)])
+            headers, _ = [d for d in receiver.received() if b'"' + background.id.encode() in d[1]][0]
+            self.assertEqual(headers["webhook-id"], event.id)
+
+            deliveries = admin.get(f"/webhook_endpoints/{created.id}/deliveries",
+                                   cast_to=object)
+            delivered = [d for d in deliveries["data"] if d["event_id"] == event.id]
+            self.assertEqual(delivered[0]["status"], "delivered", deliveries)
+            self.assertEqual(delivered[0]["attempts"], 1)
+
+            rotated = admin.webhooks.rotate_secret(created.id)
+            self.assertNotEqual(rotated.signing_secret, created.signing_secret)
+            again = self.client.responses.create(
+                model=MODEL, input=PROMPT, max_output_tokens=4, background=True)
+            receiver.wait_event(rotated.signing_secret, lambda e: e.data.id == again.id)
+            last_headers, last_body = [d for d in receiver.received()
+                                       if again.id.encode() in d[1]][0]
+            with self.assertRaises(openai.InvalidWebhookSignatureError):
+                OpenAI(api_key="x", base_url=BASE_URL,
+                       webhook_secret=created.signing_secret).webhooks.unwrap(last_body,
+                                                                              last_headers)
+            deleted = admin.webhooks.delete(created.id)
+            self.assertTrue(deleted.deleted)
+            with self.assertRaises(openai.NotFoundError):
+                admin.webhooks.retrieve(created.id)
+        finally:
+            receiver.close()
+            admin.close()
+
+    def test_31_webhook_retries_keep_one_id(self):
+        """A receiver that answers 500 three times and then 200 gets the event four times, each
+        with the same webhook-id; a hanging receiver (another endpoint) holds up neither the
+        tasks nor the first endpoint's deliveries."""
+        failing = Receiver(answers=[500, 500, 500])
+        hanging = Receiver(answers=[None] * 10, hang=20.0)
+        admin = sdk(ADMIN_TOKEN)
+        endpoints = []
+        try:
+            for name, receiver in (("failing", failing), ("hanging", hanging)):
+                endpoints.append(admin.webhooks.create(
+                    name=name, url=receiver.url, event_types=["response.completed"]))
+            secret = endpoints[0].signing_secret
+            first = self.client.responses.create(
+                model=MODEL, input=PROMPT, max_output_tokens=4, background=True)
+            wait_for("four attempts", lambda: len(
+                [e for e in failing.events(secret) if e.data.id == first.id]) == 4)
+            event = failing.wait_event(secret, lambda e: e.data.id == first.id)
+            ids = [h["webhook-id"] for h, body in failing.received() if first.id.encode() in body]
+            self.assertEqual(len(ids), 4, ids)
+            self.assertEqual(set(ids), {event.id})
+            # The hanging endpoint has the same event in flight; later work still completes
+            # and is delivered to the first endpoint.
+            more = [self.client.responses.create(model=MODEL, input=PROMPT, max_output_tokens=4,
+                                                 background=True) for _ in range(3)]
+            for response in more:
+                failing.wait_event(secret, lambda e, r=response: e.data.id == r.id)
+                self.assertEqual(self.client.responses.retrieve(response.id).status, "completed")
+        finally:
+            for endpoint in endpoints:
+                admin.webhooks.delete(endpoint.id)
+            failing.close()
+            hanging.close()
+            admin.close()
+
+    def test_32_webhook_survives_kill_9(self):
+        """A delivery whose receiver failed when its response completed, then a kill -9 and a
+        restart of the server: the event is delivered after the restart, with its id."""
+        receiver = Receiver(answers=[503] * 3)
+        admin = sdk(ADMIN_TOKEN)
+        try:
+            endpoint = admin.webhooks.create(name="restart", url=receiver.url,
+                                             event_types=["response.completed", "batch.completed"])
+            response = self.client.responses.create(
+                model=MODEL, input=PROMPT, max_output_tokens=4, background=True)
+            wait_for("a first failed attempt",
+                     lambda: any(response.id.encode() in b for _, b in receiver.received()))
+            restarted = os.path.join(CONTROL_DIR, "restarted")
+            with open(os.path.join(CONTROL_DIR, "restart"), "w", encoding="utf-8"):
+                pass
+            wait_for("the server to restart", lambda: os.path.exists(restarted))
+            os.remove(restarted)
+            event = receiver.wait_event(endpoint.signing_secret,
+                                        lambda e: e.data.id == response.id, deadline=60.0)
+            self.assertEqual(event.type, "response.completed")
+            batch_file = self.client.files.create(
+                file=("one.jsonl", jsonl([{"custom_id": "a", "method": "POST",
+                                           "url": "/v1/responses",
+                                           "body": {"model": MODEL, "input": PROMPT,
+                                                    "max_output_tokens": 2}}])),
+                purpose="batch")
+            batch = self.client.batches.create(input_file_id=batch_file.id,
+                                               endpoint="/v1/responses", completion_window="24h")
+            event = receiver.wait_event(endpoint.signing_secret,
+                                        lambda e: e.data.id == batch.id, deadline=60.0)
+            self.assertEqual(event.type, "batch.completed")
+            admin.webhooks.delete(endpoint.id)
+        finally:
+            receiver.close()
+            admin.close()
 
 
 def main():

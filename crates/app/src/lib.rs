@@ -27,6 +27,7 @@ mod settings;
 mod shared;
 mod submit;
 mod tasks;
+mod webhooks;
 mod worker;
 
 pub use batches::{BatchRequest, BatchWire, FileContent, ReadLine, Received};
@@ -45,6 +46,7 @@ pub use service::{Adapters, Service, Started};
 pub use settings::Settings;
 pub use submit::{Delivery, FromTask, KeptReply, TaskAnswer, TaskReplies, TaskReply};
 pub use tasks::{Cancel, CancelState, TaskQuery};
+pub use webhooks::{EndpointUpdate, WebhookSettings, MAX_LISTED_DELIVERIES};
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
 use lmsp_domain::ports::{CommitStats, PurgeReport, RecoveryReport};
+use lmsp_domain::webhooks::Delivery;
 use lmsp_domain::{Event, EventKind, TaskStatus};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -42,6 +43,7 @@ pub struct Metrics {
     purged_idempotency_keys: Counter,
     purge_runs: Counter,
     log_lines_dropped: Counter,
+    webhook_attempts: Family<OutcomeLabel, Counter>,
     dropped_source: std::sync::Mutex<Option<DroppedLines>>,
 }
 
@@ -139,6 +141,13 @@ impl Metrics {
             "Log lines dropped because the log sink was slow or broken (no reply waits for it)",
             log_lines_dropped.clone(),
         );
+        let webhook_attempts = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "webhook_attempts",
+            "Webhook delivery attempts, by outcome: delivered (2xx), retried (else, tried again \
+             later), given_up (the retry period ran out)",
+            webhook_attempts.clone(),
+        );
         Self {
             registry,
             tasks,
@@ -154,6 +163,7 @@ impl Metrics {
             purged_idempotency_keys,
             purge_runs,
             log_lines_dropped,
+            webhook_attempts,
             dropped_source: std::sync::Mutex::new(None),
         }
     }
@@ -191,6 +201,20 @@ impl Metrics {
     /// Records expired idempotency keys removed.
     pub fn record_purged_keys(&self, keys: u64) {
         self.purged_idempotency_keys.inc_by(keys);
+    }
+
+    /// Records one webhook delivery attempt, as the delivery stands after it.
+    pub fn record_webhook_attempt(&self, delivery: &Delivery) {
+        let outcome = if delivery.delivered_at.is_some() {
+            "delivered"
+        } else if delivery.given_up_at.is_some() {
+            "given_up"
+        } else {
+            "retried"
+        };
+        self.webhook_attempts
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
     }
 
     /// Records a completed purge pass.

@@ -9,7 +9,7 @@ use std::time::Duration;
 use lmsp_domain::auth::{Scope, Scopes, Secret};
 use lmsp_domain::ports::{
     Clock, EngineHealth, FileContents, InstanceInfo, ModelFiles, RecoveryReport, Registration,
-    ServiceIdentity, Store,
+    ServiceIdentity, Store, WebhookSender,
 };
 use lmsp_domain::{EngineKind, InstanceId, ServiceId, Timestamp};
 
@@ -38,6 +38,8 @@ pub struct Adapters {
     pub file_contents: Arc<dyn FileContents>,
     /// How batch lines are read and answered (the driving adapter's request shapes).
     pub batch_wire: Arc<dyn BatchWire>,
+    /// How webhook deliveries are sent.
+    pub webhook_sender: Arc<dyn WebhookSender>,
     /// The clock.
     pub clock: Arc<dyn Clock>,
 }
@@ -81,6 +83,8 @@ pub(crate) struct Inner {
     pub(crate) batch_wire: Arc<dyn BatchWire>,
     /// Wakes the batch upkeep (a batch was created or cancelled).
     pub(crate) batch_upkeep: tokio::sync::Notify,
+    /// Sends webhook deliveries.
+    pub(crate) webhook_sender: Arc<dyn WebhookSender>,
 }
 
 /// The running service: cheap to clone, shared by every request handler.
@@ -117,6 +121,7 @@ impl Service {
             model_files,
             file_contents,
             batch_wire,
+            webhook_sender,
             clock,
         } = adapters;
         let now = clock.now();
@@ -160,6 +165,7 @@ impl Service {
             contents: file_contents,
             batch_wire,
             batch_upkeep: tokio::sync::Notify::new(),
+            webhook_sender,
         };
         Ok(Started {
             service: Self {
@@ -188,6 +194,7 @@ impl Service {
             Arc::clone(&self.inner.contents),
         ));
         jobs.spawn(self.clone().run_batch_upkeep());
+        jobs.spawn(self.clone().run_deliverer());
         jobs.spawn(jobs::run_lease(Arc::clone(&core), Arc::clone(&life)));
         jobs.spawn(jobs::run_rescuer(
             Arc::clone(&core),

@@ -5,6 +5,7 @@ use std::time::Duration;
 use lmsp_domain::{RestartPolicy, TierAging};
 
 use crate::retry::RetryPolicy;
+use crate::webhooks::WebhookSettings;
 
 /// How the service behaves; built by the binary from flags and environment.
 #[derive(Debug, Clone)]
@@ -41,6 +42,8 @@ pub struct Settings {
     pub max_queued: Option<u32>,
     /// The largest file a client may upload, in bytes.
     pub max_file_bytes: u64,
+    /// How webhook deliveries are sent and retried.
+    pub webhooks: WebhookSettings,
 }
 
 impl Settings {
@@ -62,6 +65,7 @@ impl Settings {
             tier_aging: TierAging::DEFAULT,
             max_queued: None,
             max_file_bytes: 200 * 1024 * 1024,
+            webhooks: WebhookSettings::default(),
         }
     }
 }

@@ -17,7 +17,7 @@ use lmsp_storage_sqlite::{
     FileDir, NoListener, RestartBudget, SqliteOptions, SqliteStore, SyncMode,
 };
 
-use support::{engine_with, files_ok, settings, NoBatchLines};
+use support::{engine_with, files_ok, settings, NoBatchLines, NoReceivers};
 
 /// A started service on a SQLite store with `budget`; the store reports to `heard` (the
 /// service's listener, or one that hears nothing).
@@ -51,6 +51,7 @@ async fn start(budget: RestartBudget, told: bool) -> Running {
         model_files: Arc::new(files_ok()),
         file_contents: Arc::new(FileDir::open(&dir.path().join("files")).unwrap()),
         batch_wire: Arc::new(NoBatchLines),
+        webhook_sender: Arc::new(NoReceivers),
         clock: Arc::new(SystemClock),
     };
     let started = Service::start(

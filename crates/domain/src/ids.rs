@@ -118,6 +118,13 @@ prefixed_id!(
     "batch"
 );
 
+prefixed_id!(
+    /// Identifies a webhook endpoint (`we_…`).
+    WebhookEndpointId,
+    "we_",
+    "webhook endpoint"
+);
+
 /// The id of an output item of a task's response (`msg_…`): the message one run of the task
 /// produces. It is derived from the task and the item's `output_index`, so it needs no storage
 /// and a resumed run continues the same item.

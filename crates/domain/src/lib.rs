@@ -24,6 +24,7 @@ pub mod time;
 pub mod tools;
 pub mod transition;
 pub mod validation;
+pub mod webhooks;
 pub mod worker;
 pub mod writes;
 
@@ -32,6 +33,7 @@ pub use error_code::TaskErrorCode;
 pub use event::{CallItem, ClosedItem, Event, EventKind, EventPayload, QueueReason};
 pub use ids::{
     BatchId, ClientId, FileId, InstanceId, ItemId, MalformedId, ResponseId, ServiceId, TaskId,
+    WebhookEndpointId,
 };
 pub use model::{
     Digest, EngineKind, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource,

@@ -99,6 +99,18 @@ fn api() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(routes::batches::get_batch))
         .routes(routes!(routes::batches::cancel_batch))
+        .routes(routes!(
+            routes::webhooks::create_endpoint,
+            routes::webhooks::list_endpoints
+        ))
+        .routes(routes!(
+            routes::webhooks::get_endpoint,
+            routes::webhooks::update_endpoint,
+            routes::webhooks::delete_endpoint
+        ))
+        .routes(routes!(routes::webhooks::rotate_secret))
+        .routes(routes!(routes::webhooks::test_endpoint))
+        .routes(routes!(routes::webhooks::list_deliveries))
 }
 
 /// The OpenAPI 3.1 document of the routes [`router`] serves (`GET /v1/openapi.json`).

@@ -71,7 +71,9 @@ pub const BEARER: &str = "bearer";
         (name = "files", description = "Files: batch input uploads, batch output and error \
             files (OpenAI's Files API)."),
         (name = "batches", description = "Batches of requests run as durable tasks (OpenAI's \
-            Batch API).")
+            Batch API)."),
+        (name = "webhooks", description = "Webhook endpoints and their deliveries (Standard \
+            Webhooks, as OpenAI sends them).")
     )
 )]
 pub struct ApiDoc;

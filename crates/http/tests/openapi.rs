@@ -33,6 +33,7 @@ use lmsp_http::wire::batches::HttpBatchWire;
 use lmsp_http::{router, AppState};
 use lmsp_models_fs::FsModelFiles;
 use lmsp_storage_sqlite::{FileDir, SqliteOptions, SqliteStore};
+use lmsp_webhook_sender::HttpWebhookSender;
 
 /// A service over a fresh data directory, its router, and an admin token.
 struct TestApp {
@@ -131,6 +132,7 @@ async fn test_app_with(upstream: Option<Arc<dyn Engine>>) -> TestApp {
         model_files,
         file_contents: Arc::new(FileDir::open(&data_dir.path().join("files")).unwrap()),
         batch_wire: Arc::new(HttpBatchWire),
+        webhook_sender: Arc::new(HttpWebhookSender::new(Duration::from_secs(2)).unwrap()),
         clock,
     };
     // Starting on an empty store creates the `admin` client (its token shown once) and

@@ -229,6 +229,17 @@ pub struct ServeArgs {
     #[arg(long, env = "LMSP_MAX_FILE_BYTES", default_value_t = 200 * 1024 * 1024,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub max_file_bytes: u64,
+    /// How long a webhook receiver has to answer one delivery attempt; no answer in time counts
+    /// as a failed attempt, tried again later.
+    #[arg(long, env = "LMSP_WEBHOOK_TIMEOUT", default_value = "10s", value_parser = positive_duration)]
+    pub webhook_timeout: Duration,
+    /// The wait before a failed webhook delivery is tried again the first time; it doubles with
+    /// each attempt (±20 %), at most an hour apart.
+    #[arg(long, env = "LMSP_WEBHOOK_RETRY_BASE", default_value = "1s", value_parser = positive_duration)]
+    pub webhook_retry_base: Duration,
+    /// How long after its event a webhook delivery is tried again before it is given up.
+    #[arg(long, env = "LMSP_WEBHOOK_RETRY_FOR", default_value = "72h", value_parser = positive_duration)]
+    pub webhook_retry_for: Duration,
     /// Log format on stderr (`RUST_LOG` filters, default `info`).
     #[arg(long, env = "LMSP_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use lmsp_app::{Adapters, Engines, Listener, Service, Settings, SystemClock};
+use lmsp_app::{Adapters, Engines, Listener, Service, Settings, SystemClock, WebhookSettings};
 use lmsp_domain::ports::{Clock, Engine, FileContents, ModelFiles, Store, StoreListener};
+use lmsp_domain::webhooks::RetryPolicy;
 use lmsp_domain::{EngineKind, TierAging};
 use lmsp_engine_llama::{CheckpointSettings, LlamaEngine, LlamaSettings};
 use lmsp_engine_openai::{OpenAiEngine, OpenAiSettings};
@@ -24,6 +25,7 @@ use lmsp_http::{router, AppState};
 use lmsp_models_fs::FsModelFiles;
 use lmsp_storage_postgres::{PostgresOptions, PostgresStore};
 use lmsp_storage_sqlite::{FileDir, SqliteOptions, SqliteStore, SyncMode, WriterStatus};
+use lmsp_webhook_sender::HttpWebhookSender;
 use tokio::sync::watch;
 
 use crate::cli::{EngineFlag, ServeArgs, SyncFlag};
@@ -155,6 +157,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .unwrap_or_default();
     settings.max_queued = args.max_queued;
     settings.max_file_bytes = args.max_file_bytes;
+    let as_millis = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    settings.webhooks = WebhookSettings {
+        timeout: args.webhook_timeout,
+        retry: RetryPolicy {
+            base_ms: as_millis(args.webhook_retry_base),
+            max_ms: RetryPolicy::DEFAULT
+                .max_ms
+                .max(as_millis(args.webhook_retry_base)),
+            retry_for_ms: as_millis(args.webhook_retry_for),
+        },
+    };
     if args.data.database.is_some() {
         settings.instance_name = args.instance.clone().unwrap_or_else(host_name);
         // Notifications from other instances may be lost (a dropped LISTEN connection): a poll
@@ -167,6 +180,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         model_files,
         file_contents,
         batch_wire: Arc::new(HttpBatchWire),
+        webhook_sender: Arc::new(
+            HttpWebhookSender::new(Duration::from_secs(5))
+                .context("cannot build the webhook sender")?,
+        ),
         clock,
     };
     let started = Service::start(adapters, listener, settings).await?;

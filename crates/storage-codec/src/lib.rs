@@ -16,6 +16,7 @@ pub mod events;
 pub mod records;
 pub mod recovery;
 pub mod rows;
+pub mod webhooks;
 
 pub use batches::{
     batch_key, file_key, BatchRow, FileRow, StagedRow, BATCH_COLUMNS, FILE_COLUMNS, STAGING_COLUMNS,
@@ -30,6 +31,7 @@ pub use rows::{
     derived_response_id, error_text, from_i64, key_of, stored_response_id, tier_of, tier_rank,
     to_i64, u32_of, ulid_of, TaskRow, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
 };
+pub use webhooks::{endpoint_key, DeliveryRow, EndpointRow, DELIVERY_COLUMNS, ENDPOINT_COLUMNS};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -70,6 +70,7 @@ pub mod schedule;
 pub mod single_process;
 pub mod steps;
 pub mod tasks;
+pub mod webhooks;
 
 mod macros;
 
@@ -144,6 +145,7 @@ mod tests {
             ("single_process", include_str!("single_process.rs")),
             ("steps", include_str!("steps.rs")),
             ("tasks", include_str!("tasks.rs")),
+            ("webhooks", include_str!("webhooks.rs")),
         ];
         let mut checks = 0;
         for (module, source) in modules {

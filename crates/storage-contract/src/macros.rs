@@ -88,6 +88,13 @@ macro_rules! storage_contract_tests {
             output::completing_stores_the_response_drops_the_snapshot_and_closes_the_item_p3,
             output::a_completion_without_output_opens_and_closes_its_item,
             output::a_failure_stores_its_error_and_drops_the_snapshot,
+            webhooks::webhook_endpoints_are_stored_listed_newest_first_rewritten_and_removed,
+            webhooks::a_background_response_that_ends_records_one_webhook_delivery_per_subscribed_endpoint,
+            webhooks::a_batch_that_ends_records_one_webhook_delivery_per_subscribed_endpoint,
+            webhooks::recovery_that_fails_a_background_response_records_its_webhook_delivery_p7,
+            webhooks::claimed_webhook_deliveries_are_leased_per_endpoint_until_their_lease_runs_out,
+            webhooks::a_recorded_webhook_attempt_is_stored_and_ends_the_lease,
+            webhooks::removing_a_webhook_endpoint_removes_its_deliveries,
         );
     };
 }

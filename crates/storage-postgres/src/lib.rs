@@ -21,6 +21,9 @@
 //! - Files' bytes are rows of the shared database ([`PostgresStore::file_contents`]), so every
 //!   instance reads what any of them wrote; a batch's counts are kept by a trigger in the
 //!   transaction of each of its tasks' ends (schema version 4).
+//! - Webhook deliveries are an outbox written by triggers in the transaction of the end they
+//!   announce (schema version 5); claims lease them under an advisory lock with `SKIP LOCKED`,
+//!   so instances never send one twice at once nor two of a busy endpoint.
 
 #![warn(missing_docs)]
 

@@ -11,19 +11,22 @@ use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
 };
-use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::ids::{
+    BatchId, ClientId, FileId, InstanceId, ResponseId, TaskId, WebhookEndpointId,
+};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
     BatchPurge, BatchStore, CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome,
     FileDeleteOutcome, IdempotencyStore, Initialized, InstanceInfo, InstanceStore, KeyedInsert,
     ModelStore, Page, PurgeReport, RecoveryReport, Redemption, Registration, ServiceIdentity,
-    ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore,
+    ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore, WebhookStore,
 };
 use lmsp_domain::schedule::{ClientLimits, TierAging};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
+use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
 use tokio_postgres::{IsolationLevel, NoTls};
 
 /// A reply of another kind than its request's (a bug of the writer, never a caller's).
@@ -761,5 +764,91 @@ impl BatchStore for PostgresStore {
             })
         })
         .await
+    }
+}
+
+#[async_trait]
+impl WebhookStore for PostgresStore {
+    async fn insert_endpoint(&self, endpoint: WebhookEndpoint) -> Result<(), StoreError> {
+        self.write(false, move |tx| {
+            let endpoint = endpoint.clone();
+            Box::pin(async move {
+                ops::webhooks::insert_endpoint(tx, &endpoint)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn endpoint(&self, id: WebhookEndpointId) -> Result<Option<WebhookEndpoint>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::webhooks::endpoint(pg(&conn), id).await?)
+    }
+
+    async fn list_endpoints(
+        &self,
+        before: Option<WebhookEndpointId>,
+        limit: usize,
+    ) -> Result<Page<WebhookEndpoint>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::webhooks::list_endpoints(pg(&conn), before, limit).await?)
+    }
+
+    async fn update_endpoint(&self, endpoint: WebhookEndpoint) -> Result<bool, StoreError> {
+        self.write(false, move |tx| {
+            let endpoint = endpoint.clone();
+            Box::pin(async move {
+                ops::webhooks::update_endpoint(tx, &endpoint)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn delete_endpoint(&self, id: WebhookEndpointId) -> Result<bool, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move { ops::webhooks::delete_endpoint(tx, id).await.map(no_events) })
+        })
+        .await
+    }
+
+    async fn claim_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        per_endpoint: usize,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        self.write(false, move |tx| {
+            Box::pin(async move {
+                ops::webhooks::claim_deliveries(tx, now, lease_until, per_endpoint, limit)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn record_attempt(&self, delivery: Delivery) -> Result<(), StoreError> {
+        self.write(false, move |tx| {
+            let delivery = delivery.clone();
+            Box::pin(async move {
+                ops::webhooks::record_attempt(tx, &delivery)
+                    .await
+                    .map(no_events)
+            })
+        })
+        .await
+    }
+
+    async fn deliveries(
+        &self,
+        endpoint: WebhookEndpointId,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::webhooks::deliveries(pg(&conn), endpoint, limit).await?)
     }
 }

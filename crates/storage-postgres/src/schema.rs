@@ -273,9 +273,97 @@ CREATE TRIGGER batch_counts AFTER UPDATE OF status ON tasks FOR EACH ROW
     EXECUTE FUNCTION lmsp_batch_counts();
 "#;
 
+/// Version 5: webhooks (the SQLite adapter's version 5). `webhook_endpoints` holds the endpoints
+/// (`event_types`: the names between single spaces, with a space before the first and after the
+/// last, so that a trigger finds one with `strpos`); `webhook_deliveries` is the outbox, one row
+/// per event and endpoint, `leased_until` set while a deliverer holds it.
+///
+/// The two triggers record an event's deliveries, one per endpoint subscribed to it then, due at
+/// once, in the same transaction as the end they announce (an outbox: an event is never lost, and
+/// never announces an end that was rolled back), on every write path that moves a task or a
+/// batch (`UPDATE … SET status = …`: the group-committed steps and cancels, recovery, the batch
+/// steps): `lmsp_webhook_task_event` as the domain's `webhooks::task_event` (a background
+/// response's task that completed, failed or was cancelled), `lmsp_webhook_batch_event` as
+/// `webhooks::batch_event` (a batch that ended). Each fires per row, once, on the move from an
+/// unfinished status to a finished one; the event id is `evt_` and the subject's 32 lower-case
+/// hex digits, as `webhooks::event_id` writes it (`encode(…, 'hex')` is lower-case).
+const V5: &str = r#"
+CREATE TABLE webhook_endpoints (
+    id                   BYTEA PRIMARY KEY,
+    name                 TEXT NOT NULL,
+    url                  TEXT NOT NULL,
+    event_types          TEXT NOT NULL,
+    secret               TEXT NOT NULL,
+    previous_secret      TEXT,
+    previous_valid_until BIGINT,
+    created_at           BIGINT NOT NULL,
+    updated_at           BIGINT NOT NULL
+);
+
+CREATE TABLE webhook_deliveries (
+    endpoint_id     BYTEA NOT NULL,
+    event_id        TEXT NOT NULL,
+    event_type      TEXT NOT NULL,
+    subject         BYTEA NOT NULL,
+    created_at      BIGINT NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at BIGINT,
+    leased_until    BIGINT,
+    last_status     INTEGER,
+    last_error      TEXT,
+    last_attempt_at BIGINT,
+    delivered_at    BIGINT,
+    given_up_at     BIGINT,
+    PRIMARY KEY (endpoint_id, event_id)
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at)
+    WHERE next_attempt_at IS NOT NULL;
+CREATE INDEX webhook_deliveries_recent ON webhook_deliveries (endpoint_id, created_at);
+
+-- `webhooks::task_event`: a background response's task that completed, failed or was cancelled.
+CREATE FUNCTION lmsp_webhook_task_event() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO webhook_deliveries
+        (endpoint_id, event_id, event_type, subject, created_at, next_attempt_at)
+    SELECT e.id, 'evt_' || encode(NEW.id, 'hex'), 'response.' || NEW.status, NEW.id,
+        coalesce(NEW.finished_at, 0), coalesce(NEW.finished_at, 0)
+    FROM webhook_endpoints e
+    WHERE strpos(e.event_types, ' response.' || NEW.status || ' ') > 0
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER webhook_task_events AFTER UPDATE OF status ON tasks FOR EACH ROW
+    WHEN (NEW.background
+        AND OLD.status IN ('queued', 'loading', 'running', 'cancelling')
+        AND NEW.status IN ('completed', 'failed', 'cancelled'))
+    EXECUTE FUNCTION lmsp_webhook_task_event();
+
+-- `webhooks::batch_event`: a batch that ended; the event's time is the end's.
+CREATE FUNCTION lmsp_webhook_batch_event() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO webhook_deliveries
+        (endpoint_id, event_id, event_type, subject, created_at, next_attempt_at)
+    SELECT e.id, 'evt_' || encode(NEW.id, 'hex'), 'batch.' || NEW.status, NEW.id,
+        coalesce(NEW.completed_at, NEW.failed_at, NEW.cancelled_at, NEW.expired_at, 0),
+        coalesce(NEW.completed_at, NEW.failed_at, NEW.cancelled_at, NEW.expired_at, 0)
+    FROM webhook_endpoints e
+    WHERE strpos(e.event_types, ' batch.' || NEW.status || ' ') > 0
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER webhook_batch_events AFTER UPDATE OF status ON batches FOR EACH ROW
+    WHEN (OLD.status IN ('validating', 'in_progress', 'finalizing', 'cancelling')
+        AND NEW.status IN ('completed', 'failed', 'cancelled', 'expired'))
+    EXECUTE FUNCTION lmsp_webhook_batch_event();
+"#;
+
 /// The migrations, in order: version `n` is `MIGRATIONS[n - 1]`. Never edit a released one;
 /// append a new version.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -470,3 +470,98 @@ async fn concurrent_line_ends_in_two_processes_count_each_line_once() {
     assert_eq!(stored.counts.completed, u64::from(LINES / 3));
     assert_eq!(stored.counts.failed, u64::from(LINES - LINES / 3));
 }
+
+/// `WebhookStore::claim_deliveries` from two processes at once: claims racing in both take each
+/// delivery once, and never two of one endpoint while one of its deliveries is leased (claims
+/// take their turn under an advisory lock, and lock the rows they lease with `SKIP LOCKED`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_webhook_claims_in_two_processes_take_each_delivery_once() {
+    use std::collections::HashSet;
+
+    use lmsp_domain::ids::WebhookEndpointId;
+    use lmsp_domain::ports::WebhookStore;
+    use lmsp_domain::recovery::RestartPolicy;
+    use lmsp_domain::status::TaskStatus;
+    use lmsp_domain::webhooks::{AttemptOutcome, RetryPolicy, WebhookEndpoint, WebhookEventType};
+    use lmsp_storage_contract::{self as contract, RecordingListener};
+
+    const ENDPOINTS: usize = 6;
+    const TASKS: usize = 5;
+    let factory = Postgres::new();
+    let (first, _heard) = contract::fresh_store(&factory).await;
+    let second = factory
+        .another_process(&first, RecordingListener::new())
+        .await;
+    for n in 0..ENDPOINTS {
+        first
+            .insert_endpoint(WebhookEndpoint {
+                id: WebhookEndpointId::from_ulid(contract::ulid()),
+                name: format!("receiver {n}"),
+                url: format!("https://hooks.example/{n}"),
+                event_types: vec![WebhookEventType::ResponseCompleted],
+                secret: String::from("whsec_c2VjcmV0"),
+                previous_secret: None,
+                created_at: contract::time(0),
+                updated_at: contract::time(0),
+            })
+            .await
+            .unwrap();
+    }
+    let worker = contract::instance_id();
+    for _ in 0..TASKS {
+        let task = contract::TaskBuilder::new(worker)
+            .background()
+            .policy(RestartPolicy::Fail)
+            .build();
+        contract::support::task_in(&first, task, worker, TaskStatus::Completed).await;
+    }
+
+    let stores = [&first, &second];
+    let mut taken = HashSet::new();
+    for round in 0..=TASKS as i64 {
+        let now = contract::time(1_000 + round);
+        let claims = (0..8).map(|n| {
+            let store = stores[n % 2];
+            async move {
+                store
+                    .claim_deliveries(now, now.plus_millis(60_000), 2, 1)
+                    .await
+                    .unwrap()
+            }
+        });
+        let claimed: Vec<_> = futures::future::join_all(claims)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        let endpoints: HashSet<_> = claimed.iter().map(|d| d.endpoint_id).collect();
+        assert_eq!(
+            endpoints.len(),
+            claimed.len(),
+            "round {round}: one leased delivery per endpoint at most"
+        );
+        let expected = if round < TASKS as i64 { ENDPOINTS } else { 0 };
+        assert_eq!(
+            claimed.len(),
+            expected,
+            "round {round}: one of each endpoint"
+        );
+        for delivery in claimed {
+            assert!(
+                taken.insert((delivery.endpoint_id, delivery.event_id.clone())),
+                "taken twice: {delivery:?}"
+            );
+            let delivered = delivery.after_attempt(
+                AttemptOutcome::Answered(200),
+                &RetryPolicy::DEFAULT,
+                now,
+                0.0,
+            );
+            stores[round as usize % 2]
+                .record_attempt(delivered)
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(taken.len(), ENDPOINTS * TASKS);
+}

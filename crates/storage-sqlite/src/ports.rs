@@ -9,19 +9,22 @@ use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
 };
-use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, ResponseId, TaskId};
+use lmsp_domain::ids::{
+    BatchId, ClientId, FileId, InstanceId, ResponseId, TaskId, WebhookEndpointId,
+};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
     BatchPurge, BatchStore, CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome,
     FileDeleteOutcome, IdempotencyStore, Initialized, InstanceInfo, InstanceStore, KeyedInsert,
     ModelStore, Page, PurgeReport, RecoveryReport, Redemption, Registration, ServiceIdentity,
-    ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore,
+    ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore, WebhookStore,
 };
 use lmsp_domain::schedule::{ClientLimits, TierAging};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
+use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
 
 fn no_events<T>(value: T) -> (T, Vec<Event>) {
     (value, Vec::new())
@@ -547,5 +550,72 @@ impl BatchStore for SqliteStore {
             ops::batches::purge_batches(conn, cutoff, batch).map(no_events)
         }))
         .await
+    }
+}
+
+#[async_trait]
+impl WebhookStore for SqliteStore {
+    async fn insert_endpoint(&self, endpoint: WebhookEndpoint) -> Result<(), StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::webhooks::insert_endpoint(conn, &endpoint).map(no_events)
+        }))
+        .await
+    }
+
+    async fn endpoint(&self, id: WebhookEndpointId) -> Result<Option<WebhookEndpoint>, StoreError> {
+        self.point_read(|conn| ops::webhooks::endpoint(conn, id))
+    }
+
+    async fn list_endpoints(
+        &self,
+        before: Option<WebhookEndpointId>,
+        limit: usize,
+    ) -> Result<Page<WebhookEndpoint>, StoreError> {
+        self.read(move |conn| ops::webhooks::list_endpoints(conn, before, limit))
+            .await
+    }
+
+    async fn update_endpoint(&self, endpoint: WebhookEndpoint) -> Result<bool, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::webhooks::update_endpoint(conn, &endpoint).map(no_events)
+        }))
+        .await
+    }
+
+    async fn delete_endpoint(&self, id: WebhookEndpointId) -> Result<bool, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::webhooks::delete_endpoint(conn, id).map(no_events)
+        }))
+        .await
+    }
+
+    async fn claim_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        per_endpoint: usize,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::webhooks::claim_deliveries(conn, now, lease_until, per_endpoint, limit)
+                .map(no_events)
+        }))
+        .await
+    }
+
+    async fn record_attempt(&self, delivery: Delivery) -> Result<(), StoreError> {
+        self.write(Box::new(move |conn| {
+            ops::webhooks::record_attempt(conn, &delivery).map(no_events)
+        }))
+        .await
+    }
+
+    async fn deliveries(
+        &self,
+        endpoint: WebhookEndpointId,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        self.read(move |conn| ops::webhooks::deliveries(conn, endpoint, limit))
+            .await
     }
 }

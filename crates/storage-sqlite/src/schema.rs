@@ -2,8 +2,8 @@
 //! `PRAGMA user_version`). Version 1 is the layout of the first release; version 2 adds instances
 //! and ownership, output items, upstream models, sticky model deletions, and idempotency records
 //! that hold a key across processes; version 3 adds service tiers, client limits and the state
-//! fair claims need; version 4 adds files and batches. A migration that moves data does so in
-//! Rust, in the same transaction as its SQL.
+//! fair claims need; version 4 adds files and batches; version 5 webhooks. A migration that
+//! moves data does so in Rust, in the same transaction as its SQL.
 
 use rusqlite::{params, Connection, Transaction};
 use rusqlite_migration::{HookError, HookResult, Migrations, M};
@@ -352,17 +352,82 @@ BEGIN
 END;
 "#;
 
+/// Version 5: webhooks. `webhook_endpoints` holds the endpoints (`event_types` as the names
+/// between single spaces, with a space before the first and after the last, so a trigger finds
+/// one with `instr`); `webhook_deliveries` is the outbox, one row per event and endpoint. The two
+/// triggers write an event's deliveries in the same transaction as the end it announces, on
+/// every write path, as the domain's `webhooks::task_event` (a background response's task that
+/// completed, failed or was cancelled) and `webhooks::batch_event` (a batch that ended) say; the
+/// event id is `evt_` and the subject's 32 hex digits (`webhooks::event_id`).
+const V5: &str = r#"
+CREATE TABLE webhook_endpoints (
+    id                   BLOB PRIMARY KEY,
+    name                 TEXT NOT NULL,
+    url                  TEXT NOT NULL,
+    event_types          TEXT NOT NULL,
+    secret               TEXT NOT NULL,
+    previous_secret      TEXT,
+    previous_valid_until INTEGER,
+    created_at           INTEGER NOT NULL,
+    updated_at           INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE webhook_deliveries (
+    endpoint_id     BLOB NOT NULL,
+    event_id        TEXT NOT NULL,
+    event_type      TEXT NOT NULL,
+    subject         BLOB NOT NULL,
+    created_at      INTEGER NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at INTEGER,
+    leased_until    INTEGER,
+    last_status     INTEGER,
+    last_error      TEXT,
+    last_attempt_at INTEGER,
+    delivered_at    INTEGER,
+    given_up_at     INTEGER,
+    PRIMARY KEY (endpoint_id, event_id)
+) WITHOUT ROWID;
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at)
+    WHERE next_attempt_at IS NOT NULL;
+CREATE INDEX webhook_deliveries_recent ON webhook_deliveries (endpoint_id, created_at);
+CREATE TRIGGER webhook_task_events AFTER UPDATE OF status ON tasks
+    WHEN NEW.background = 1
+        AND OLD.status IN ('queued', 'loading', 'running', 'cancelling')
+        AND NEW.status IN ('completed', 'failed', 'cancelled')
+BEGIN
+    INSERT OR IGNORE INTO webhook_deliveries
+        (endpoint_id, event_id, event_type, subject, created_at, next_attempt_at)
+    SELECT e.id, 'evt_' || lower(hex(NEW.id)), 'response.' || NEW.status, NEW.id,
+        coalesce(NEW.finished_at, 0), coalesce(NEW.finished_at, 0)
+    FROM webhook_endpoints e
+    WHERE instr(e.event_types, ' response.' || NEW.status || ' ') > 0;
+END;
+CREATE TRIGGER webhook_batch_events AFTER UPDATE OF status ON batches
+    WHEN OLD.status IN ('validating', 'in_progress', 'finalizing', 'cancelling')
+        AND NEW.status IN ('completed', 'failed', 'cancelled', 'expired')
+BEGIN
+    INSERT OR IGNORE INTO webhook_deliveries
+        (endpoint_id, event_id, event_type, subject, created_at, next_attempt_at)
+    SELECT e.id, 'evt_' || lower(hex(NEW.id)), 'batch.' || NEW.status, NEW.id,
+        coalesce(NEW.completed_at, NEW.failed_at, NEW.cancelled_at, NEW.expired_at, 0),
+        coalesce(NEW.completed_at, NEW.failed_at, NEW.cancelled_at, NEW.expired_at, 0)
+    FROM webhook_endpoints e
+    WHERE instr(e.event_types, ' batch.' || NEW.status || ' ') > 0;
+END;
+"#;
+
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(V1),
         M::up_with_hook(V2, move_idempotency_records),
         M::up(V3),
         M::up(V4),
+        M::up(V5),
     ])
 }
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: usize = 4;
+pub const SCHEMA_VERSION: usize = 5;
 
 /// Applies every migration newer than the database's `user_version`, each in its own transaction,
 /// then checks that the layout is the one this build expects.

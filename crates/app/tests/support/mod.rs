@@ -20,6 +20,7 @@ use lmsp_domain::idempotency::{
 };
 use lmsp_domain::ports::*;
 use lmsp_domain::validation::{validate_submit, DraftInput, SubmitDraft};
+use lmsp_domain::webhooks::{AttemptOutcome, Delivery, WebhookEndpoint};
 use lmsp_domain::*;
 use lmsp_storage_sqlite::{FileDir, SqliteOptions, SqliteStore, SyncMode};
 
@@ -406,6 +407,51 @@ impl BatchStore for FaultyStore {
     }
 }
 
+/// Webhooks pass through untouched: the faults are the task write path's.
+#[async_trait]
+impl WebhookStore for FaultyStore {
+    async fn insert_endpoint(&self, endpoint: WebhookEndpoint) -> Result<(), StoreError> {
+        self.inner.insert_endpoint(endpoint).await
+    }
+    async fn endpoint(&self, id: WebhookEndpointId) -> Result<Option<WebhookEndpoint>, StoreError> {
+        self.inner.endpoint(id).await
+    }
+    async fn list_endpoints(
+        &self,
+        before: Option<WebhookEndpointId>,
+        limit: usize,
+    ) -> Result<Page<WebhookEndpoint>, StoreError> {
+        self.inner.list_endpoints(before, limit).await
+    }
+    async fn update_endpoint(&self, endpoint: WebhookEndpoint) -> Result<bool, StoreError> {
+        self.inner.update_endpoint(endpoint).await
+    }
+    async fn delete_endpoint(&self, id: WebhookEndpointId) -> Result<bool, StoreError> {
+        self.inner.delete_endpoint(id).await
+    }
+    async fn claim_deliveries(
+        &self,
+        now: Timestamp,
+        lease_until: Timestamp,
+        per_endpoint: usize,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        self.inner
+            .claim_deliveries(now, lease_until, per_endpoint, limit)
+            .await
+    }
+    async fn record_attempt(&self, delivery: Delivery) -> Result<(), StoreError> {
+        self.inner.record_attempt(delivery).await
+    }
+    async fn deliveries(
+        &self,
+        endpoint: WebhookEndpointId,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        self.inner.deliveries(endpoint, limit).await
+    }
+}
+
 #[async_trait]
 impl IdempotencyStore for FaultyStore {
     async fn claim_key(&self, claim: &KeyClaim, now: Timestamp) -> Result<KeyDecision, StoreError> {
@@ -519,6 +565,24 @@ impl BatchWire for NoBatchLines {
     }
 }
 
+/// The webhook receivers of the app's tests: none answers (no test registers an endpoint; the
+/// end-to-end suite sends to real receivers).
+pub struct NoReceivers;
+
+#[async_trait]
+impl WebhookSender for NoReceivers {
+    async fn send(
+        &self,
+        _url: &str,
+        _event: &OutgoingEvent,
+        _secrets: &[String],
+        _now: Timestamp,
+        _timeout: Duration,
+    ) -> AttemptOutcome {
+        AttemptOutcome::NoAnswer(String::from("no receiver in the app's tests"))
+    }
+}
+
 /// Settings for tests: one worker, fast store retries that give up after `give_up_after`.
 pub fn settings(give_up_after: Duration) -> Settings {
     let mut settings = Settings::with_defaults("test");
@@ -570,6 +634,7 @@ pub async fn harness(
         model_files: Arc::new(files),
         file_contents: Arc::new(FileDir::open(&dir.path().join("files")).unwrap()),
         batch_wire: Arc::new(NoBatchLines),
+        webhook_sender: Arc::new(NoReceivers),
         clock: Arc::new(SystemClock),
     };
     let started = Service::start(adapters, Arc::clone(&listener), settings)

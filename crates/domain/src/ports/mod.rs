@@ -19,6 +19,7 @@ mod idempotency;
 mod instances;
 mod models;
 mod tasks;
+mod webhooks;
 
 pub use batches::{
     BatchPurge, BatchStore, ContentReader, ContentWriter, FileContents, FileDeleteOutcome,
@@ -36,6 +37,7 @@ pub use tasks::{
     CancelOutcome, CreateOutcome, DeleteOutcome, Page, PurgeReport, RecoveryReport, Snapshot,
     StepOutcome, TaskFilter, TaskStore,
 };
+pub use webhooks::{OutgoingEvent, WebhookSender, WebhookStore};
 
 use async_trait::async_trait;
 
@@ -134,7 +136,14 @@ pub trait ServiceStore: Send + Sync {
 
 /// The whole storage port, as the app holds it (`Arc<dyn Store>`).
 pub trait Store:
-    TaskStore + ClientStore + ModelStore + IdempotencyStore + InstanceStore + ServiceStore + BatchStore
+    TaskStore
+    + ClientStore
+    + ModelStore
+    + IdempotencyStore
+    + InstanceStore
+    + ServiceStore
+    + BatchStore
+    + WebhookStore
 {
 }
 
@@ -146,6 +155,7 @@ impl<T> Store for T where
         + InstanceStore
         + ServiceStore
         + BatchStore
+        + WebhookStore
 {
 }
 

@@ -12,6 +12,7 @@ pub mod responses;
 pub mod service;
 pub mod submit;
 pub mod tasks;
+pub mod webhooks;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

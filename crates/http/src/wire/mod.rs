@@ -15,6 +15,7 @@ pub mod requests;
 pub mod service;
 pub mod tools;
 pub mod tools_in;
+pub mod webhooks;
 
 use lmsp_domain::Timestamp;
 

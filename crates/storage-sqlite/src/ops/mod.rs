@@ -14,6 +14,7 @@ pub mod models;
 pub mod purge;
 pub mod service;
 pub mod tasks;
+pub mod webhooks;
 
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};

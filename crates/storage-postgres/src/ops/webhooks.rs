@@ -1,0 +1,270 @@
+//! Webhook endpoints and the outbox of their deliveries (`WebhookStore`).
+//!
+//! No delivery is written here: the `webhook_task_events` and `webhook_batch_events` triggers
+//! (schema version 5) record an event's deliveries in the same transaction as the end they
+//! announce, as the domain's `webhooks::task_event` and `webhooks::batch_event` say, so that no
+//! event is ever lost. Here deliveries are only claimed (leased to one deliverer), updated after
+//! an attempt and read.
+
+use lmsp_domain::ids::WebhookEndpointId;
+use lmsp_domain::ports::Page;
+use lmsp_domain::time::Timestamp;
+use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
+use tokio_postgres::Row;
+
+use crate::codec::{endpoint_key, DeliveryRow, EndpointRow, DELIVERY_COLUMNS, ENDPOINT_COLUMNS};
+use crate::ops::{corrupt, to_i64, Db, Res};
+
+/// The advisory lock the claims of deliveries take (`pg_advisory_xact_lock`), so that claims in
+/// every process take their turn: each sees what the one before leased, and "none of an endpoint
+/// that has a delivery leased now" holds across processes.
+const CLAIM_LOCK: i64 = 0x6c6d_7370_0003;
+
+/// Decodes an endpoint row selected with [`ENDPOINT_COLUMNS`].
+fn decode_endpoint(row: &Row) -> Res<WebhookEndpoint> {
+    Ok(EndpointRow {
+        id: row.try_get(0)?,
+        name: row.try_get(1)?,
+        url: row.try_get(2)?,
+        event_types: row.try_get(3)?,
+        secret: row.try_get(4)?,
+        previous_secret: row.try_get(5)?,
+        previous_valid_until: row.try_get(6)?,
+        created_at: row.try_get(7)?,
+        updated_at: row.try_get(8)?,
+    }
+    .decode()?)
+}
+
+/// Decodes a delivery row selected with [`DELIVERY_COLUMNS`] (`attempts` and `last_status` are
+/// `INTEGER`s).
+fn decode_delivery(row: &Row) -> Res<Delivery> {
+    Ok(DeliveryRow {
+        endpoint_id: row.try_get(0)?,
+        event_id: row.try_get(1)?,
+        event_type: row.try_get(2)?,
+        subject: row.try_get(3)?,
+        created_at: row.try_get(4)?,
+        attempts: i64::from(row.try_get::<_, i32>(5)?),
+        next_attempt_at: row.try_get(6)?,
+        last_status: row.try_get::<_, Option<i32>>(7)?.map(i64::from),
+        last_error: row.try_get(8)?,
+        last_attempt_at: row.try_get(9)?,
+        delivered_at: row.try_get(10)?,
+        given_up_at: row.try_get(11)?,
+    }
+    .decode()?)
+}
+
+/// A count or status in its stored form (`INTEGER`).
+fn int_of(value: i64, what: &str) -> Res<i32> {
+    i32::try_from(value).map_err(|_| corrupt(format!("{what} {value} is out of range")))
+}
+
+/// Stores a new endpoint.
+pub async fn insert_endpoint<C: Db>(db: &C, endpoint: &WebhookEndpoint) -> Res<()> {
+    let row = EndpointRow::encode(endpoint);
+    let sql = format!(
+        "INSERT INTO webhook_endpoints ({ENDPOINT_COLUMNS}) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    );
+    db.execute(
+        &sql,
+        &[
+            &row.id,
+            &row.name,
+            &row.url,
+            &row.event_types,
+            &row.secret,
+            &row.previous_secret,
+            &row.previous_valid_until,
+            &row.created_at,
+            &row.updated_at,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// An endpoint.
+pub async fn endpoint<C: Db>(db: &C, id: WebhookEndpointId) -> Res<Option<WebhookEndpoint>> {
+    let sql = format!("SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id = $1");
+    db.query_opt(&sql, &[&endpoint_key(id).to_vec()])
+        .await?
+        .as_ref()
+        .map(decode_endpoint)
+        .transpose()
+}
+
+/// Endpoints, newest first (ids are ULIDs: their order is creation order), older than `before`.
+pub async fn list_endpoints<C: Db>(
+    db: &C,
+    before: Option<WebhookEndpointId>,
+    limit: usize,
+) -> Res<Page<WebhookEndpoint>> {
+    let fetch = to_i64(limit as u64 + 1)?;
+    let rows = match before {
+        Some(before) => {
+            let sql = format!(
+                "SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id < $1 \
+                 ORDER BY id DESC LIMIT $2"
+            );
+            db.query(&sql, &[&endpoint_key(before).to_vec(), &fetch])
+                .await?
+        }
+        None => {
+            let sql = format!(
+                "SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints ORDER BY id DESC LIMIT $1"
+            );
+            db.query(&sql, &[&fetch]).await?
+        }
+    };
+    let mut items = rows.iter().map(decode_endpoint).collect::<Res<Vec<_>>>()?;
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    Ok(Page { items, has_more })
+}
+
+/// Rewrites an endpoint (every column but its id and `created_at`); `false` when there is none.
+pub async fn update_endpoint<C: Db>(db: &C, endpoint: &WebhookEndpoint) -> Res<bool> {
+    let row = EndpointRow::encode(endpoint);
+    let changed = db
+        .execute(
+            "UPDATE webhook_endpoints SET name = $2, url = $3, event_types = $4, secret = $5, \
+             previous_secret = $6, previous_valid_until = $7, updated_at = $8 WHERE id = $1",
+            &[
+                &row.id,
+                &row.name,
+                &row.url,
+                &row.event_types,
+                &row.secret,
+                &row.previous_secret,
+                &row.previous_valid_until,
+                &row.updated_at,
+            ],
+        )
+        .await?;
+    Ok(changed == 1)
+}
+
+/// Removes an endpoint and its deliveries (in the caller's transaction); `false` when there is
+/// no such endpoint.
+pub async fn delete_endpoint<C: Db>(db: &C, id: WebhookEndpointId) -> Res<bool> {
+    let key = endpoint_key(id).to_vec();
+    // The endpoint first: its row lock orders this delete after a trigger that is writing a
+    // delivery for it, so no delivery of it is left behind.
+    let deleted = db
+        .execute("DELETE FROM webhook_endpoints WHERE id = $1", &[&key])
+        .await?;
+    db.execute(
+        "DELETE FROM webhook_deliveries WHERE endpoint_id = $1",
+        &[&key],
+    )
+    .await?;
+    Ok(deleted == 1)
+}
+
+/// The claim, in one statement: the due deliveries (`next_attempt_at` reached, not leased now)
+/// of the endpoints that have none leased now, ranked per endpoint by when they are due, at most
+/// `$3` of each and `$4` in all, oldest due first, leased until `$2`. The rows are locked with
+/// `SKIP LOCKED` and their due and lease conditions checked again on the row as locked, so two
+/// claims never take the same delivery.
+fn claim_sql() -> String {
+    format!(
+        "WITH ranked AS ( \
+         SELECT d.endpoint_id, d.event_id, d.next_attempt_at, row_number() OVER ( \
+             PARTITION BY d.endpoint_id ORDER BY d.next_attempt_at, d.event_id) AS place \
+         FROM webhook_deliveries d \
+         WHERE d.next_attempt_at <= $1 AND (d.leased_until IS NULL OR d.leased_until < $1) \
+             AND NOT EXISTS (SELECT 1 FROM webhook_deliveries l \
+                 WHERE l.endpoint_id = d.endpoint_id AND l.leased_until >= $1)), \
+     picked AS ( \
+         SELECT d.endpoint_id, d.event_id FROM webhook_deliveries d \
+         JOIN ranked r ON r.endpoint_id = d.endpoint_id AND r.event_id = d.event_id \
+         WHERE r.place <= $3 AND d.next_attempt_at <= $1 \
+             AND (d.leased_until IS NULL OR d.leased_until < $1) \
+         ORDER BY r.next_attempt_at, r.event_id LIMIT $4 \
+         FOR UPDATE OF d SKIP LOCKED), \
+     claimed AS ( \
+         UPDATE webhook_deliveries SET leased_until = $2 \
+         WHERE (endpoint_id, event_id) IN (SELECT endpoint_id, event_id FROM picked) \
+         RETURNING *) \
+     SELECT {DELIVERY_COLUMNS} FROM claimed ORDER BY next_attempt_at, event_id"
+    )
+}
+
+/// Leases the deliveries due at `now` until `lease_until`: at most `per_endpoint` of each
+/// endpoint that has none leased now, oldest due first, at most `limit` in all. Claims take
+/// their turn under [`CLAIM_LOCK`] (in the caller's transaction, held to its commit).
+pub async fn claim_deliveries<C: Db>(
+    db: &C,
+    now: Timestamp,
+    lease_until: Timestamp,
+    per_endpoint: usize,
+    limit: usize,
+) -> Res<Vec<Delivery>> {
+    if per_endpoint == 0 || limit == 0 {
+        return Ok(Vec::new());
+    }
+    db.execute("SELECT pg_advisory_xact_lock($1)", &[&CLAIM_LOCK])
+        .await?;
+    let rows = db
+        .query(
+            &claim_sql(),
+            &[
+                &now.as_millis(),
+                &lease_until.as_millis(),
+                &to_i64(per_endpoint as u64)?,
+                &to_i64(limit as u64)?,
+            ],
+        )
+        .await?;
+    rows.iter().map(decode_delivery).collect()
+}
+
+/// Stores a delivery after an attempt and ends its lease.
+pub async fn record_attempt<C: Db>(db: &C, delivery: &Delivery) -> Res<()> {
+    let row = DeliveryRow::encode(delivery);
+    let attempts = int_of(row.attempts, "an attempt count")?;
+    let last_status = row
+        .last_status
+        .map(|status| int_of(status, "an HTTP status"))
+        .transpose()?;
+    db.execute(
+        "UPDATE webhook_deliveries SET attempts = $3, next_attempt_at = $4, last_status = $5, \
+         last_error = $6, last_attempt_at = $7, delivered_at = $8, given_up_at = $9, \
+         leased_until = NULL WHERE endpoint_id = $1 AND event_id = $2",
+        &[
+            &row.endpoint_id,
+            &row.event_id,
+            &attempts,
+            &row.next_attempt_at,
+            &last_status,
+            &row.last_error,
+            &row.last_attempt_at,
+            &row.delivered_at,
+            &row.given_up_at,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// An endpoint's deliveries, the most recent event first, at most `limit`.
+pub async fn deliveries<C: Db>(
+    db: &C,
+    endpoint: WebhookEndpointId,
+    limit: usize,
+) -> Res<Vec<Delivery>> {
+    let sql = format!(
+        "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE endpoint_id = $1 \
+         ORDER BY created_at DESC, event_id DESC LIMIT $2"
+    );
+    let rows = db
+        .query(
+            &sql,
+            &[&endpoint_key(endpoint).to_vec(), &to_i64(limit as u64)?],
+        )
+        .await?;
+    rows.iter().map(decode_delivery).collect()
+}
