@@ -1,11 +1,13 @@
 //! The official OpenAI Node SDK (npm `openai`, pinned in tests/sdk-node/package-lock.json)
 //! against the real binary: starts `lmsp serve` (the shared [`TestServer`]), pairs an
 //! application client through the admin token, and runs
-//! `node --test tests/sdk-node/batches.test.mjs` — Responses, then the Files + Batch API
-//! (upload, create, retrieve, download) for `/v1/responses` and `/v1/chat/completions` — its
-//! output streamed into this test's. The test fails when the program does not exit 0, and fails
-//! at once, saying what to run, when the SDK (installed by `scripts/openai-node-deps`) or node is
-//! missing: it never skips.
+//! `node --test tests/sdk-node/batches.test.mjs tests/sdk-node/webhooks.test.mjs` — Responses,
+//! then the Files + Batch API (upload, create, retrieve, download) for `/v1/responses` and
+//! `/v1/chat/completions`; and webhooks: a receiver on 127.0.0.1 registered by the admin, a
+//! background response's `response.completed` and a test delivery verified with the SDK's
+//! `webhooks.unwrap` — its output streamed into this test's. The test fails when the program does
+//! not exit 0, and fails at once, saying what to run, when the SDK (installed by
+//! `scripts/openai-node-deps`) or node is missing: it never skips.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use lmsp_tests as common;
@@ -20,7 +22,12 @@ use serde_json::json;
 /// A reference engine fast enough for a few batches, slow enough to be a real stream.
 const SERVE_FLAGS: [&str; 2] = ["--reference-token-delay", "5ms"];
 
-/// How long the whole node program may take (each batch it waits for has 60 s of its own).
+/// The `node --test` files in tests/sdk-node, run by one invocation (each file in a process of
+/// its own).
+const PROGRAMS: [&str; 2] = ["batches.test.mjs", "webhooks.test.mjs"];
+
+/// How long the whole node program may take (each batch it waits for has 60 s of its own, each
+/// webhook delivery 30 s).
 const RUN_DEADLINE: Duration = Duration::from_secs(300);
 
 /// The scopes an application gets: no admin, no `models:write`.
@@ -73,11 +80,13 @@ fn forward(output: impl Read + Send + 'static, to_stderr: bool) -> std::thread::
 }
 
 #[test]
-fn the_official_openai_node_sdk_runs_batches_against_the_service() {
+fn the_official_openai_node_sdk_runs_batches_and_webhooks_against_the_service() {
     let root = common::workspace_root();
     let dir = root.join("tests/sdk-node");
-    let program = dir.join("batches.test.mjs");
-    assert!(program.is_file(), "{} is missing", program.display());
+    for program in PROGRAMS {
+        let path = dir.join(program);
+        assert!(path.is_file(), "{} is missing", path.display());
+    }
     if !dir.join("node_modules/openai/package.json").is_file() {
         missing("tests/sdk-node/node_modules/openai");
     }
@@ -101,13 +110,16 @@ fn the_official_openai_node_sdk_runs_batches_against_the_service() {
     let mut child = Command::new("node")
         .arg("--test")
         .arg("--test-reporter=spec")
-        .arg(&program)
+        .args(PROGRAMS)
         .current_dir(&dir)
         .env("LMSP_BASE_URL", server.url("/v1"))
         .env("LMSP_TOKEN", &token)
+        // The webhook endpoint API is admin only.
+        .env("LMSP_ADMIN_TOKEN", &server.admin_token)
         // Whatever the environment says, the SDK talks to this server only.
         .env_remove("OPENAI_BASE_URL")
         .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_WEBHOOK_SECRET")
         .env_remove("OPENAI_ORG_ID")
         .env_remove("OPENAI_PROJECT_ID")
         .env_remove("HTTP_PROXY")
@@ -146,7 +158,8 @@ fn the_official_openai_node_sdk_runs_batches_against_the_service() {
         None => panic!("the node program ran longer than {RUN_DEADLINE:?} and was killed"),
         Some(status) => assert!(
             status.success(),
-            "`node --test tests/sdk-node/batches.test.mjs` failed ({status}); its output is above"
+            "`node --test {}` (in tests/sdk-node) failed ({status}); its output is above",
+            PROGRAMS.join(" ")
         ),
     }
 }

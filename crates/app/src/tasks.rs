@@ -158,6 +158,14 @@ impl Service {
     ) -> Result<TaskId, AppError> {
         caller.require(Scope::ResponsesWrite)?;
         let task = self.task_of_response(caller, response_id).await?;
+        // A batch line's response stays while its batch runs: the batch's files are written
+        // from its tasks, one line each (it goes with the batch, by the retention, after).
+        if let Some(line) = &task.batch {
+            let batch = self.inner.core.store.batch(line.batch_id).await?;
+            if let Some(batch) = batch.filter(|batch| !batch.status.is_finished()) {
+                return Err(AppError::Unfinished(batch.status.as_str()));
+            }
+        }
         match self
             .inner
             .core
