@@ -134,6 +134,9 @@ fn endpoints_statuses_purposes_and_codes_read_back_from_their_names() {
         Some(FilePurpose::BatchOutput)
     );
     assert_eq!(FilePurpose::parse("assistants"), None);
+    assert_eq!(FilePurpose::Batch.as_str(), "batch");
+    assert_eq!(FilePurpose::BatchOutput.as_str(), "batch_output");
+    assert_eq!(LineErrorCode::InvalidJsonLine.as_str(), "invalid_json_line");
     assert_eq!(
         LineErrorCode::parse("duplicate_custom_id"),
         Some(LineErrorCode::DuplicateCustomId)
