@@ -11,6 +11,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, statfsSync } from "node:f
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import net from "node:net";
+import http from "node:http";
 
 const target = process.env.LMSP_BASE_URL;
 const admin = process.env.LMSP_ADMIN_TOKEN;
@@ -35,6 +36,29 @@ await new Promise((resolve) => { proxy.listen(0, "127.0.0.1", resolve); });
 const base = `http://127.0.0.1:${proxy.address().port}`;
 const dropConnections = () => { for (const socket of sockets) socket.destroy(); };
 const this_client = { id: null };
+
+// A webhook receiver: answers 200 to every POST and keeps what it was sent.
+const received = [];
+const receiver = http.createServer((request, reply) => {
+  let body = "";
+  request.setEncoding("utf8");
+  request.on("data", (chunk) => { body += chunk; });
+  request.on("end", () => {
+    let json = null;
+    try { json = JSON.parse(body); } catch { json = null; }
+    received.push({ method: request.method, path: request.url, headers: request.headers, json });
+    reply.writeHead(200, { "Content-Type": "text/plain" });
+    reply.end("ok");
+  });
+});
+await new Promise((resolve) => { receiver.listen(0, "127.0.0.1", resolve); });
+const hookUrl = `http://127.0.0.1:${receiver.address().port}/hook`;
+// A port nobody listens on (bound, then let go): a receiver that does not answer.
+const closedPort = await new Promise((resolve) => {
+  const probe = net.createServer();
+  probe.listen(0, "127.0.0.1", () => { const { port } = probe.address(); probe.close(() => resolve(port)); });
+});
+const deadUrl = `http://127.0.0.1:${closedPort}/hook`;
 const XSS = "<img src=x onerror=alert(1)>";
 
 async function call(method, path, body, token = admin) {
@@ -195,7 +219,7 @@ try {
     assert.match(await engine.textContent(), /^reference ok$/);
     await page.locator("svg.chart").first().waitFor();
     // Every nav entry shows for an admin.
-    for (const name of ["Tasks", "Batches", "Submit", "Models", "Clients"]) {
+    for (const name of ["Tasks", "Batches", "Submit", "Models", "Clients", "Webhooks"]) {
       assert.ok(await page.locator("#nav").getByRole("link", { name, exact: true }).isVisible(), name);
     }
     await shot("overview");
@@ -429,6 +453,177 @@ try {
     assert.equal(readFileSync(await saved.path(), "utf8"), await fileText(cancelled.error_file_id));
   });
 
+  const hook = { id: null, secret: null };
+  await step("webhooks: register an endpoint; its signing secret is shown once, with a copy button", async () => {
+    await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: base });
+    await nav("Webhooks");
+    await page.waitForURL(/\/console\/webhooks$/);
+    await page.locator("#webhooks-body tr").first().waitFor();
+    await page.fill("#w-name", `Receiver ${XSS}`);
+    await page.fill("#w-url", hookUrl);
+    // response.completed and batch.completed are ticked already; add response.failed.
+    assert.ok(await page.locator("#w-response-completed").isChecked());
+    await page.check("#w-response-failed");
+    await page.click("#webhook-form button[type=submit]");
+    const box = page.locator("#secret-box");
+    await box.waitFor();
+    hook.secret = await page.textContent("#webhook-secret");
+    assert.match(hook.secret, /^whsec_\S+$/);
+    assert.match(await page.textContent("#secret-warning"), /not shown again/);
+    assert.equal(await page.evaluate(() => document.activeElement?.id), "copy-secret");
+    await page.click("#copy-secret");
+    await page.locator("#copy-status").getByText("Copied to the clipboard.").waitFor();
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), hook.secret);
+    const list = (await call("GET", "/v1/webhook_endpoints")).json;
+    const endpoint = list.data.find((e) => e.name === `Receiver ${XSS}`);
+    assert.ok(endpoint, JSON.stringify(list));
+    hook.id = endpoint.id;
+    assert.equal(endpoint.url, hookUrl);
+    assert.deepEqual(endpoint.event_types, ["response.completed", "response.failed", "batch.completed"]);
+    assert.ok(hook.secret.endsWith(endpoint.signing_secret_hint.slice(-4)), endpoint.signing_secret_hint);
+    assert.equal(endpoint.signing_secret, undefined, "the list shows no secret");
+    const row = page.locator(`#webhooks-body tr[data-endpoint="${hook.id}"]`);
+    await row.waitFor();
+    const cells = await row.locator("td").evaluateAll((tds) => tds.map((td) => td.textContent));
+    assert.deepEqual(cells.slice(0, 4), [`Receiver ${XSS}`, hookUrl,
+      "response.completed, response.failed, batch.completed", endpoint.signing_secret_hint]);
+    assert.equal(await page.locator("img").count(), 0, "the name was parsed as HTML");
+    await shot("webhooks");
+    // Shown once: gone after a reload, and nowhere in the page.
+    await page.reload();
+    await row.waitFor();
+    assert.equal(await page.locator("#webhook-secret").count(), 0);
+    assert.ok(!(await page.textContent("body")).includes(hook.secret));
+  });
+
+  await step("webhooks: an endpoint's page sends a test event and shows the receiver's 200", async () => {
+    await page.locator(`#webhooks-body tr[data-endpoint="${hook.id}"] a`).click();
+    await page.waitForURL(new RegExp(`/console/webhooks/${hook.id}$`));
+    await page.locator("#endpoint-url").getByText(hookUrl).waitFor();
+    assert.equal(await page.textContent("#endpoint-name"), `Receiver ${XSS}`);
+    assert.equal(await page.inputValue("#e-url"), hookUrl);
+    assert.ok(await page.locator("#e-response-failed").isChecked());
+    assert.ok(!(await page.locator("#e-batch-failed").isChecked()));
+    await page.locator("#deliveries-body").getByText("No deliveries yet.").waitFor();
+    const before = received.length;
+    await page.selectOption("#t-type", "batch.failed");
+    await page.click("#send-test");
+    await page.locator('#test-result[data-status-code="200"]').waitFor();
+    assert.match(await page.textContent("#test-result"), /batch\.failed: the receiver answered 200/);
+    assert.equal(received.length, before + 1);
+    const sample = received[received.length - 1];
+    assert.equal(sample.method, "POST");
+    assert.equal(sample.json.type, "batch.failed");
+    assert.match(sample.headers["webhook-id"], /^evt_/);
+    assert.match(sample.headers["webhook-signature"], /^v1,/);
+  });
+
+  await step("webhooks: edit the endpoint (a URL nobody answers): a test shows \"no answer\"", async () => {
+    await page.fill("#e-name", "Receiver (edited)");
+    await page.fill("#e-url", deadUrl);
+    await page.click("#edit-form button[type=submit]");
+    await page.locator("#endpoint-url").getByText(deadUrl).waitFor();
+    assert.equal(await page.textContent("#endpoint-name"), "Receiver (edited)");
+    const endpoint = (await call("GET", `/v1/webhook_endpoints/${hook.id}`)).json;
+    assert.equal(endpoint.name, "Receiver (edited)");
+    assert.equal(endpoint.url, deadUrl);
+    assert.deepEqual(endpoint.event_types, ["response.completed", "response.failed", "batch.completed"]);
+    await page.selectOption("#t-type", "response.completed");
+    await page.click("#send-test");
+    await page.locator('#test-result[data-status-code="0"]').waitFor();
+    assert.match(await page.textContent("#test-result"), /no answer/);
+  });
+
+  await step("webhooks: a background response's delivery is pending, then delivered, linked to its task", async () => {
+    const created = await call("POST", "/v1/responses", {
+      model: "reference", input: "Tell the receiver", background: true, max_output_tokens: 4,
+    });
+    assert.equal(created.status, 202);
+    const responseId = created.json.id;
+    for (let tries = 0; (await call("GET", `/v1/tasks/${created.json.task_id}`)).json.status !== "completed"; tries += 1) {
+      assert.ok(tries < 400, "the response never completed");
+      await new Promise((resolve) => { setTimeout(resolve, 50); });
+    }
+    // Nobody answers yet: pending, with the error of its last attempt and its next attempt.
+    await page.click("#deliveries-refresh");
+    const selector = `#deliveries-body tr[data-subject="${responseId}"]`;
+    const row = page.locator(selector);
+    await page.locator(`${selector}[data-status="pending"]`).waitFor();
+    // Refreshed while pending: its first failed attempt shows.
+    await page.waitForFunction((sel) => {
+      const last = document.querySelector(`${sel} td.last`)?.textContent;
+      return last && last !== "—";
+    }, selector);
+    assert.match(await row.textContent(), /response\.completed/);
+    assert.notEqual(await row.locator("td").nth(6).textContent(), "—", "the next attempt is shown");
+    await shot("webhook-pending");
+    // The receiver is back: the retry delivers it and the table, refreshing, shows it.
+    await page.fill("#e-url", hookUrl);
+    await page.click("#edit-form button[type=submit]");
+    await page.locator("#endpoint-url").getByText(hookUrl).waitFor();
+    await page.locator(`${selector}[data-status="delivered"]`).waitFor({ timeout: 30000 });
+    const eventId = await row.getAttribute("data-event");
+    const cells = await row.locator("td").evaluateAll((tds) => tds.map((td) => td.textContent));
+    assert.equal(cells[0], eventId);
+    assert.equal(cells[1], "response.completed");
+    assert.equal(cells[2], responseId);
+    assert.equal(cells[3], "delivered");
+    assert.ok(Number(cells[4]) >= 2, `attempts: ${cells[4]}`);
+    assert.equal(cells[5], "HTTP 200");
+    assert.equal(cells[6], "—");
+    assert.notEqual(cells[7], "—");
+    const delivered = received.filter((r) => r.headers["webhook-id"] === eventId);
+    assert.equal(delivered.length, 1, "the receiver got the event once");
+    assert.equal(delivered[0].json.type, "response.completed");
+    assert.equal(delivered[0].json.data.id, responseId);
+    const api = (await call("GET", `/v1/webhook_endpoints/${hook.id}/deliveries`)).json;
+    assert.equal(api.data.find((d) => d.event_id === eventId).status, "delivered");
+    await shot("webhook");
+    // The subject links to the response's task.
+    const link = row.locator("a.subject");
+    assert.equal(await link.getAttribute("href"), `/console/tasks/${created.json.task_id}`);
+    await link.click();
+    await page.waitForURL(new RegExp(`/console/tasks/${created.json.task_id}$`));
+    await page.locator('#task-status[data-status="completed"]').waitFor();
+    await page.goBack();
+    await page.waitForURL(new RegExp(`/console/webhooks/${hook.id}$`));
+  });
+
+  await step("webhooks: rotate the secret (keeping the old one a day): the new one is shown once", async () => {
+    await page.locator("#endpoint-url").getByText(hookUrl).waitFor();
+    await page.check("#keep-old");
+    await page.click("#rotate-secret");
+    await page.locator("#confirm-yes").click();
+    await page.locator("#secret-box").waitFor();
+    const secret = await page.textContent("#webhook-secret");
+    assert.match(secret, /^whsec_\S+$/);
+    assert.notEqual(secret, hook.secret);
+    assert.match(await page.textContent("#secret-warning"), /not shown again/);
+    const endpoint = (await call("GET", `/v1/webhook_endpoints/${hook.id}`)).json;
+    assert.equal(await page.textContent("#endpoint-hint"), endpoint.signing_secret_hint);
+    assert.ok(secret.endsWith(endpoint.signing_secret_hint.slice(-4)));
+    // Both secrets sign a test delivery for now: two v1 signatures.
+    const before = received.length;
+    await page.click("#send-test");
+    await page.locator("#test-result").getByText(/answered 200/).waitFor();
+    assert.equal(received.length, before + 1);
+    assert.equal(received[received.length - 1].headers["webhook-signature"].split(" ").length, 2);
+  });
+
+  await step("webhooks: delete the endpoint (after a confirmation)", async () => {
+    await page.click("#delete-endpoint");
+    await page.locator("#confirm-no").click();
+    await page.locator("dialog.confirm").waitFor({ state: "detached" });
+    assert.equal((await call("GET", `/v1/webhook_endpoints/${hook.id}`)).status, 200, "Keep deleted nothing");
+    await page.click("#delete-endpoint");
+    await page.locator("#confirm-yes").click();
+    await page.waitForURL(/\/console\/webhooks$/);
+    await page.locator("#main .note.ok").getByText(/^Deleted Receiver \(edited\)/).waitFor();
+    await page.locator("#webhooks-body tr").first().waitFor();
+    assert.equal(await page.locator(`#webhooks-body tr[data-endpoint="${hook.id}"]`).count(), 0);
+    assert.equal((await call("GET", `/v1/webhook_endpoints/${hook.id}`)).status, 404);
+  });
+
   await step("clients: create a pairing code, shown with its countdown", async () => {
     await nav("Clients");
     await page.locator("#clients-body tr").first().waitFor();
@@ -576,7 +771,7 @@ try {
     assert.equal(await page.evaluate(() => sessionStorage.length), 0);
   });
 
-  await step("a read-only token sees no Submit, Models or Clients", async () => {
+  await step("a read-only token sees no Submit, Models, Clients or Webhooks", async () => {
     const pairing = await call("POST", "/v1/pairings", { scopes: ["responses:read"] });
     const paired = await fetch(`${base}/v1/pair`, {
       method: "POST", headers: { "Content-Type": "application/json" },
@@ -590,10 +785,13 @@ try {
     const navLink = (name) => page.locator("#nav").getByRole("link", { name, exact: true });
     assert.ok(await navLink("Tasks").isVisible());
     assert.ok(await navLink("Batches").isVisible());
-    for (const name of ["Submit", "Models", "Clients"]) assert.ok(await navLink(name).isHidden(), name);
+    for (const name of ["Submit", "Models", "Clients", "Webhooks"]) assert.ok(await navLink(name).isHidden(), name);
     assert.match(await page.textContent("#who"), /signed in · responses:read$/);
     await page.locator('#counts [data-status="completed"]').waitFor();
     await page.locator('#engine-health[data-status="ok"]').waitFor();
+    // Typed in, the admin page only says what it needs.
+    await page.goto(`${base}/console/webhooks`);
+    await page.locator("#main .note.error").getByText("This page needs the admin scope.").waitFor();
   });
 
   await step("no console errors and no CSP violations", async () => {
@@ -609,5 +807,7 @@ try {
   rmSync(profile, { recursive: true, force: true });
   dropConnections();
   proxy.close();
+  receiver.closeAllConnections?.();
+  receiver.close();
 }
 process.exit(failed ? 1 : 0);

@@ -8,6 +8,7 @@ import * as batches from "./views/batches.js";
 import * as submit from "./views/submit.js";
 import * as models from "./views/models.js";
 import * as clients from "./views/clients.js";
+import * as webhooks from "./views/webhooks.js";
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
@@ -105,6 +106,8 @@ const VIEWS = [
   { re: /^submit$/, view: submit, name: "submit", scope: "responses:write" },
   { re: /^models$/, view: models, name: "models", scope: "models:read" },
   { re: /^clients$/, view: clients, name: "clients", scope: "admin" },
+  { re: /^webhooks$/, view: webhooks, name: "webhooks", scope: "admin" },
+  { re: /^webhooks\/([^/]+)$/, view: webhooks, name: "webhooks", scope: "admin" },
 ];
 
 async function render(message) {
