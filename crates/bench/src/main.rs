@@ -9,13 +9,16 @@
 //! peer job queue (apalis + SQLite) on the same workload, reads the service's context switches
 //! and threads from `/proc` during the submit runs, measures background submits on PostgreSQL
 //! (one instance and three on one database) beside `pgbench`'s insert-commit ceiling of the same
-//! cluster (`--only postgres`; in the default set when a PostgreSQL is available), and prints a
+//! cluster (`--only postgres`; in the default set when a PostgreSQL is available), measures
+//! OpenAI's Batch API on a 50 000-line batch (upload, validate + create, lines per second against
+//! the same lines posted one by one, an interactive client's p99 while it runs), and prints a
 //! table of
 //! figure | measured (min / median / max) | ceiling | ratio | target | met?.
 //!
 //! `--quick` runs a small version in seconds (CI's smoke test: it asserts the harness works,
 //! never speeds). `--chart PATH` draws submit throughput and p99 against concurrency (PNG).
 
+mod batch;
 mod chart;
 mod client;
 mod events;
@@ -58,7 +61,7 @@ struct Cli {
     #[arg(long)]
     reps: Option<usize>,
     /// Only these figures (comma-separated): submit, events, recovery, purge, rss, peer,
-    /// postgres (by default all; postgres only when a PostgreSQL is available).
+    /// postgres, batch (by default all; postgres only when a PostgreSQL is available).
     #[arg(long, value_delimiter = ',')]
     only: Vec<Figure>,
     /// The `lmsp` binary (default: next to this executable; also env LMSP_BIN).
@@ -95,6 +98,10 @@ struct Cli {
     /// SSE streams per task for the RSS figure (default 1: one task per stream).
     #[arg(long, default_value_t = 1)]
     streams_per_task: usize,
+    /// Lines of the batch figures' batch (default 50 000, 500 with --quick; at most 50 000, the
+    /// Batch API's limit).
+    #[arg(long)]
+    batch_lines: Option<usize>,
     /// Seconds of each submit run.
     #[arg(long)]
     submit_seconds: Option<f64>,
@@ -118,6 +125,7 @@ enum Figure {
     Rss,
     Peer,
     Postgres,
+    Batch,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -216,6 +224,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     if wants(&cli, Figure::Peer) {
         record(&mut results, "peer", phases.peer_phase().await);
+    }
+    if wants(&cli, Figure::Batch) {
+        record(&mut results, "batch", phases.batch_phase().await);
     }
 
     let failed = results

@@ -40,6 +40,14 @@ pub struct Plan {
     pub(crate) pg_claimers: usize,
     /// How long each claims run lasts.
     pub(crate) pg_claim_duration: Duration,
+    /// Lines of the batch of the batch figures.
+    pub(crate) batch_lines: usize,
+    /// How often the batch figures' interactive client sends a request.
+    pub(crate) batch_interactive_every: Duration,
+    /// How long the interactive client runs alone on the idle service first.
+    pub(crate) batch_idle: Duration,
+    /// Concurrent clients posting the comparison's background submits.
+    pub(crate) batch_submit_clients: usize,
 }
 
 impl Plan {
@@ -75,6 +83,10 @@ impl Plan {
                 pg_claim_queue: 3_000,
                 pg_claimers: 16,
                 pg_claim_duration: Duration::from_millis(300),
+                batch_lines: 500,
+                batch_interactive_every: Duration::from_millis(50),
+                batch_idle: Duration::from_millis(500),
+                batch_submit_clients: 64,
             }
         } else {
             Plan {
@@ -105,6 +117,10 @@ impl Plan {
                 pg_claim_queue: 100_000,
                 pg_claimers: 16,
                 pg_claim_duration: Duration::from_secs(3),
+                batch_lines: 50_000,
+                batch_interactive_every: Duration::from_millis(50),
+                batch_idle: Duration::from_secs(10),
+                batch_submit_clients: 64,
             }
         };
         if let Some(reps) = cli.reps {
@@ -120,6 +136,9 @@ impl Plan {
             plan.sse_streams = n;
         }
         plan.streams_per_task = cli.streams_per_task.max(1);
+        if let Some(n) = cli.batch_lines {
+            plan.batch_lines = n.max(1);
+        }
         if let Some(s) = cli.submit_seconds {
             plan.submit_duration = Duration::from_secs_f64(s.max(0.05));
         }

@@ -35,6 +35,8 @@ pub struct Results {
     pub(crate) proc: ProcFigures,
     /// The PostgreSQL figures.
     pub(crate) pg: PgFigures,
+    /// The Batch API figures.
+    pub(crate) batch: BatchFigures,
     /// Figure family → why it did not run or failed.
     pub(crate) problems: BTreeMap<&'static str, String>,
 }
@@ -82,4 +84,41 @@ pub struct PgFigures {
     pub(crate) claims_one: Spread,
     /// Claims per second, `pg_instances` instances on the same queue (summed).
     pub(crate) claims_three: Spread,
+}
+
+/// The Batch API figures (each over the repetitions).
+#[derive(Debug, Default)]
+pub struct BatchFigures {
+    /// Multipart `POST /v1/files` of the file, sent → reply, s.
+    pub(crate) upload_s: Spread,
+    /// The service's RSS right before the upload, MiB.
+    pub(crate) upload_rss_before: Spread,
+    /// Its highest RSS during the upload, MiB.
+    pub(crate) upload_rss_peak: Spread,
+    /// Peak − before, MiB.
+    pub(crate) upload_rss_growth: Spread,
+    /// `POST /v1/batches` → first seen `in_progress`, s.
+    pub(crate) create_s: Spread,
+    /// The service's RSS right before `POST /v1/batches`, MiB.
+    pub(crate) create_rss_before: Spread,
+    /// Its highest RSS until `in_progress`, MiB.
+    pub(crate) create_rss_peak: Spread,
+    /// Peak − before, MiB.
+    pub(crate) create_rss_growth: Spread,
+    /// Lines per second, `in_progress` → `completed`.
+    pub(crate) lines_per_s: Spread,
+    /// Lines per second, `POST /v1/batches` → `completed`.
+    pub(crate) end_to_end_per_s: Spread,
+    /// Every line counted → `completed` (the upkeep noticing, then writing the files), s.
+    pub(crate) finalize_s: Spread,
+    /// The same lines as background submits, first POST → all finished, per second.
+    pub(crate) background_per_s: Spread,
+    /// The interactive client on the idle service: p50 and p99, ms.
+    pub(crate) idle_p50: Spread,
+    pub(crate) idle_p99: Spread,
+    /// The interactive client while the batch runs: p50 and p99, ms.
+    pub(crate) busy_p50: Spread,
+    pub(crate) busy_p99: Spread,
+    /// Interactive requests not answered 200 (idle and busy, every repetition).
+    pub(crate) interactive_errors: u64,
 }

@@ -2,8 +2,8 @@
 //! real `lmsp` binary and the apalis peer example (both built from the sources under test, see
 //! `common`), and checks that it completes and prints every figure of the README's performance
 //! targets with its ceiling — the PostgreSQL ones included, on a throwaway cluster of PostgreSQL
-//! 15's binaries (`/usr/lib/postgresql/15/bin`, which CI has; the test fails without them). It
-//! asserts that the harness works, never a speed.
+//! 15's binaries (`/usr/lib/postgresql/15/bin`, which CI has; the test fails without them) — and
+//! the Batch API's on a 500-line batch. It asserts that the harness works, never a speed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -67,6 +67,18 @@ fn quick_mode_runs_end_to_end_and_prints_every_figure() {
         "| PostgreSQL: persisted events per second, 32 tasks × 16 tokens streaming, one instance |",
         "| PostgreSQL: event created_at → SSE arrival",
         "PostgreSQL ceiling (min / median / max): pgbench single-row insert commits/s",
+        // The Batch API (a 500-line batch in quick mode).
+        "| batch: upload of a 500-line file (",
+        "| batch: service RSS peak during the upload |",
+        "| batch: POST /v1/batches → in_progress (validate + create 500 tasks) |",
+        "| batch: service RSS peak during validate + create |",
+        "| batch: lines finished per second, in_progress → completed |",
+        "| batch: interactive p99 latency while the batch runs",
+        "| batch: background submits of the same lines",
+        "| batch: lines per second end to end, POST /v1/batches → completed |",
+        "| batch: every line counted → completed",
+        "| batch: interactive latency p50 / p99, idle service |",
+        "| batch: interactive latency p50 / p99, while the batch runs |",
     ] {
         let line = stdout
             .lines()

@@ -1,8 +1,10 @@
 //! The figure families, one phase each: every phase measures its figures over the repetitions
 //! and returns its part of the [`Results`] (or why it did not run). The shared context is
 //! [`Phases`]; the persisted events, recovery, purge, RSS and peer phases are here, the submit
-//! phase (with `/proc`) in `submit_phase` and the PostgreSQL phase in `postgres_phase`.
+//! phase (with `/proc`) in `submit_phase`, the PostgreSQL phase in `postgres_phase` and the
+//! Batch API phase in `batch_phase`.
 
+mod batch_phase;
 mod postgres_phase;
 mod submit_phase;
 

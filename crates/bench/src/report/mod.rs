@@ -1,8 +1,9 @@
 //! What the harness prints: the run's header (machine, binary, sizes), and the final tables —
 //! figure | measured (min / median / max) | ceiling | ratio | target | met? — as Markdown, so
 //! they can be pasted into the README as printed. A target is judged on the median. The rows are
-//! built in `rows`, the tables in `tables`.
+//! built in `rows`, the tables in `tables` (the Batch API's in `batch_table`).
 
+mod batch_table;
 mod rows;
 mod tables;
 

@@ -46,6 +46,7 @@ pub fn tables(plan: &Plan, r: &Results) {
         &other_rows(plan, r, &medians),
     );
     postgres_table(plan, r);
+    super::batch_table::batch_table(plan, r);
     footnotes(plan, r);
 }
 
