@@ -40,7 +40,7 @@ use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::TaskErrorCode;
 use lmsp_storage_contract::{self as contract, assert_log_consistent};
-use lmsp_storage_sqlite::schema::LEGACY_INSTANCE;
+use lmsp_storage_sqlite::schema::{LEGACY_INSTANCE, SCHEMA_VERSION};
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
 use serde::Deserialize;
 use serde_json::Value;
@@ -946,7 +946,7 @@ async fn first_release_leftovers_are_recovered_from_the_legacy_instance_p7_i5() 
     assert_eq!(store.claim_next(rescuer, expect.at(5)).await.unwrap(), None);
 }
 
-/// The migration runs once: the file after the first open (version 3, the legacy instance
+/// The migration runs once: the file after the first open (this build's version, the legacy instance
 /// listed, the first release's start counter gone) is exactly the file after a second open, and
 /// the ports read the same from both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -964,7 +964,7 @@ async fn a_second_open_of_the_migrated_file_changes_nothing() {
     drop(store);
     let migrated = raw_dump(&path);
     assert_ne!(migrated, original);
-    assert_eq!(migrated[0], "user_version 3");
+    assert_eq!(migrated[0], format!("user_version {SCHEMA_VERSION}"));
     let legacy_row = format!(
         "instances [Blob({:?}), Text(\"release 0.1\"), Integer(0), Integer(0), Integer(0), Null]",
         LEGACY_INSTANCE.to_vec()
