@@ -9,7 +9,6 @@
 //! written from its tasks, one line per task in line order, so writing them again after a crash
 //! gives the same lines: every `custom_id` is answered exactly once.
 
-use std::collections::HashSet;
 use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +24,7 @@ use lmsp_domain::batch::{
 use lmsp_domain::ports::{ContentReader, ContentWriter, FileDeleteOutcome, Page, StoreError};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::validation::{validate_metadata, SubmitRequest, ValidationError};
-use lmsp_domain::{BatchId, FileId, Metadata, ModelId, Response, Task};
+use lmsp_domain::{BatchId, FileId, Metadata, Response, Task};
 
 use crate::caller::Caller;
 use crate::error::AppError;
@@ -436,7 +435,6 @@ impl Service {
         let mut check = LineCheck::new(batch.endpoint);
         let mut errors = Vec::new();
         let mut staged = Vec::new();
-        let mut known_models: HashSet<ModelId> = HashSet::new();
         let mut lines = Lines::default();
         loop {
             let chunk = reader.read().await?;
@@ -447,10 +445,7 @@ impl Service {
                     check.skip();
                     continue;
                 }
-                match self
-                    .read_line(&batch, &caller, &text, &mut check, &mut known_models)
-                    .await
-                {
+                match self.read_line(&batch, &caller, &text, &mut check).await {
                     Ok(task) if errors.is_empty() => staged.push(task),
                     Ok(_) => {}
                     Err(error) => {
@@ -506,7 +501,6 @@ impl Service {
         caller: &Caller,
         text: &[u8],
         check: &mut LineCheck,
-        known_models: &mut HashSet<ModelId>,
     ) -> Result<Task, LineError> {
         let Some(read) = self.inner.batch_wire.read_line(batch.endpoint, text) else {
             let line = check.skip();
@@ -534,26 +528,6 @@ impl Service {
         let request = read
             .body
             .map_err(|error| refused(error.param, error.message))?;
-        if !known_models.contains(&request.model) {
-            // Checked once per model: a registered model stays registered while the batch is
-            // checked, as far as the batch can know.
-            if self
-                .inner
-                .core
-                .store
-                .model(&request.model)
-                .await
-                .ok()
-                .flatten()
-                .is_none()
-            {
-                return Err(refused(
-                    Some(String::from("model")),
-                    format!("model `{}` is not registered", request.model),
-                ));
-            }
-            known_models.insert(request.model.clone());
-        }
         let custom_id = read.custom_id.unwrap_or_default();
         let line_of = BatchLine {
             batch_id: batch.id,

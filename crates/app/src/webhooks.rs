@@ -20,9 +20,10 @@ use lmsp_domain::auth::Scope;
 use lmsp_domain::ports::{OutgoingEvent, Page, StoreError};
 use lmsp_domain::validation::ValidationError;
 use lmsp_domain::webhooks::{
-    check_endpoint, AttemptOutcome, Delivery, RetryPolicy, WebhookEndpoint, WebhookEventType,
+    check_endpoint, subject_id, AttemptOutcome, Delivery, RetryPolicy, WebhookEndpoint,
+    WebhookEventType,
 };
-use lmsp_domain::{BatchId, ResponseId, WebhookEndpointId};
+use lmsp_domain::WebhookEndpointId;
 
 use crate::caller::Caller;
 use crate::error::AppError;
@@ -78,15 +79,6 @@ fn new_secret() -> String {
     let mut key = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut key);
     format!("whsec_{}", STANDARD.encode(key))
-}
-
-/// The id of the response or batch an event is about.
-fn subject_id(event_type: WebhookEventType, subject: ulid::Ulid) -> String {
-    if event_type.is_response() {
-        ResponseId::from_ulid(subject).to_string()
-    } else {
-        BatchId::from_ulid(subject).to_string()
-    }
 }
 
 impl Service {

@@ -108,6 +108,15 @@ pub fn event_id(subject: Ulid) -> String {
     format!("evt_{:032x}", u128::from(subject))
 }
 
+/// The id of the response or batch an event of `event_type` is about (`resp_…`, `batch_…`).
+pub fn subject_id(event_type: WebhookEventType, subject: Ulid) -> String {
+    if event_type.is_response() {
+        crate::ids::ResponseId::from_ulid(subject).to_string()
+    } else {
+        crate::ids::BatchId::from_ulid(subject).to_string()
+    }
+}
+
 /// A registered webhook endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookEndpoint {

@@ -119,9 +119,9 @@ async fn drain_stream(mut stream: BodyDataStream, mut drained: usize) {
     }
 }
 
-fn is_json(request: &Request) -> bool {
-    request
-        .headers()
+/// Whether the request's `Content-Type` says its body is JSON.
+pub fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
@@ -167,7 +167,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, _state: &S) -> Result<Self, Self::Rejection> {
-        let json = is_json(&request);
+        let json = is_json(request.headers());
         let body = request.into_body();
         if !json {
             drain_stream(body.into_data_stream(), 0).await;

@@ -3,7 +3,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use axum::Json;
 use serde::Deserialize;
 use utoipa::IntoParams;
@@ -12,7 +12,7 @@ use lmsp_app::EndpointUpdate;
 use lmsp_domain::WebhookEndpointId;
 
 use crate::error::{ApiError, ErrorCode, ErrorEnvelope};
-use crate::extract::{parse_json, Authed, JsonBody};
+use crate::extract::{is_json, parse_json, Authed, JsonBody};
 use crate::openapi::{
     Forbidden, InternalError, PayloadTooLarge, Unauthorized, UnsupportedMediaType,
 };
@@ -25,15 +25,6 @@ use crate::wire::webhooks::{
 };
 use crate::wire::ListTag;
 use crate::AppState;
-
-/// Whether the request says its body is JSON.
-fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
-}
 
 fn parse_endpoint_id(text: &str) -> ApiResult<WebhookEndpointId> {
     WebhookEndpointId::parse(text).map_err(|_| ApiError::not_found())

@@ -4,8 +4,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
-use lmsp_domain::{BatchId, ResponseId};
+use lmsp_domain::webhooks::{subject_id, Delivery, WebhookEndpoint};
 
 use crate::wire::{constant, ListTag};
 
@@ -151,11 +150,7 @@ impl DeliveryObject {
             object: DeliveryTag::Value,
             event_id: delivery.event_id.clone(),
             event_type: delivery.event_type.as_str(),
-            subject_id: if delivery.event_type.is_response() {
-                ResponseId::from_ulid(delivery.subject).to_string()
-            } else {
-                BatchId::from_ulid(delivery.subject).to_string()
-            },
+            subject_id: subject_id(delivery.event_type, delivery.subject),
             created_at: delivery.created_at.as_unix_seconds(),
             status: if delivery.delivered_at.is_some() {
                 "delivered"
