@@ -1446,6 +1446,14 @@ class OpenAiSdk(unittest.TestCase):
         wait_for("a first line to finish",
                  lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1,
                  deadline=120.0)
+        # A finished line's response stays while its batch runs: the batch's files are
+        # written from its tasks (P-6: nothing its batch still needs is removed).
+        slow_http = http(SLOW_TOKEN, SLOW_BASE_URL)
+        done_line = next(t for t in all_tasks(slow_http)
+                         if t.get("batch_id") == batch.id and t["status"] == "completed")
+        slow_http.close()
+        with self.assertRaises(openai.ConflictError):
+            client.with_options(max_retries=0).responses.delete(done_line["response_id"])
         cancelling = client.batches.cancel(batch.id)
         self.assertIn(cancelling.status, ("cancelling", "cancelled"))
         done = self.wait_batch(batch.id, client)
