@@ -9,25 +9,48 @@ use async_trait::async_trait;
 use lmsp_domain::ports::{EngineError, Generation, GenerationItem};
 use tokio::sync::{mpsc, oneshot};
 
+/// What the async side of a generation tells its generating thread.
+#[derive(Debug, Default)]
+pub(crate) struct Signals {
+    /// Stop at the next check: set by [`Generation::stop`] and by a drop.
+    stop: AtomicBool,
+    /// The stop was [`Generation::stop`], the app's cancel: the task is over and nothing will
+    /// resume it, so its checkpoints can go. A drop alone (the process stopping, a lost lease)
+    /// leaves them for the resume.
+    cancelled: AtomicBool,
+}
+
+impl Signals {
+    /// Whether the thread should stop.
+    pub(crate) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Whether the task was cancelled (nothing will resume it).
+    pub(crate) fn cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+}
+
 /// A running llama.cpp generation.
 pub(crate) struct LlamaGeneration {
     items: mpsc::Receiver<Result<GenerationItem, EngineError>>,
-    stop: Arc<AtomicBool>,
+    signals: Arc<Signals>,
     stopped: Option<oneshot::Receiver<()>>,
     finished: bool,
 }
 
 impl LlamaGeneration {
-    /// The async side of a generating thread that sends on `items`, checks `stop`, and drops
-    /// the sender of `stopped` when it ends.
+    /// The async side of a generating thread that sends on `items`, checks `signals`, and
+    /// drops the sender of `stopped` when it ends.
     pub(crate) fn new(
         items: mpsc::Receiver<Result<GenerationItem, EngineError>>,
-        stop: Arc<AtomicBool>,
+        signals: Arc<Signals>,
         stopped: oneshot::Receiver<()>,
     ) -> Self {
         Self {
             items,
-            stop,
+            signals,
             stopped: Some(stopped),
             finished: false,
         }
@@ -60,7 +83,7 @@ impl Generation for LlamaGeneration {
                 self.finished = true;
                 Err(error)
             }
-            None if self.stop.load(Ordering::Relaxed) => {
+            None if self.signals.stopped() => {
                 self.finished = true;
                 Ok(None)
             }
@@ -74,7 +97,9 @@ impl Generation for LlamaGeneration {
     }
 
     async fn stop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        // The cancel first, so the thread that sees the stop knows why.
+        self.signals.cancelled.store(true, Ordering::Relaxed);
+        self.signals.stop.store(true, Ordering::Relaxed);
         // Wakes a thread blocked on a full channel.
         self.items.close();
         if let Some(stopped) = self.stopped.take() {
@@ -86,6 +111,6 @@ impl Generation for LlamaGeneration {
 
 impl Drop for LlamaGeneration {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.signals.stop.store(true, Ordering::Relaxed);
     }
 }

@@ -40,14 +40,15 @@
 //! **Stopping.** The generating thread checks a stop flag between tokens and between prompt
 //! chunks of [`LlamaSettings::batch_size`] tokens; [`Generation::stop`] sets it, closes the
 //! channel (waking a thread blocked on a full one) and waits for the thread to end. Dropping a
-//! generation sets the flag too. A stop therefore waits at most one llama.cpp call: one token or
+//! generation sets the flag too. A stop is the app's cancel, so it also ends the task's
+//! checkpoints; a drop alone (the task will resume) keeps them. A stop therefore waits at most one
+//! llama.cpp call: one token or
 //! one prompt chunk (well under 100 ms for small models on CPU; bound it for big ones with a
 //! smaller batch).
 
-use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use llama_cpp_2::llama_backend::LlamaBackend;
@@ -56,7 +57,7 @@ use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
 use lmsp_domain::model::{Digest, ModelToLoad};
 use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationJob, Unsupported};
 use lmsp_domain::task::TaskSpec;
-use tokio::sync::OnceCell;
+use lmsp_engine_kit::{output_budget, ModelCache};
 
 mod cache;
 mod checkpoint;
@@ -140,14 +141,11 @@ struct LoadedModel {
     template: Option<LlamaChatTemplate>,
 }
 
-/// A model being loaded or loaded: one load per digest, whoever asks for it meanwhile.
-type Slot = Arc<OnceCell<Arc<LoadedModel>>>;
-
 /// The llama.cpp engine.
 pub struct LlamaEngine {
     settings: LlamaSettings,
     backend: &'static LlamaBackend,
-    loaded: Mutex<HashMap<Digest, Slot>>,
+    loaded: ModelCache<LoadedModel>,
     checkpoints: Option<Arc<Checkpoints>>,
     cache: Arc<PromptCache>,
 }
@@ -166,7 +164,7 @@ impl LlamaEngine {
         Ok(Self {
             settings,
             backend: backend()?,
-            loaded: Mutex::new(HashMap::new()),
+            loaded: ModelCache::new("the llama engine"),
             checkpoints: None,
             cache: Arc::new(PromptCache::new(0)),
         })
@@ -195,35 +193,25 @@ impl LlamaEngine {
 
     /// Whether the model with this digest is loaded.
     pub fn is_loaded(&self, digest: &Digest) -> bool {
-        self.slot(digest).initialized()
-    }
-
-    fn slot(&self, digest: &Digest) -> Slot {
-        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(loaded.entry(digest.clone()).or_default())
+        self.loaded.is_loaded(digest)
     }
 
     async fn model(&self, model: &ModelToLoad) -> Result<Arc<LoadedModel>, EngineError> {
-        let (Some(file), Some(path)) = (model.record.file(), model.path.as_deref()) else {
-            return Err(EngineError::ModelUnavailable(String::from(
-                "the llama engine runs GGUF model files only",
-            )));
-        };
-        let slot = self.slot(&file.digest);
-        let loaded = slot
-            .get_or_try_init(|| async {
-                let path = path.to_owned();
-                let backend = self.backend;
-                let gpu_layers = self.settings.gpu_layers;
+        let backend = self.backend;
+        let gpu_layers = self.settings.gpu_layers;
+        self.loaded
+            .get_or_load(model, "GGUF model files", |path| {
                 // Dropping this future abandons the wait; the blocking load then finishes and
                 // its result is dropped (a later load starts afresh).
-                tokio::task::spawn_blocking(move || load_model(backend, &path, gpu_layers))
-                    .await
-                    .map_err(|error| EngineError::Failed(format!("the model load broke: {error}")))?
-                    .map(Arc::new)
+                async move {
+                    tokio::task::spawn_blocking(move || load_model(backend, &path, gpu_layers))
+                        .await
+                        .map_err(|error| {
+                            EngineError::Failed(format!("the model load broke: {error}"))
+                        })?
+                }
             })
-            .await?;
-        Ok(Arc::clone(loaded))
+            .await
     }
 }
 
@@ -278,11 +266,7 @@ impl Engine for LlamaEngine {
             }
         };
         if let Resume::State(state) = &resume {
-            if state.output_tokens() > u64::from(job.spec.max_output_tokens) {
-                return Err(EngineError::Failed(String::from(
-                    "the resume state is past the end of the output",
-                )));
-            }
+            output_budget(job.spec.max_output_tokens, state.output_tokens())?;
         }
         let digest = job
             .model

@@ -3,8 +3,8 @@
 //! to the async side with the state a resume needs (I-6); a stop is noticed between two llama.cpp
 //! calls.
 
+use std::cell::OnceCell;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::cache::PromptCache;
 use crate::checkpoint::Checkpoints;
 use crate::controls::{conversation, Asked};
-use crate::generation::LlamaGeneration;
+use crate::generation::{LlamaGeneration, Signals};
 use crate::sampling::{draw_seed, Probabilities, Sampling};
 use crate::shape::{Piece, Shaper, Step};
 use crate::state::{GenerationState, RunName};
@@ -90,7 +90,9 @@ pub(crate) struct Run {
     digest: Digest,
     checkpoints: Option<Arc<Checkpoints>>,
     cache: Arc<PromptCache>,
-    stop: Arc<AtomicBool>,
+    signals: Arc<Signals>,
+    /// The name of the run's checkpoints, once the generation has read or chosen it.
+    name: OnceCell<RunName>,
     items: mpsc::Sender<Result<GenerationItem, EngineError>>,
 }
 
@@ -130,7 +132,7 @@ impl Run {
         shared: Shared,
     ) -> Result<LlamaGeneration, EngineError> {
         let (items, receiver) = mpsc::channel(CHANNEL_CAPACITY);
-        let stop = Arc::new(AtomicBool::new(false));
+        let signals = Arc::new(Signals::default());
         let (done, stopped) = oneshot::channel::<()>();
         let run = Run {
             loaded,
@@ -141,7 +143,8 @@ impl Run {
             digest: shared.digest,
             checkpoints: shared.checkpoints,
             cache: shared.cache,
-            stop: Arc::clone(&stop),
+            signals: Arc::clone(&signals),
+            name: OnceCell::new(),
             items,
         };
         std::thread::Builder::new()
@@ -154,19 +157,30 @@ impl Run {
             .map_err(|error| {
                 EngineError::Failed(format!("cannot start a generating thread: {error}"))
             })?;
-        Ok(LlamaGeneration::new(receiver, stop, stopped))
+        Ok(LlamaGeneration::new(receiver, signals, stopped))
     }
 
     fn run(mut self) {
         let resume = std::mem::replace(&mut self.resume, Resume::Fresh);
-        if let Err(Halt::Failed(error)) = self.generate(resume) {
+        let outcome = self.generate(resume);
+        // Finished, failed or cancelled, the task is over: nothing resumes it, so its
+        // checkpoints go. Stopped by a drop alone (the process stopping, a lost lease), it will
+        // resume, from them.
+        let over = match &outcome {
+            Ok(()) | Err(Halt::Failed(_)) => true,
+            Err(Halt::Stopped) => self.signals.cancelled(),
+        };
+        if let (true, Some(checkpoints), Some(&name)) = (over, &self.checkpoints, self.name.get()) {
+            checkpoints.forget(name);
+        }
+        if let Err(Halt::Failed(error)) = outcome {
             // Nobody may be listening any more: then there is no one to tell.
             let _ = self.items.blocking_send(Err(error));
         }
     }
 
     fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
+        self.signals.stopped()
     }
 
     fn send(&self, item: GenerationItem) -> Result<(), Halt> {
@@ -199,6 +213,7 @@ impl Run {
         };
         // A run keeps its checkpoints under one name from its first start on.
         let run = state.run().unwrap_or_else(RunName::random);
+        let _ = self.name.set(run);
         state = state.with_run(run);
         let max = usize::try_from(self.spec.max_output_tokens).unwrap_or(usize::MAX);
         if state.tokens().len() > max {
@@ -441,9 +456,6 @@ impl Run {
                 cached_tokens: u64::try_from(cached_tokens).unwrap_or(u64::MAX),
             },
         })?;
-        if let Some(checkpoints) = &self.checkpoints {
-            checkpoints.forget(run);
-        }
         Ok(())
     }
 

@@ -119,9 +119,20 @@ async fn run(engine: &LlamaEngine, job: GenerationJob) -> (Deltas, Usage) {
     collect(engine.generate(job).await.unwrap()).await
 }
 
-/// The first `count` deltas of a generation, which is then stopped (as a kill would leave it:
-/// the checkpoints written so far stay).
+/// The first `count` deltas of a generation, which is then dropped (as a kill, a lost lease or
+/// the process stopping leaves it: the checkpoints written so far stay).
 async fn run_until(engine: &LlamaEngine, job: GenerationJob, count: usize) -> Deltas {
+    let (generation, deltas) = first_deltas(engine, job, count).await;
+    drop(generation);
+    deltas
+}
+
+/// A generation and its first `count` deltas.
+async fn first_deltas(
+    engine: &LlamaEngine,
+    job: GenerationJob,
+    count: usize,
+) -> (Box<dyn Generation>, Deltas) {
     let mut generation = engine.generate(job).await.unwrap();
     let mut deltas = Vec::new();
     while deltas.len() < count {
@@ -130,8 +141,7 @@ async fn run_until(engine: &LlamaEngine, job: GenerationJob, count: usize) -> De
             other => panic!("the generation ended early: {other:?}"),
         }
     }
-    generation.stop().await;
-    deltas
+    (generation, deltas)
 }
 
 fn text(deltas: &[(String, Vec<u8>)]) -> String {
@@ -237,6 +247,37 @@ async fn resumes_from_kv_checkpoints_equal_the_uninterrupted_run_i6() {
     assert!(
         left.is_empty(),
         "finished runs leave no checkpoints: {left:?}"
+    );
+}
+
+/// A cancel (`Generation::stop`) ends the task, so its checkpoints go; a generation only dropped
+/// (the process stopping, a lost lease: the task will resume) keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_runs_checkpoints_are_removed_and_an_interrupted_runs_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = checkpointing(dir.path(), 8);
+    let spec = spec(STORY, 100, 3, 0.7, Some(0.9));
+
+    let (mut cancelled, _) = first_deltas(&engine, job(&spec, None), 30).await;
+    wait_for_sealing().await;
+    assert!(
+        !checkpoint_files(dir.path(), ".meta").is_empty(),
+        "the run wrote checkpoints before its cancel"
+    );
+    cancelled.stop().await;
+    wait_for_sealing().await;
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert!(
+        left.is_empty(),
+        "a cancelled run leaves no checkpoints: {left:?}"
+    );
+
+    let interrupted = run_until(&engine, job(&spec, None), 30).await;
+    assert_eq!(interrupted.len(), 30);
+    wait_for_sealing().await;
+    assert!(
+        !checkpoint_files(dir.path(), ".meta").is_empty(),
+        "an interrupted run keeps its checkpoints for the resume"
     );
 }
 

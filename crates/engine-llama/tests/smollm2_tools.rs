@@ -226,7 +226,9 @@ async fn items(mut generation: Box<dyn Generation>, limit: Option<usize>) -> Vec
     let mut items = Vec::new();
     loop {
         if limit.is_some_and(|limit| states(&items).len() >= limit) {
-            generation.stop().await;
+            // Dropped, not stopped: as a kill leaves it (a stop is a cancel, which ends the
+            // task and removes its checkpoints).
+            drop(generation);
             return items;
         }
         match generation.next_item().await.unwrap() {

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 use eventsource_stream::{Event as SseEvent, EventStreamError, Eventsource};
 use futures::StreamExt;
+use lmsp_engine_kit::output_budget;
 use serde_json::{json, Value};
 
 use lmsp_domain::ports::{
@@ -279,7 +280,7 @@ impl Engine for OpenAiEngine {
         // The snapshot's state is the count of upstream tokens produced before it, so a resumed
         // task's budget is counted in tokens, never in words.
         let produced = job.resume.as_ref().map_or(0, |r| tokens_in_state(&r.state));
-        let remaining = u64::from(job.spec.max_output_tokens).saturating_sub(produced);
+        let remaining = output_budget(job.spec.max_output_tokens, produced)?;
         if remaining == 0 {
             return Ok(Box::new(UpstreamGeneration::finished(Usage {
                 input_tokens: 0,

@@ -27,7 +27,7 @@ use lmsp_domain::task::{Fraction, Usage};
 use lmsp_domain::{Logprob, TokenLogprob, TopLogprob};
 
 use crate::structured::Script;
-use tokio::sync::OnceCell;
+use lmsp_engine_kit::{output_budget, ModelCache};
 
 /// How slow the reference engine pretends to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,15 +48,12 @@ async fn pause(delay: Duration) {
     }
 }
 
-/// A corpus being loaded or loaded: one load per digest, whoever asks for it meanwhile.
-type Slot = Arc<OnceCell<Arc<Corpus>>>;
-
 /// The reference engine: loaded corpora are cached in memory by digest. A slow load of one
 /// model holds up no other model's generations.
 #[derive(Debug)]
 pub struct ReferenceEngine {
     settings: ReferenceSettings,
-    loaded: std::sync::Mutex<HashMap<Digest, Slot>>,
+    loaded: ModelCache<Corpus>,
 }
 
 impl ReferenceEngine {
@@ -64,44 +61,29 @@ impl ReferenceEngine {
     pub fn new(settings: ReferenceSettings) -> Self {
         Self {
             settings,
-            loaded: std::sync::Mutex::new(HashMap::new()),
+            loaded: ModelCache::new("the reference engine"),
         }
     }
 
     /// Whether the model with this digest is loaded.
     pub fn is_loaded(&self, digest: &Digest) -> bool {
-        self.slot(digest).initialized()
-    }
-
-    fn slot(&self, digest: &Digest) -> Slot {
-        let mut loaded = self
-            .loaded
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(loaded.entry(digest.clone()).or_default())
+        self.loaded.is_loaded(digest)
     }
 
     async fn corpus(&self, model: &ModelToLoad) -> Result<Arc<Corpus>, EngineError> {
-        let (Some(file), Some(path)) = (model.record.file(), model.path.as_deref()) else {
-            return Err(EngineError::ModelUnavailable(String::from(
-                "the reference engine runs text files only",
-            )));
-        };
-        let slot = self.slot(&file.digest);
-        let corpus = slot
-            .get_or_try_init(|| async {
-                let text = tokio::fs::read_to_string(path).await.map_err(|error| {
+        self.loaded
+            .get_or_load(model, "text files", |path| async move {
+                let text = tokio::fs::read_to_string(&path).await.map_err(|error| {
                     // Clients read the message: the file's name, not where it is kept.
-                    let name = std::path::Path::new(path)
+                    let name = std::path::Path::new(&path)
                         .file_name()
                         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
                     EngineError::ModelUnavailable(format!("{name}: {error}"))
                 })?;
                 pause(self.settings.load_delay).await;
-                Ok::<_, EngineError>(Arc::new(Corpus::new(&text)))
+                Ok(Corpus::new(&text))
             })
-            .await?;
-        Ok(Arc::clone(corpus))
+            .await
     }
 }
 
@@ -140,11 +122,7 @@ impl Engine for ReferenceEngine {
         let (next, context) = match &job.resume {
             Some(resume) => {
                 let (next, context) = decode_state(&resume.state, &corpus)?;
-                if next > max {
-                    return Err(EngineError::Failed(String::from(
-                        "the resume state is past the end of the output",
-                    )));
-                }
+                output_budget(job.spec.max_output_tokens, next)?;
                 (next, context)
             }
             None => (0, corpus.start_context(&prompt, base)),

@@ -79,7 +79,9 @@ pub trait Generation: Send {
     /// The next item; after `Finished` there is none.
     async fn next_item(&mut self) -> Result<Option<GenerationItem>, EngineError>;
 
-    /// Stops the generation and returns once the engine has stopped working on it.
+    /// Stops the generation and returns once the engine has stopped working on it. A stop is a
+    /// cancel: nothing will resume the task, so the engine may discard what it kept to resume
+    /// it (checkpoints). A generation only dropped may be resumed.
     async fn stop(&mut self);
 }
 
