@@ -7,6 +7,7 @@ use sha2::{Digest as _, Sha256};
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
 use crate::ids::ClientId;
+use crate::ports::Redemption;
 use crate::time::Timestamp;
 
 /// What a client may do. `admin` implies every other scope.
@@ -261,6 +262,47 @@ impl PairingLimit {
     }
 }
 
+/// What a redemption writes once the pairing limit let it try (`PairingLimit::check`) and the
+/// code was looked up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedeemWrite {
+    /// No unexpired code has the hash: store the limit after the failure, and burn every
+    /// outstanding code when it says so.
+    Failure(AfterFailure),
+    /// The code does not grant every requested scope: nothing is written.
+    ScopesNotGranted,
+    /// The code is used up and the client stored.
+    Pair,
+}
+
+impl RedeemWrite {
+    /// What the redemption answers once this is written.
+    pub fn redemption(&self) -> Redemption {
+        match self {
+            RedeemWrite::Failure(after) => Redemption::NoSuchCode {
+                limit_reached: after.burn_codes,
+            },
+            RedeemWrite::ScopesNotGranted => Redemption::ScopesNotGranted,
+            RedeemWrite::Pair => Redemption::Paired,
+        }
+    }
+}
+
+/// What redeeming a code writes at `now`: `granted` is what the unexpired code with the tried
+/// hash grants (`None`: there is none), `requested` what the new client asks for.
+pub fn redeem(
+    limit: &PairingLimit,
+    granted: Option<&Scopes>,
+    requested: &Scopes,
+    now: Timestamp,
+) -> RedeemWrite {
+    match granted {
+        None => RedeemWrite::Failure(limit.after_failure(now)),
+        Some(granted) if !requested.is_subset_of(granted) => RedeemWrite::ScopesNotGranted,
+        Some(_) => RedeemWrite::Pair,
+    }
+}
+
 /// Pairing codes have the shape `483-921`.
 pub fn looks_like_pairing_code(text: &str) -> bool {
     let bytes = text.as_bytes();
@@ -272,6 +314,50 @@ pub fn looks_like_pairing_code(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redemption_pairs_only_with_a_code_that_grants_every_requested_scope() {
+        let now = Timestamp::from_millis(1_000_000);
+        let limit = PairingLimit::default();
+        let read = Scopes::new([Scope::ResponsesRead]);
+        let both = Scopes::new([Scope::ResponsesRead, Scope::ResponsesWrite]);
+        assert_eq!(redeem(&limit, Some(&both), &read, now), RedeemWrite::Pair);
+        assert_eq!(
+            redeem(&limit, Some(&both), &both, now).redemption(),
+            Redemption::Paired
+        );
+        let refused = redeem(&limit, Some(&read), &both, now);
+        assert_eq!(refused, RedeemWrite::ScopesNotGranted);
+        assert_eq!(refused.redemption(), Redemption::ScopesNotGranted);
+        let failed = redeem(&limit, None, &read, now);
+        assert_eq!(failed, RedeemWrite::Failure(limit.after_failure(now)));
+        assert_eq!(
+            failed.redemption(),
+            Redemption::NoSuchCode {
+                limit_reached: false
+            }
+        );
+    }
+
+    #[test]
+    fn the_failure_that_makes_the_limit_burns_the_codes() {
+        let now = Timestamp::from_millis(1_000_000);
+        let mut limit = PairingLimit::default();
+        for _ in 1..PAIRING_MAX_FAILURES {
+            let RedeemWrite::Failure(after) = redeem(&limit, None, &Scopes::default(), now) else {
+                panic!("a missing code is a failure");
+            };
+            assert!(!after.burn_codes);
+            limit = after.limit;
+        }
+        let last = redeem(&limit, None, &Scopes::default(), now);
+        assert_eq!(
+            last.redemption(),
+            Redemption::NoSuchCode {
+                limit_reached: true
+            }
+        );
+    }
 
     #[test]
     fn a_secret_hash_round_trips_through_hex_and_nothing_else_parses() {

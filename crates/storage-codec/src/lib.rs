@@ -16,6 +16,8 @@ pub mod events;
 pub mod records;
 pub mod recovery;
 pub mod rows;
+pub mod schema;
+pub mod sql;
 pub mod webhooks;
 
 pub use batches::{
@@ -42,7 +44,7 @@ use lmsp_domain::auth::{Scope, Scopes};
 use lmsp_domain::event::CallItem;
 use lmsp_domain::ids::{ItemId, ResponseId, ServiceId, TaskId};
 use lmsp_domain::model::ModelId;
-use lmsp_domain::ports::ServiceIdentity;
+use lmsp_domain::ports::{ServiceIdentity, StoreError};
 use lmsp_domain::task::{
     Fraction, Input, Message, Metadata, Response, Role, TaskError, TaskSpec, Usage,
 };
@@ -62,8 +64,19 @@ pub enum DbError {
     Corrupt(String),
 }
 
-fn corrupt(what: impl std::fmt::Display) -> DbError {
+/// A stored row or document that makes no sense.
+pub fn corrupt(what: impl std::fmt::Display) -> DbError {
     DbError::Corrupt(what.to_string())
+}
+
+/// To the port, a row or document that does not read is a corrupt store.
+impl From<DbError> for StoreError {
+    fn from(error: DbError) -> Self {
+        match error {
+            DbError::Json(other) => StoreError::Corrupt(other.to_string()),
+            DbError::Corrupt(text) => StoreError::Corrupt(text),
+        }
+    }
 }
 
 /// `task_specs.spec`.

@@ -374,7 +374,7 @@ async fn transaction(
             .map(|command| {
                 catch_unwind(AssertUnwindSafe(|| decide(&command.request, &mut overlay)))
                     .unwrap_or_else(|_| {
-                        Err(DbError::Corrupt(String::from(
+                        Err(crate::ops::corrupt(String::from(
                             "deciding a write panicked (a bug)",
                         )))
                     })
@@ -561,7 +561,7 @@ async fn read(
     let mut next = || {
         results
             .next()
-            .unwrap_or_else(|| Err(DbError::Corrupt(String::from("a read went missing"))))
+            .unwrap_or_else(|| Err(crate::ops::corrupt(String::from("a read went missing"))))
     };
     if !task_ids.is_empty() {
         for row in next()? {
@@ -640,7 +640,7 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
                 Some(id) => overlay
                     .keys
                     .get(id)
-                    .ok_or_else(|| DbError::Corrupt(String::from("a key was not read")))?
+                    .ok_or_else(|| crate::ops::corrupt(String::from("a key was not read")))?
                     .clone(),
                 None => None,
             };

@@ -12,12 +12,9 @@ pub enum DbError {
     /// No pooled connection could be had.
     #[error("no connection to PostgreSQL: {0}")]
     Pool(String),
-    /// A stored document could not be (de)serialised.
+    /// A stored row or document makes no sense (the shared codec's error).
     #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    /// A stored row makes no sense.
-    #[error("{0}")]
-    Corrupt(String),
+    Codec(#[from] lmsp_storage_codec::DbError),
     /// The transaction lost a race it cannot decide (a row another transaction inserted under
     /// it); it is rolled back and run again from the start.
     #[error("the transaction must be run again")]
@@ -54,8 +51,7 @@ impl From<DbError> for StoreError {
                 _ => StoreError::Unavailable(describe(&error)),
             },
             DbError::Pool(text) => StoreError::Unavailable(text),
-            DbError::Json(other) => StoreError::Corrupt(other.to_string()),
-            DbError::Corrupt(text) => StoreError::Corrupt(text),
+            DbError::Codec(error) => error.into(),
             DbError::Retry => StoreError::Unavailable(String::from(
                 "the transaction kept losing races; try again",
             )),

@@ -8,12 +8,9 @@ pub enum DbError {
     /// SQLite failed.
     #[error(transparent)]
     Sql(#[from] rusqlite::Error),
-    /// A stored document could not be (de)serialised.
+    /// A stored row or document makes no sense (the shared codec's error).
     #[error(transparent)]
-    Json(#[from] serde_json::Error),
-    /// A stored row makes no sense.
-    #[error("{0}")]
-    Corrupt(String),
+    Codec(#[from] lmsp_storage_codec::DbError),
     /// The database or its file system has no room for new work (the health probe's finding).
     #[error("no room to write: {0}")]
     NoRoom(String),
@@ -32,8 +29,7 @@ impl From<DbError> for StoreError {
             }
             DbError::NoRoom(_) => StoreError::Full,
             DbError::Sql(other) => StoreError::Unavailable(other.to_string()),
-            DbError::Json(other) => StoreError::Corrupt(other.to_string()),
-            DbError::Corrupt(text) => StoreError::Corrupt(text),
+            DbError::Codec(error) => error.into(),
             DbError::Panicked(text) => StoreError::Unavailable(format!(
                 "the storage operation failed unexpectedly: {text}"
             )),

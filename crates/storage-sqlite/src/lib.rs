@@ -115,7 +115,9 @@ fn configure_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), Db
     conn.busy_timeout(options.busy_timeout)?;
     let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(DbError::Corrupt(format!("journal_mode is {mode}, not wal")));
+        return Err(crate::ops::corrupt(format!(
+            "journal_mode is {mode}, not wal"
+        )));
     }
     let sync = match options.sync {
         SyncMode::Full => "FULL",

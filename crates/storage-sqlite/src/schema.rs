@@ -5,35 +5,23 @@
 //! fair claims need; version 4 adds files and batches; version 5 webhooks. A migration that
 //! moves data does so in Rust, in the same transaction as its SQL.
 
+use std::sync::LazyLock;
+
+use lmsp_storage_codec::schema::{self, Dialect};
 use rusqlite::{params, Connection, Transaction};
 use rusqlite_migration::{HookError, HookResult, Migrations, M};
 use serde::Deserialize;
 
 use crate::error::DbError;
 
+const SQLITE: Dialect = Dialect::Sqlite;
+
 /// Version 1: the first release.
-const V1: &str = r#"
-CREATE TABLE service_config (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
-
-CREATE TABLE clients (
-    id         TEXT PRIMARY KEY,
-    name       TEXT NOT NULL,
-    token_hash TEXT NOT NULL UNIQUE,
-    scopes     TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    revoked_at INTEGER
-);
-
-CREATE TABLE pairings (
-    code_hash  TEXT PRIMARY KEY,
-    scopes     TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL
-) WITHOUT ROWID;
-
+static V1: LazyLock<String> = LazyLock::new(|| {
+    [
+        schema::service_config(SQLITE).as_str(),
+        &schema::clients_and_pairings(SQLITE),
+        r#"
 CREATE TABLE models (
     id              TEXT PRIMARY KEY,
     format          TEXT NOT NULL,
@@ -63,10 +51,9 @@ CREATE TABLE tasks (
     error                TEXT,
     response_id          TEXT
 ) WITHOUT ROWID;
-CREATE INDEX tasks_status ON tasks (status, id);
-CREATE INDEX tasks_client ON tasks (client_id, id);
-CREATE INDEX tasks_finished ON tasks (finished_at) WHERE finished_at IS NOT NULL;
-
+"#,
+        schema::TASK_INDEXES,
+        r#"
 CREATE TABLE task_specs (
     task_id  BLOB PRIMARY KEY REFERENCES tasks (id),
     spec     TEXT NOT NULL,
@@ -85,19 +72,9 @@ CREATE TABLE task_events (
     data            TEXT NOT NULL,
     PRIMARY KEY (task_id, sequence_number)
 ) WITHOUT ROWID;
-
-CREATE TABLE responses (
-    id      TEXT PRIMARY KEY,
-    task_id BLOB NOT NULL UNIQUE REFERENCES tasks (id),
-    doc     TEXT NOT NULL
-);
-
-CREATE TABLE snapshots (
-    task_id         BLOB PRIMARY KEY REFERENCES tasks (id),
-    sequence_number INTEGER NOT NULL,
-    state           BLOB NOT NULL
-) WITHOUT ROWID;
-
+"#,
+        &schema::responses_and_snapshots(SQLITE),
+        r#"
 CREATE TABLE idempotency_keys (
     client_id  TEXT NOT NULL,
     method     TEXT NOT NULL,
@@ -111,13 +88,20 @@ CREATE TABLE idempotency_keys (
 ) WITHOUT ROWID;
 CREATE INDEX idempotency_expiry ON idempotency_keys (expires_at);
 CREATE INDEX idempotency_task ON idempotency_keys (task_id) WHERE task_id IS NOT NULL;
-"#;
+"#,
+    ]
+    .join("\n")
+});
 
 /// Version 2. Tasks get an owner instance (the first release's tasks belong to the instance
 /// `LEGACY_INSTANCE`, stopped, so the next start recovers them), whether they ran in the
 /// background, and where their output items are; events name their output item; the response id
 /// of a task is its own ULID with the `resp_` prefix unless the first release stored another.
-const V2: &str = r#"
+/// Models get an upstream (`models_v2` replaces `models`), and idempotency records a hold
+/// (`idempotency_v2`, filled by `move_idempotency_records`).
+static V2: LazyLock<String> = LazyLock::new(|| {
+    [
+        r#"
 ALTER TABLE tasks ADD COLUMN owner BLOB NOT NULL DEFAULT x'00000000000000000000000000000000';
 ALTER TABLE tasks ADD COLUMN background INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN items_opened INTEGER NOT NULL DEFAULT 0;
@@ -127,68 +111,38 @@ ALTER TABLE tasks DROP COLUMN recovered_in;
 ALTER TABLE task_specs ADD COLUMN accepted_by BLOB;
 ALTER TABLE task_events ADD COLUMN item INTEGER;
 -- Only the first release's responses have ids of their own; newer ones are their task's ULID.
-CREATE INDEX tasks_response ON tasks (response_id) WHERE response_id IS NOT NULL;
-
-CREATE TABLE instances (
-    id           BLOB PRIMARY KEY,
-    name         TEXT NOT NULL,
-    started_at   INTEGER NOT NULL,
-    lease_until  INTEGER NOT NULL,
-    retired_at   INTEGER,
-    recovered_at INTEGER
-) WITHOUT ROWID;
--- Stopped, and already recovered when it left no unfinished task (a new database, or a clean
+"#,
+        schema::TASKS_BY_RESPONSE,
+        &schema::instances(SQLITE),
+        r#"-- Stopped, and already recovered when it left no unfinished task (a new database, or a clean
 -- stop), so that only a store with leftovers lists it among the stopped instances.
 INSERT INTO instances (id, name, started_at, lease_until, retired_at, recovered_at)
     SELECT x'00000000000000000000000000000000', 'release 0.1', 0, 0, 0,
         CASE WHEN EXISTS (SELECT 1 FROM tasks
             WHERE status IN ('queued', 'loading', 'running', 'cancelling')) THEN NULL ELSE 0 END;
-
-CREATE TABLE models_v2 (
-    id              TEXT PRIMARY KEY,
-    format          TEXT NOT NULL,
-    path            TEXT,
-    size_bytes      INTEGER,
-    modified_millis INTEGER,
-    digest          TEXT,
-    upstream_model  TEXT,
-    created_at      INTEGER NOT NULL
-) WITHOUT ROWID;
-INSERT INTO models_v2 (id, format, path, size_bytes, modified_millis, digest, created_at)
+"#,
+        &schema::models(SQLITE, "models_v2"),
+        r#"INSERT INTO models_v2 (id, format, path, size_bytes, modified_millis, digest, created_at)
     SELECT id, format, path, size_bytes, modified_millis, digest, created_at FROM models;
 DROP TABLE models;
 ALTER TABLE models_v2 RENAME TO models;
-
--- Files whose model a user deleted: not registered again when found at startup.
-CREATE TABLE removed_model_files (
-    path TEXT PRIMARY KEY
-) WITHOUT ROWID;
-
--- `reply` is NULL while the first request is pending; `held_until` while it is being answered.
-CREATE TABLE idempotency_v2 (
-    client_id  BLOB NOT NULL,
-    operation  TEXT NOT NULL,
-    key        TEXT NOT NULL,
-    digest     BLOB NOT NULL,
-    reply      BLOB,
-    reply_task BLOB REFERENCES tasks (id),
-    held_until INTEGER,
-    held_by    BLOB,
-    created_at INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL,
-    PRIMARY KEY (client_id, operation, key)
-) WITHOUT ROWID;
-"#;
+"#,
+        &schema::removed_model_files(SQLITE),
+        &schema::idempotency_keys(SQLITE, "idempotency_v2"),
+    ]
+    .join("\n")
+});
 
 /// Version 2, after its data moved: the old idempotency table goes.
-const V2_AFTER: &str = r#"
-DROP TABLE idempotency_keys;
+static V2_AFTER: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "DROP TABLE idempotency_keys;
 ALTER TABLE idempotency_v2 RENAME TO idempotency_keys;
-CREATE INDEX idempotency_expiry ON idempotency_keys (expires_at);
-CREATE INDEX idempotency_task ON idempotency_keys (reply_task) WHERE reply_task IS NOT NULL;
-CREATE INDEX idempotency_holder ON idempotency_keys (held_by) WHERE held_by IS NOT NULL;
-DELETE FROM service_config WHERE key = 'start_epoch';
-"#;
+{}DELETE FROM service_config WHERE key = 'start_epoch';
+",
+        schema::IDEMPOTENCY_INDEXES
+    )
+});
 
 /// The instance that owns every task the first release wrote.
 pub const LEGACY_INSTANCE: [u8; 16] = [0; 16];
@@ -254,175 +208,27 @@ fn move_idempotency_records(tx: &Transaction<'_>) -> HookResult {
             ],
         )?;
     }
-    tx.execute_batch(V2_AFTER)?;
+    tx.execute_batch(&V2_AFTER)?;
     Ok(())
 }
 
-/// Version 3: service tiers and fairness between clients. A task keeps its tier's rank
-/// (`priority` 0, `default` 1, `flex` 2; rows written before are `default`); `client_queues`
-/// holds, per client (keyed like `tasks.client_id`), when one of its tasks was last claimed and
-/// its limits (`NULL`: none). Two partial indexes serve a claim: each client's queued tasks by
-/// tier and age (the queue heads), and each client's claimed, unfinished tasks (its load).
-const V3: &str = r#"
-ALTER TABLE tasks ADD COLUMN tier INTEGER NOT NULL DEFAULT 1;
-CREATE INDEX tasks_queue ON tasks (client_id, tier, id) WHERE status = 'queued';
-CREATE INDEX tasks_active ON tasks (client_id) WHERE status IN ('loading', 'running', 'cancelling');
-CREATE TABLE client_queues (
-    client_id   BLOB PRIMARY KEY,
-    served_at   INTEGER,
-    max_running INTEGER,
-    max_queued  INTEGER
-) WITHOUT ROWID;
-"#;
+/// Version 3: service tiers and fairness between clients (`schema::tiers_and_fairness`).
+static V3: LazyLock<String> = LazyLock::new(|| schema::tiers_and_fairness(SQLITE));
 
-/// Version 4: files and batches. A batch's tasks name it and their line (`tasks.batch_id`,
-/// `batch_line`, `task_specs.custom_id`); `batch_staging` keeps a validating batch's tasks aside
-/// until they are all created at once; `files` holds the records of uploaded and written files
-/// (their bytes are in `DATA_DIR/files/`). The trigger keeps each batch's counts in the same
-/// transaction as each of its tasks' ends, on every write path (a step, a cancel, a recovery
-/// cell), as the domain's `batch::counted` says: a completed task counts as `completed`, a
-/// failed or cancelled one as `failed`. Batch tasks are purged with their batch, from its end.
-const V4: &str = r#"
-ALTER TABLE tasks ADD COLUMN batch_id BLOB;
-ALTER TABLE tasks ADD COLUMN batch_line INTEGER;
-ALTER TABLE task_specs ADD COLUMN custom_id TEXT;
-CREATE INDEX tasks_batch ON tasks (batch_id, batch_line) WHERE batch_id IS NOT NULL;
-CREATE TABLE files (
-    id         BLOB PRIMARY KEY,
-    client_id  BLOB NOT NULL,
-    filename   TEXT NOT NULL,
-    purpose    TEXT NOT NULL,
-    bytes      INTEGER NOT NULL,
-    digest     TEXT NOT NULL,
-    created_at INTEGER NOT NULL,
-    batch_id   BLOB
-) WITHOUT ROWID;
-CREATE INDEX files_client ON files (client_id, id);
-CREATE TABLE batches (
-    id                BLOB PRIMARY KEY,
-    client_id         BLOB NOT NULL,
-    endpoint          TEXT NOT NULL,
-    input_file_id     BLOB NOT NULL,
-    completion_window INTEGER NOT NULL,
-    status            TEXT NOT NULL,
-    output_file_id    BLOB,
-    error_file_id     BLOB,
-    errors            TEXT,
-    total             INTEGER NOT NULL DEFAULT 0,
-    completed         INTEGER NOT NULL DEFAULT 0,
-    failed            INTEGER NOT NULL DEFAULT 0,
-    metadata          TEXT NOT NULL,
-    created_at        INTEGER NOT NULL,
-    in_progress_at    INTEGER,
-    failed_at         INTEGER,
-    finalizing_at     INTEGER,
-    completed_at      INTEGER,
-    expired_at        INTEGER,
-    cancelling_at     INTEGER,
-    cancelled_at      INTEGER
-) WITHOUT ROWID;
-CREATE INDEX batches_client ON batches (client_id, id);
-CREATE INDEX batches_unfinished ON batches (id)
-    WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling');
-CREATE INDEX batches_input ON batches (input_file_id);
-CREATE TABLE batch_staging (
-    batch_id    BLOB NOT NULL,
-    line        INTEGER NOT NULL,
-    task_id     BLOB NOT NULL,
-    client_id   BLOB NOT NULL,
-    custom_id   TEXT NOT NULL,
-    model       TEXT NOT NULL,
-    on_restart  TEXT NOT NULL,
-    tier        INTEGER NOT NULL,
-    response_id TEXT,
-    owner       BLOB NOT NULL,
-    spec        TEXT NOT NULL,
-    metadata    TEXT NOT NULL,
-    created_at  INTEGER NOT NULL,
-    PRIMARY KEY (batch_id, line)
-) WITHOUT ROWID;
-CREATE TRIGGER batch_counts AFTER UPDATE OF status ON tasks
-    WHEN NEW.batch_id IS NOT NULL
-        AND OLD.status IN ('queued', 'loading', 'running', 'cancelling')
-        AND NEW.status IN ('completed', 'failed', 'cancelled')
-BEGIN
-    UPDATE batches SET completed = completed + (NEW.status = 'completed'),
-        failed = failed + (NEW.status <> 'completed')
-    WHERE id = NEW.batch_id;
-END;
-"#;
+/// Version 4: files and batches (`schema::files_and_batches`); a file's bytes are in
+/// `DATA_DIR/files/`. Batch tasks are purged with their batch, from its end.
+static V4: LazyLock<String> = LazyLock::new(|| schema::files_and_batches(SQLITE));
 
-/// Version 5: webhooks. `webhook_endpoints` holds the endpoints (`event_types` as the names
-/// between single spaces, with a space before the first and after the last, so a trigger finds
-/// one with `instr`); `webhook_deliveries` is the outbox, one row per event and endpoint. The two
-/// triggers write an event's deliveries in the same transaction as the end it announces, on
-/// every write path, as the domain's `webhooks::task_event` (a background response's task that
-/// completed, failed or was cancelled) and `webhooks::batch_event` (a batch that ended) say; the
-/// event id is `evt_` and the subject's 32 hex digits (`webhooks::event_id`).
-const V5: &str = r#"
-CREATE TABLE webhook_endpoints (
-    id                   BLOB PRIMARY KEY,
-    name                 TEXT NOT NULL,
-    url                  TEXT NOT NULL,
-    event_types          TEXT NOT NULL,
-    secret               TEXT NOT NULL,
-    previous_secret      TEXT,
-    previous_valid_until INTEGER,
-    created_at           INTEGER NOT NULL,
-    updated_at           INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE webhook_deliveries (
-    endpoint_id     BLOB NOT NULL,
-    event_id        TEXT NOT NULL,
-    event_type      TEXT NOT NULL,
-    subject         BLOB NOT NULL,
-    created_at      INTEGER NOT NULL,
-    attempts        INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at INTEGER,
-    leased_until    INTEGER,
-    last_status     INTEGER,
-    last_error      TEXT,
-    last_attempt_at INTEGER,
-    delivered_at    INTEGER,
-    given_up_at     INTEGER,
-    PRIMARY KEY (endpoint_id, event_id)
-) WITHOUT ROWID;
-CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at)
-    WHERE next_attempt_at IS NOT NULL;
-CREATE INDEX webhook_deliveries_recent ON webhook_deliveries (endpoint_id, created_at);
-CREATE TRIGGER webhook_task_events AFTER UPDATE OF status ON tasks
-    WHEN NEW.background = 1
-        AND OLD.status IN ('queued', 'loading', 'running', 'cancelling')
-        AND NEW.status IN ('completed', 'failed', 'cancelled')
-BEGIN
-    INSERT OR IGNORE INTO webhook_deliveries
-        (endpoint_id, event_id, event_type, subject, created_at, next_attempt_at)
-    SELECT e.id, 'evt_' || lower(hex(NEW.id)), 'response.' || NEW.status, NEW.id,
-        coalesce(NEW.finished_at, 0), coalesce(NEW.finished_at, 0)
-    FROM webhook_endpoints e
-    WHERE instr(e.event_types, ' response.' || NEW.status || ' ') > 0;
-END;
-CREATE TRIGGER webhook_batch_events AFTER UPDATE OF status ON batches
-    WHEN OLD.status IN ('validating', 'in_progress', 'finalizing', 'cancelling')
-        AND NEW.status IN ('completed', 'failed', 'cancelled', 'expired')
-BEGIN
-    INSERT OR IGNORE INTO webhook_deliveries
-        (endpoint_id, event_id, event_type, subject, created_at, next_attempt_at)
-    SELECT e.id, 'evt_' || lower(hex(NEW.id)), 'batch.' || NEW.status, NEW.id,
-        coalesce(NEW.completed_at, NEW.failed_at, NEW.cancelled_at, NEW.expired_at, 0),
-        coalesce(NEW.completed_at, NEW.failed_at, NEW.cancelled_at, NEW.expired_at, 0)
-    FROM webhook_endpoints e
-    WHERE instr(e.event_types, ' batch.' || NEW.status || ' ') > 0;
-END;
-"#;
+/// Version 5: webhooks (`schema::webhooks`).
+static V5: LazyLock<String> = LazyLock::new(|| schema::webhooks(SQLITE));
 
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
-        M::up(V1),
-        M::up_with_hook(V2, move_idempotency_records),
-        M::up(V3),
-        M::up(V4),
-        M::up(V5),
+        M::up(V1.as_str()),
+        M::up_with_hook(V2.as_str(), move_idempotency_records),
+        M::up(V3.as_str()),
+        M::up(V4.as_str()),
+        M::up(V5.as_str()),
     ])
 }
 
@@ -441,20 +247,20 @@ pub fn migrate(conn: &mut Connection) -> Result<(), DbError> {
         |row| row.get(0),
     )?;
     if version >= 1 && has_specs != 1 {
-        return Err(DbError::Corrupt(String::from(
+        return Err(crate::ops::corrupt(String::from(
             "this database was written by a pre-release build of lmsp with another layout; \
              move its data directory aside and start with a new one",
         )));
     }
     if version > SCHEMA_VERSION as i64 {
-        return Err(DbError::Corrupt(format!(
+        return Err(crate::ops::corrupt(format!(
             "this database has schema version {version}, newer than this build's \
              {SCHEMA_VERSION}: run a newer lmsp"
         )));
     }
     migrations()
         .to_latest(conn)
-        .map_err(|error| DbError::Corrupt(format!("the schema migration failed: {error}")))
+        .map_err(|error| crate::ops::corrupt(format!("the schema migration failed: {error}")))
 }
 
 #[cfg(test)]

@@ -406,7 +406,7 @@ mod tests {
         let status = Arc::new(watch::channel(WriterStatus::default()).0);
         let watched = status.subscribe();
         let writer = std::thread::spawn(move || {
-            let reopen: Reopen = Box::new(|| Err(DbError::Corrupt(String::from("no reopen"))));
+            let reopen: Reopen = Box::new(|| Err(crate::ops::corrupt(String::from("no reopen"))));
             let hook = Arc::new(crate::NoListener);
             supervise(conn, reopen, rx, hook, RestartBudget::default(), status);
         });

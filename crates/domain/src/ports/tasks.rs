@@ -110,6 +110,16 @@ pub struct Page<T> {
     pub has_more: bool,
 }
 
+impl<T> Page<T> {
+    /// The page of a read that fetched up to `limit + 1` items: the first `limit`, and whether
+    /// there was one more (it only says that more follow).
+    pub fn of_fetched(mut items: Vec<T>, limit: usize) -> Self {
+        let has_more = items.len() > limit;
+        items.truncate(limit);
+        Page { items, has_more }
+    }
+}
+
 /// What a recovery did (P-7…P-11).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RecoveryReport {
@@ -269,4 +279,34 @@ pub trait TaskStore: Send + Sync {
 
     /// The `cancelling` tasks in the care of `owner` (the fallback for lost cancel notices).
     async fn cancelling_tasks(&self, owner: InstanceId) -> Result<Vec<TaskId>, StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_keeps_its_limit_and_says_whether_more_follow() {
+        assert_eq!(
+            Page::of_fetched(vec![1, 2, 3], 2),
+            Page {
+                items: vec![1, 2],
+                has_more: true
+            }
+        );
+        assert_eq!(
+            Page::of_fetched(vec![1, 2], 2),
+            Page {
+                items: vec![1, 2],
+                has_more: false
+            }
+        );
+        assert_eq!(
+            Page::of_fetched(Vec::<u8>::new(), 0),
+            Page {
+                items: vec![],
+                has_more: false
+            }
+        );
+    }
 }

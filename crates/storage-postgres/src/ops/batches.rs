@@ -151,10 +151,8 @@ pub async fn list_files<C: Db>(
     values.push(Box::new(to_i64(limit as u64 + 1)?));
     sql.push_str(&format!(" ORDER BY id LIMIT ${}", values.len()));
     let rows = db.query(&sql, &params_of(&values)).await?;
-    let mut items = rows.iter().map(decode_file).collect::<Res<Vec<_>>>()?;
-    let has_more = items.len() > limit;
-    items.truncate(limit);
-    Ok(Page { items, has_more })
+    let items = rows.iter().map(decode_file).collect::<Res<Vec<_>>>()?;
+    Ok(Page::of_fetched(items, limit))
 }
 
 /// Removes a file's record (and its bytes, which are rows of this database too), unless a batch
@@ -265,10 +263,8 @@ pub async fn list_batches<C: Db>(
     values.push(Box::new(to_i64(limit as u64 + 1)?));
     sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", values.len()));
     let rows = db.query(&sql, &params_of(&values)).await?;
-    let mut items = rows.iter().map(decode_batch).collect::<Res<Vec<_>>>()?;
-    let has_more = items.len() > limit;
-    items.truncate(limit);
-    Ok(Page { items, has_more })
+    let items = rows.iter().map(decode_batch).collect::<Res<Vec<_>>>()?;
+    Ok(Page::of_fetched(items, limit))
 }
 
 /// The batches that have not ended, oldest first.

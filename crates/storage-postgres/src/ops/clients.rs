@@ -1,7 +1,7 @@
 //! Clients, pairing codes and the pairing limit (kept in `service_config`, its row locked by
 //! every redemption, so the limit holds across processes).
 
-use lmsp_domain::auth::{Client, Pairing, PairingLimit, SecretHash};
+use lmsp_domain::auth::{redeem, Client, Pairing, PairingLimit, RedeemWrite, SecretHash};
 use lmsp_domain::ids::ClientId;
 use lmsp_domain::ports::Redemption;
 use lmsp_domain::schedule::ClientLimits;
@@ -9,7 +9,7 @@ use lmsp_domain::time::Timestamp;
 use tokio_postgres::Row;
 
 use crate::codec;
-use crate::codec::{ClientRow, CLIENT_COLUMNS};
+use crate::codec::{sql, ClientRow};
 use crate::ops::{client_key, config_value, corrupt, set_config_value, Db, Res};
 
 fn build_client(row: &Row) -> Res<Client> {
@@ -28,8 +28,7 @@ fn build_client(row: &Row) -> Res<Client> {
 pub async fn insert_client<C: Db>(db: &C, client: &Client) -> Res<()> {
     let row = ClientRow::encode(client)?;
     db.execute(
-        "INSERT INTO clients (id, name, token_hash, scopes, created_at, revoked_at) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
+        sql::INSERT_CLIENT,
         &[
             &row.id,
             &row.name,
@@ -45,10 +44,7 @@ pub async fn insert_client<C: Db>(db: &C, client: &Client) -> Res<()> {
 
 /// The unrevoked client with this token hash.
 pub async fn client_by_token_hash<C: Db>(db: &C, hash: &SecretHash) -> Res<Option<Client>> {
-    let sql = format!(
-        "SELECT {CLIENT_COLUMNS} FROM clients WHERE token_hash = $1 AND revoked_at IS NULL"
-    );
-    db.query_opt(&sql, &[&hash.to_hex()])
+    db.query_opt(&sql::client_by_token_hash(), &[&hash.to_hex()])
         .await?
         .as_ref()
         .map(build_client)
@@ -57,8 +53,7 @@ pub async fn client_by_token_hash<C: Db>(db: &C, hash: &SecretHash) -> Res<Optio
 
 /// A client by id.
 pub async fn client<C: Db>(db: &C, id: ClientId) -> Res<Option<Client>> {
-    let sql = format!("SELECT {CLIENT_COLUMNS} FROM clients WHERE id = $1");
-    db.query_opt(&sql, &[&id.to_string()])
+    db.query_opt(&sql::client_by_id(), &[&id.to_string()])
         .await?
         .as_ref()
         .map(build_client)
@@ -67,8 +62,7 @@ pub async fn client<C: Db>(db: &C, id: ClientId) -> Res<Option<Client>> {
 
 /// Every client, oldest first.
 pub async fn list_clients<C: Db>(db: &C) -> Res<Vec<Client>> {
-    let sql = format!("SELECT {CLIENT_COLUMNS} FROM clients ORDER BY created_at, id");
-    db.query(&sql, &[])
+    db.query(&sql::all_clients(), &[])
         .await?
         .iter()
         .map(build_client)
@@ -78,10 +72,7 @@ pub async fn list_clients<C: Db>(db: &C) -> Res<Vec<Client>> {
 /// Revokes a client.
 pub async fn revoke_client<C: Db>(db: &C, id: ClientId, at: Timestamp) -> Res<bool> {
     let changed = db
-        .execute(
-            "UPDATE clients SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL",
-            &[&at.as_millis(), &id.to_string()],
-        )
+        .execute(sql::REVOKE_CLIENT, &[&at.as_millis(), &id.to_string()])
         .await?;
     Ok(changed == 1)
 }
@@ -89,10 +80,7 @@ pub async fn revoke_client<C: Db>(db: &C, id: ClientId, at: Timestamp) -> Res<bo
 /// A client's limits, as `client_queues` keeps them.
 pub async fn client_limits<C: Db>(db: &C, id: ClientId) -> Res<ClientLimits> {
     let row = db
-        .query_opt(
-            "SELECT max_running, max_queued FROM client_queues WHERE client_id = $1",
-            &[&client_key(id).to_vec()],
-        )
+        .query_opt(sql::CLIENT_LIMITS, &[&client_key(id).to_vec()])
         .await?;
     let Some(row) = row else {
         return Ok(ClientLimits::default());
@@ -106,9 +94,7 @@ pub async fn client_limits<C: Db>(db: &C, id: ClientId) -> Res<ClientLimits> {
 
 /// Replaces a client's limits; `false` when there is no such client.
 pub async fn set_client_limits<C: Db>(db: &C, id: ClientId, limits: ClientLimits) -> Res<bool> {
-    let exists = db
-        .query_opt("SELECT 1 FROM clients WHERE id = $1", &[&id.to_string()])
-        .await?;
+    let exists = db.query_opt(sql::CLIENT_EXISTS, &[&id.to_string()]).await?;
     if exists.is_none() {
         return Ok(false);
     }
@@ -118,9 +104,7 @@ pub async fn set_client_limits<C: Db>(db: &C, id: ClientId, limits: ClientLimits
         limit(limits.max_queued).map_err(|_| corrupt("a limit out of range"))?,
     );
     db.execute(
-        "INSERT INTO client_queues (client_id, max_running, max_queued) VALUES ($1, $2, $3) \
-         ON CONFLICT (client_id) DO UPDATE SET max_running = EXCLUDED.max_running, \
-         max_queued = EXCLUDED.max_queued",
+        sql::SET_CLIENT_LIMITS,
         &[&client_key(id).to_vec(), &max_running, &max_queued],
     )
     .await?;
@@ -172,30 +156,21 @@ pub async fn redeem_pairing<C: Db>(
         Some(row) => Some(row.try_get(0)?),
         None => None,
     };
-    let Some(scopes) = scopes else {
-        let after = limit.after_failure(at);
-        set_config_value(
-            db,
-            PAIRING_LIMIT,
-            &codec::pairing_limit_to_text(&after.limit)?,
-        )
-        .await?;
-        if after.burn_codes {
-            db.execute("DELETE FROM pairings", &[]).await?;
+    let granted = scopes.as_deref().map(codec::scopes_from_text).transpose()?;
+    let write = redeem(&limit, granted.as_ref(), &client.scopes, at);
+    match &write {
+        RedeemWrite::Failure(after) => {
+            let text = codec::pairing_limit_to_text(&after.limit)?;
+            set_config_value(db, PAIRING_LIMIT, &text).await?;
+            if after.burn_codes {
+                db.execute("DELETE FROM pairings", &[]).await?;
+            }
         }
-        return Ok(Redemption::NoSuchCode {
-            limit_reached: after.burn_codes,
-        });
-    };
-    let granted = codec::scopes_from_text(&scopes)?;
-    if !client.scopes.is_subset_of(&granted) {
-        return Ok(Redemption::ScopesNotGranted);
+        RedeemWrite::ScopesNotGranted => {}
+        RedeemWrite::Pair => {
+            db.execute(sql::DELETE_PAIRING, &[&hash.to_hex()]).await?;
+            insert_client(db, client).await?;
+        }
     }
-    db.execute(
-        "DELETE FROM pairings WHERE code_hash = $1",
-        &[&hash.to_hex()],
-    )
-    .await?;
-    insert_client(db, client).await?;
-    Ok(Redemption::Paired)
+    Ok(write.redemption())
 }

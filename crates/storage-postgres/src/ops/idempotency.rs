@@ -13,7 +13,7 @@ use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::answered_key;
 
-use crate::codec::{IdempotencyRow, IDEMPOTENCY_COLUMNS};
+use crate::codec::{sql, IdempotencyRow, IDEMPOTENCY_COLUMNS};
 use crate::error::DbError;
 use crate::ops::models::insert_model;
 use crate::ops::{client_key, instance_key, to_i64, Db, Res};
@@ -157,14 +157,12 @@ pub async fn release_key<C: Db>(
 ) -> Res<()> {
     let id = client_key(scope.client_id);
     db.execute(
-        "DELETE FROM idempotency_keys \
-         WHERE client_id = $1 AND operation = $2 AND key = $3 AND reply IS NULL",
+        sql::DELETE_PENDING_KEY,
         &[&id, &scope.operation.as_str(), &key_text.as_str()],
     )
     .await?;
     db.execute(
-        "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL \
-         WHERE client_id = $1 AND operation = $2 AND key = $3",
+        sql::UNHOLD_KEY,
         &[&id, &scope.operation.as_str(), &key_text.as_str()],
     )
     .await?;
@@ -186,15 +184,7 @@ pub async fn purge_idempotency<C: Db>(db: &C, at: Timestamp, batch: usize) -> Re
 /// Ends every hold of a stopped instance: its pending records go, its answered ones replay.
 pub async fn release_holds_of<C: Db>(db: &C, instance: InstanceId) -> Res<()> {
     let id = instance_key(instance);
-    db.execute(
-        "DELETE FROM idempotency_keys WHERE held_by = $1 AND reply IS NULL",
-        &[&id],
-    )
-    .await?;
-    db.execute(
-        "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL WHERE held_by = $1",
-        &[&id],
-    )
-    .await?;
+    db.execute(sql::DELETE_PENDING_KEYS_OF, &[&id]).await?;
+    db.execute(sql::UNHOLD_KEYS_OF, &[&id]).await?;
     Ok(())
 }

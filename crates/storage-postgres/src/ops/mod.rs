@@ -106,7 +106,7 @@ pub use codec::{from_i64, to_i64, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM};
 
 /// A stored row that makes no sense.
 pub fn corrupt(what: impl std::fmt::Display) -> DbError {
-    DbError::Corrupt(what.to_string())
+    codec::corrupt(what).into()
 }
 
 /// The stored key of a task id: its ULID's 16 bytes (so key order is creation order).

@@ -186,10 +186,8 @@ pub async fn list_tasks<C: Db>(db: &C, filter: &TaskFilter) -> Res<Page<Task>> {
         .map(|value| value.as_ref() as &(dyn ToSql + Sync))
         .collect();
     let rows = db.query(&sql, &params).await?;
-    let mut items = rows.iter().map(decode_task).collect::<Res<Vec<Task>>>()?;
-    let has_more = items.len() > filter.limit;
-    items.truncate(filter.limit);
-    Ok(Page { items, has_more })
+    let items = rows.iter().map(decode_task).collect::<Res<Vec<Task>>>()?;
+    Ok(Page::of_fetched(items, filter.limit))
 }
 
 /// A task's snapshot.

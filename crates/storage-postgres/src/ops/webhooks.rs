@@ -119,10 +119,8 @@ pub async fn list_endpoints<C: Db>(
             db.query(&sql, &[&fetch]).await?
         }
     };
-    let mut items = rows.iter().map(decode_endpoint).collect::<Res<Vec<_>>>()?;
-    let has_more = items.len() > limit;
-    items.truncate(limit);
-    Ok(Page { items, has_more })
+    let items = rows.iter().map(decode_endpoint).collect::<Res<Vec<_>>>()?;
+    Ok(Page::of_fetched(items, limit))
 }
 
 /// Rewrites an endpoint (every column but its id and `created_at`); `false` when there is none.

@@ -125,10 +125,8 @@ fn page<T, E>(items: impl Iterator<Item = Result<T, E>>, limit: usize) -> Res<Pa
 where
     crate::error::DbError: From<E>,
 {
-    let mut items = items.collect::<Result<Vec<T>, E>>()?;
-    let has_more = items.len() > limit;
-    items.truncate(limit);
-    Ok(Page { items, has_more })
+    let items = items.collect::<Result<Vec<T>, E>>()?;
+    Ok(Page::of_fetched(items, limit))
 }
 
 /// The statuses of a batch that has not ended, as bound parameters.

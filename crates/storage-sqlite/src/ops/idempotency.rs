@@ -12,9 +12,9 @@ use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::answered_key;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::codec::{IdempotencyRow, IDEMPOTENCY_COLUMNS};
+use crate::codec::{sql, IdempotencyRow, IDEMPOTENCY_COLUMNS};
 use crate::ops::models::insert_model;
-use crate::ops::{client_key, instance_key, to_i64, Res};
+use crate::ops::{client_key, instance_key, prepare, to_i64, Res};
 
 /// The record stored under a key, expired or not.
 pub fn stored_record(
@@ -126,16 +126,16 @@ pub fn release_key(
     key_text: &IdempotencyKey,
 ) -> Res<()> {
     let id = client_key(scope.client_id);
-    conn.prepare_cached(
-        "DELETE FROM idempotency_keys \
-         WHERE client_id = ?1 AND operation = ?2 AND key = ?3 AND reply IS NULL",
-    )?
-    .execute(params![id, scope.operation.as_str(), key_text.as_str()])?;
-    conn.prepare_cached(
-        "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL \
-         WHERE client_id = ?1 AND operation = ?2 AND key = ?3",
-    )?
-    .execute(params![id, scope.operation.as_str(), key_text.as_str()])?;
+    prepare(conn, sql::DELETE_PENDING_KEY)?.execute(params![
+        id,
+        scope.operation.as_str(),
+        key_text.as_str()
+    ])?;
+    prepare(conn, sql::UNHOLD_KEY)?.execute(params![
+        id,
+        scope.operation.as_str(),
+        key_text.as_str()
+    ])?;
     Ok(())
 }
 
@@ -153,11 +153,7 @@ pub fn purge_idempotency(conn: &Connection, at: Timestamp, batch: usize) -> Res<
 /// Ends every hold of a stopped instance: its pending records go, its answered ones replay.
 pub fn release_holds_of(conn: &Connection, instance: InstanceId) -> Res<()> {
     let id = instance_key(instance);
-    conn.prepare_cached("DELETE FROM idempotency_keys WHERE held_by = ?1 AND reply IS NULL")?
-        .execute([id])?;
-    conn.prepare_cached(
-        "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL WHERE held_by = ?1",
-    )?
-    .execute([id])?;
+    prepare(conn, sql::DELETE_PENDING_KEYS_OF)?.execute([id])?;
+    prepare(conn, sql::UNHOLD_KEYS_OF)?.execute([id])?;
     Ok(())
 }

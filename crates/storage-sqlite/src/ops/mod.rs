@@ -20,7 +20,7 @@ use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
-use rusqlite::{params, Connection, OptionalExtension, Row, Statement};
+use rusqlite::{params, CachedStatement, Connection, OptionalExtension, Row, Statement};
 use ulid::Ulid;
 
 use crate::codec;
@@ -33,7 +33,13 @@ pub use codec::{from_i64, to_i64, TASK_COLUMNS, TASK_FROM};
 
 /// A stored row that makes no sense.
 pub fn corrupt(what: impl std::fmt::Display) -> DbError {
-    DbError::Corrupt(what.to_string())
+    codec::corrupt(what).into()
+}
+
+/// A statement both adapters run (`codec::sql`, written with `$N` placeholders), prepared once
+/// per connection under its SQLite text (`?N`).
+pub fn prepare<'c>(conn: &'c Connection, shared: &str) -> rusqlite::Result<CachedStatement<'c>> {
+    conn.prepare_cached(&codec::sql::for_sqlite(shared))
 }
 
 /// The stored key of a task id: its ULID's 16 bytes (so key order is creation order).

@@ -336,13 +336,11 @@ pub fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Res<Page<Task>> {
         .prepare_cached(&sql)?
         .query_map(rusqlite::params_from_iter(values), raw_task)?
         .collect::<Result<_, _>>()?;
-    let mut items = raws
+    let items = raws
         .into_iter()
         .map(RawTask::decode)
         .collect::<Res<Vec<Task>>>()?;
-    let has_more = items.len() > filter.limit;
-    items.truncate(filter.limit);
-    Ok(Page { items, has_more })
+    Ok(Page::of_fetched(items, filter.limit))
 }
 
 /// A task's snapshot.

@@ -95,13 +95,11 @@ pub fn list_endpoints(
         ))?
         .query_map(params![before, to_i64(limit as u64 + 1)?], endpoint_row)?
         .collect::<Result<_, _>>()?;
-    let mut items = rows
+    let items = rows
         .into_iter()
         .map(|row| row.decode().map_err(Into::into))
         .collect::<Res<Vec<_>>>()?;
-    let has_more = items.len() > limit;
-    items.truncate(limit);
-    Ok(Page { items, has_more })
+    Ok(Page::of_fetched(items, limit))
 }
 
 /// Rewrites an endpoint; `false` when there is none.
