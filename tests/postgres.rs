@@ -9,49 +9,10 @@
 
 use lmsp_tests as common;
 
+use common::postgres::{fresh_database, instance};
 use common::{prompt, TestServer};
 use serde_json::Value;
 use std::collections::BTreeSet;
-
-/// A fresh, empty database on the test server; its URL.
-async fn fresh_database() -> String {
-    let base = std::env::var("LMSP_TEST_POSTGRES_URL").unwrap_or_else(|_| {
-        panic!(
-            "LMSP_TEST_POSTGRES_URL is not set: run `scripts/postgres-test-cluster start` and \
-             export the URL it prints (scripts/test does both)"
-        )
-    });
-    let (client, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {base}: {e}"));
-    tokio::spawn(connection);
-    let name = format!(
-        "lmsp_e2e_{}_{}",
-        std::process::id(),
-        ulid::Ulid::new().to_string().to_lowercase()
-    );
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
-    let (prefix, _) = base.rsplit_once('/').expect("a URL with a database");
-    format!("{prefix}/{name}")
-}
-
-/// Starts an instance named `name` on `database`, with the admin token of the first instance.
-fn instance(database: &str, name: &str, admin_token: Option<&str>, extra: &[&str]) -> TestServer {
-    let mut args = vec!["--database", database, "--instance", name, "--lease", "2s"];
-    args.extend_from_slice(extra);
-    let mut server = TestServer::start(&args);
-    if let Some(token) = admin_token {
-        assert!(
-            server.announced_token.is_none(),
-            "only the first instance creates the admin client"
-        );
-        server.admin_token = token.to_owned();
-    }
-    server
-}
 
 async fn finished(server: &TestServer, id: &str) -> Value {
     server

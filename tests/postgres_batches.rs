@@ -10,52 +10,12 @@
 
 use lmsp_tests as common;
 
+use common::postgres::{fresh_database, instance};
 use common::{prompt, TestServer};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
-
-/// A fresh, empty database on the test server; its URL (as tests/postgres.rs makes one).
-async fn fresh_database() -> String {
-    let base = std::env::var("LMSP_TEST_POSTGRES_URL").unwrap_or_else(|_| {
-        panic!(
-            "LMSP_TEST_POSTGRES_URL is not set: run `scripts/postgres-test-cluster start` and \
-             export the URL it prints (scripts/test does both)"
-        )
-    });
-    let (client, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {base}: {e}"));
-    tokio::spawn(connection);
-    let name = format!(
-        "lmsp_e2e_{}_{}",
-        std::process::id(),
-        ulid::Ulid::new().to_string().to_lowercase()
-    );
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .unwrap();
-    let (prefix, _) = base.rsplit_once('/').expect("a URL with a database");
-    format!("{prefix}/{name}")
-}
-
-/// Starts an instance named `name` on `database` (a 2 s lease), with the admin token of the
-/// first instance (as tests/postgres.rs starts one).
-fn instance(database: &str, name: &str, admin_token: Option<&str>, extra: &[&str]) -> TestServer {
-    let mut args = vec!["--database", database, "--instance", name, "--lease", "2s"];
-    args.extend_from_slice(extra);
-    let mut server = TestServer::start(&args);
-    if let Some(token) = admin_token {
-        assert!(
-            server.announced_token.is_none(),
-            "only the first instance creates the admin client"
-        );
-        server.admin_token = token.to_owned();
-    }
-    server
-}
 
 /// The multipart boundary of the uploads (the tests' reqwest has no `multipart` feature, so the
 /// body is written by hand); an upload checks its bytes do not contain it.
@@ -124,13 +84,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// The value of a series of `server`'s `GET /metrics`, 0 when it is not (yet) there (a labelled
 /// counter appears at its first increment).
 async fn metric_or_zero(server: &TestServer, series: &str) -> f64 {
-    let text = server.metrics_text().await;
-    text.lines()
-        .find_map(|line| {
-            let value = line.strip_prefix(series)?;
-            value.starts_with(' ').then(|| value.trim().parse().ok())?
-        })
-        .unwrap_or(0.0)
+    common::metric_or_zero(&server.metrics_text().await, series)
 }
 
 /// Lines this process finished as completed (`lmsp_tasks_finished_total` counts the tasks whose

