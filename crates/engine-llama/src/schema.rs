@@ -65,6 +65,9 @@ const ANNOTATIONS: &[&str] = &[
     "writeOnly",
     "$defs",
     "definitions",
+    // OpenAPI's tag of a union (pydantic's discriminated unions): the branches' `const` tags
+    // constrain the value already. (Their `oneOf` is refused on its own.)
+    "discriminator",
 ];
 
 /// String formats the converter turns into grammar rules.

@@ -80,6 +80,10 @@ pub fn check_schema(schema: &Value, param: &str) -> Result<(), ApiError> {
             "pattern" | "$ref" | "description" | "title" | "format" | "$schema" | "$id"
             | "$comment" => value.is_string(),
             "const" | "default" | "examples" | "deprecated" | "readOnly" | "writeOnly" => true,
+            // OpenAPI's annotation of a tagged union (pydantic writes it for a discriminated
+            // union, and openai-python's strict schema keeps it): the `oneOf` branches' `const`
+            // tags already constrain the value, so it adds no rule.
+            "discriminator" => value.get("propertyName").is_some_and(Value::is_string),
             _ => {
                 return Err(bad(
                     &at,
@@ -355,6 +359,23 @@ mod tests {
             "b": {"type": "array", "items": {"enum": [1, 2]}}}, "required": ["a"],
             "additionalProperties": false});
         assert!(check_schema(&fine, "s").is_ok());
+    }
+
+    /// What pydantic writes for `Union[A, B] = Field(discriminator="kind")`.
+    #[test]
+    fn a_discriminated_union_is_accepted_and_a_malformed_discriminator_is_not() {
+        let union = json!({"type": "object", "properties": {"d": {
+            "oneOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}],
+            "discriminator": {"propertyName": "kind",
+                              "mapping": {"a": "#/$defs/A", "b": "#/$defs/B"}}}},
+            "$defs": {"A": {"type": "object", "properties": {"kind": {"const": "a"}}},
+                      "B": {"type": "object", "properties": {"kind": {"const": "b"}}}}});
+        assert!(check_schema(&union, "s").is_ok());
+        let malformed = json!({"oneOf": [{"type": "string"}], "discriminator": "kind"});
+        assert_eq!(
+            param(check_schema(&malformed, "s").unwrap_err()).as_deref(),
+            Some("s.discriminator")
+        );
     }
 
     #[test]
