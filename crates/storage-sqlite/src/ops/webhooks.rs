@@ -133,6 +133,18 @@ pub fn delete_endpoint(conn: &Connection, id: WebhookEndpointId) -> Res<bool> {
     Ok(deleted == 1)
 }
 
+/// Whether any delivery is due at `now` and not leased: a read on `webhook_deliveries_due`, so
+/// the deliverer's poll takes the writer only when there is something to claim.
+pub fn any_due(conn: &Connection, now: Timestamp) -> Res<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM webhook_deliveries \
+             WHERE next_attempt_at IS NOT NULL AND next_attempt_at <= ?1 \
+                 AND (leased_until IS NULL OR leased_until < ?1))",
+        )?
+        .query_row([now.as_millis()], |row| row.get(0))?)
+}
+
 /// Leases the due deliveries: at most `per_endpoint` of each endpoint that has none leased now,
 /// oldest due first, at most `limit` in all.
 pub fn claim_deliveries(
