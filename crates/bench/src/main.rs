@@ -11,8 +11,11 @@
 //! (one instance and three on one database) beside `pgbench`'s insert-commit ceiling of the same
 //! cluster (`--only postgres`; in the default set when a PostgreSQL is available), measures
 //! OpenAI's Batch API on a 50 000-line batch (upload, validate + create, lines per second against
-//! the same lines posted one by one, an interactive client's p99 while it runs), and prints a
-//! table of
+//! the same lines posted one by one, an interactive client's p99 while it runs), measures SQLite
+//! claims per second with a long queue of one client beside the same queue spread over the three
+//! service tiers and many clients (`--only claims`, in process through the storage port), and
+//! task completions per second with a webhook receiver that hangs beside none (`--only
+//! webhooks`), and prints a table of
 //! figure | measured (min / median / max) | ceiling | ratio | target | met?.
 //!
 //! `--quick` runs a small version in seconds (CI's smoke test: it asserts the harness works,
@@ -34,7 +37,9 @@ mod recovery;
 mod report;
 mod results;
 mod rss;
+mod sqlite_claims;
 mod submit;
+mod webhooks;
 
 use lmsp_bench::{server, stats};
 
@@ -60,8 +65,9 @@ struct Cli {
     /// Repetitions of each figure (default 3, 1 with --quick).
     #[arg(long)]
     reps: Option<usize>,
-    /// Only these figures (comma-separated): submit, events, recovery, purge, rss, peer,
-    /// postgres, batch (by default all; postgres only when a PostgreSQL is available).
+    /// Only these figures (comma-separated, or the flag repeated): submit, events, recovery,
+    /// purge, rss, peer, postgres, batch, claims, webhooks (by default all; postgres only when a
+    /// PostgreSQL is available).
     #[arg(long, value_delimiter = ',')]
     only: Vec<Figure>,
     /// The `lmsp` binary (default: next to this executable; also env LMSP_BIN).
@@ -102,6 +108,12 @@ struct Cli {
     /// Batch API's limit).
     #[arg(long)]
     batch_lines: Option<usize>,
+    /// Tasks queued for the claims figures (default 1 000 000, 3 000 with --quick).
+    #[arg(long)]
+    claim_queue: Option<usize>,
+    /// Background tasks completed in each webhooks run (default 2 000, 200 with --quick).
+    #[arg(long)]
+    webhook_tasks: Option<usize>,
     /// Seconds of each submit run.
     #[arg(long)]
     submit_seconds: Option<f64>,
@@ -126,6 +138,8 @@ enum Figure {
     Peer,
     Postgres,
     Batch,
+    Claims,
+    Webhooks,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -227,6 +241,12 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     if wants(&cli, Figure::Batch) {
         record(&mut results, "batch", phases.batch_phase().await);
+    }
+    if wants(&cli, Figure::Claims) {
+        record(&mut results, "claims", phases.claims_phase().await);
+    }
+    if wants(&cli, Figure::Webhooks) {
+        record(&mut results, "webhooks", phases.webhooks_phase().await);
     }
 
     let failed = results

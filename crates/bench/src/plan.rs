@@ -48,6 +48,20 @@ pub struct Plan {
     pub(crate) batch_idle: Duration,
     /// Concurrent clients posting the comparison's background submits.
     pub(crate) batch_submit_clients: usize,
+    /// Tasks queued for the SQLite claims figures (single queue, and across tiers).
+    pub(crate) claim_queue: usize,
+    /// Clients with queued work in the claims figure across tiers.
+    pub(crate) claim_clients: usize,
+    /// Concurrent claim loops (a service's workers).
+    pub(crate) claim_loops: usize,
+    /// Claims before the counted part of each run (not counted).
+    pub(crate) claim_warmup: Duration,
+    /// How long the counted part of each claims run lasts.
+    pub(crate) claim_duration: Duration,
+    /// Background tasks completed in each webhooks run.
+    pub(crate) webhook_tasks: usize,
+    /// Concurrent clients posting them.
+    pub(crate) webhook_clients: usize,
 }
 
 impl Plan {
@@ -87,6 +101,13 @@ impl Plan {
                 batch_interactive_every: Duration::from_millis(50),
                 batch_idle: Duration::from_millis(500),
                 batch_submit_clients: 64,
+                claim_queue: 3_000,
+                claim_clients: 100,
+                claim_loops: 4,
+                claim_warmup: Duration::from_millis(100),
+                claim_duration: Duration::from_millis(300),
+                webhook_tasks: 200,
+                webhook_clients: 16,
             }
         } else {
             Plan {
@@ -121,6 +142,13 @@ impl Plan {
                 batch_interactive_every: Duration::from_millis(50),
                 batch_idle: Duration::from_secs(10),
                 batch_submit_clients: 64,
+                claim_queue: 1_000_000,
+                claim_clients: 1_000,
+                claim_loops: 4,
+                claim_warmup: Duration::from_millis(500),
+                claim_duration: Duration::from_secs(5),
+                webhook_tasks: 2_000,
+                webhook_clients: 16,
             }
         };
         if let Some(reps) = cli.reps {
@@ -138,6 +166,12 @@ impl Plan {
         plan.streams_per_task = cli.streams_per_task.max(1);
         if let Some(n) = cli.batch_lines {
             plan.batch_lines = n.max(1);
+        }
+        if let Some(n) = cli.claim_queue {
+            plan.claim_queue = n.max(1);
+        }
+        if let Some(n) = cli.webhook_tasks {
+            plan.webhook_tasks = n.max(1);
         }
         if let Some(s) = cli.submit_seconds {
             plan.submit_duration = Duration::from_secs_f64(s.max(0.05));

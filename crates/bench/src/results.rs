@@ -37,6 +37,10 @@ pub struct Results {
     pub(crate) pg: PgFigures,
     /// The Batch API figures.
     pub(crate) batch: BatchFigures,
+    /// SQLite claims per second, single queue and across tiers.
+    pub(crate) claims: ClaimFigures,
+    /// Completions per second with and without a hanging webhook receiver.
+    pub(crate) webhooks: WebhookFigures,
     /// Figure family → why it did not run or failed.
     pub(crate) problems: BTreeMap<&'static str, String>,
 }
@@ -121,4 +125,37 @@ pub struct BatchFigures {
     pub(crate) busy_p99: Spread,
     /// Interactive requests not answered 200 (idle and busy, every repetition).
     pub(crate) interactive_errors: u64,
+}
+
+/// SQLite claims per second with `claim_queue` tasks queued (in process, the storage port's
+/// `claim_next`, `claim_loops` loops each ending its task before the next claim).
+#[derive(Debug, Default)]
+pub struct ClaimFigures {
+    /// Preparing the single queue's template and the one across tiers (once per run), s.
+    pub(crate) prepare_single_s: Spread,
+    pub(crate) prepare_tiers_s: Spread,
+    /// Claims per second, every task one client's in the `default` tier.
+    pub(crate) single_per_s: Spread,
+    /// A `claim_next` call's p50 and p99 there, ms.
+    pub(crate) single_p50: Spread,
+    pub(crate) single_p99: Spread,
+    /// Claims per second, the same number of tasks over three tiers and `claim_clients` clients.
+    pub(crate) tiers_per_s: Spread,
+    /// A `claim_next` call's p50 and p99 there, ms.
+    pub(crate) tiers_p50: Spread,
+    pub(crate) tiers_p99: Spread,
+}
+
+/// Completions per second of `webhook_tasks` background tasks, with and without a webhook
+/// receiver that hangs.
+#[derive(Debug, Default)]
+pub struct WebhookFigures {
+    /// No webhook endpoint.
+    pub(crate) without_per_s: Spread,
+    /// An endpoint subscribed to `response.completed` whose receiver never answers.
+    pub(crate) hanging_per_s: Spread,
+    /// Its deliveries neither delivered nor given up when the service was stopped.
+    pub(crate) pending: Spread,
+    /// Connections the receiver accepted.
+    pub(crate) connections: Spread,
 }

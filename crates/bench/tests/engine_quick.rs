@@ -2,7 +2,11 @@
 //! (built from the sources under test, see `common`) and a real llama.cpp server (the venv of
 //! `scripts/llamacpp-server-deps`, which `scripts/test` installs; the test fails without it), and
 //! checks that every path streamed the model's exact text (the harness checks each reply) and
-//! that both comparison rows are printed. It asserts that the harness works, never a speed.
+//! that every table is printed: the paths and both comparisons, LMSP in process beside
+//! llama.cpp's server (time to first token of a new and a repeated prompt, 1 and 4 streams,
+//! with and without checkpoints), and resume latency after a kill -9 at each of the quick run's
+//! points (8 and 40 text deltas) with and without checkpoints. It asserts that the harness
+//! works, never a speed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,7 +16,7 @@ use std::path::Path;
 use std::process::Command;
 
 #[test]
-fn engine_bench_quick_streams_every_path_and_prints_both_comparisons() {
+fn engine_bench_quick_streams_every_path_and_prints_every_table() {
     let lmsp = common::lmsp();
     let python =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/llamacpp-venv/bin/python");
@@ -39,10 +43,24 @@ fn engine_bench_quick_streams_every_path_and_prints_both_comparisons() {
         "| llama.cpp server, direct |",
         "| LMSP → llama.cpp server (--engine openai) |",
         "| llama-cpp-2 alone, in process |",
-        "| LMSP in process (--engine llama) |",
+        "| LMSP in process (--engine llama, --checkpoint-every 8) |",
+        "| LMSP in process (--engine llama, --checkpoint-every 0) |",
         "| LMSP → llama.cpp server (--engine openai) | llama.cpp server, direct |",
-        "| LMSP in process (--engine llama) | llama-cpp-2 alone, in process |",
+        "| LMSP in process (--engine llama, --checkpoint-every 8) | llama-cpp-2 alone, in process |",
+        "| TTFT p50, a new prompt (",
+        "| TTFT p50, a repeated prompt (",
+        "| tokens/s, 1 stream (",
+        "| tokens/s, 4 streams at once, all together (",
+        "| tokens/s, 1 stream, LMSP with checkpoints (every 8) / without |",
+        "| 8 (",
+        "| 40 (",
+        "| with checkpoints: after 40 ≤ 1.2 × after 8 |",
+        "| without checkpoints: after 40 ≤ 1.2 × after 8 |",
     ] {
         assert!(stdout.contains(row), "no row {row}:\n{stdout}");
     }
+    assert!(
+        !stdout.contains("not run"),
+        "a figure was not measured:\n{stdout}"
+    );
 }

@@ -79,6 +79,10 @@ fn quick_mode_runs_end_to_end_and_prints_every_figure() {
         "| batch: every line counted → completed",
         "| batch: interactive latency p50 / p99, idle service |",
         "| batch: interactive latency p50 / p99, while the batch runs |",
+        "| claims: claims per second, 3 000 tasks queued across 3 tiers and 100 clients,",
+        "| claims: claims per second, 3 000 tasks of one client in the default tier",
+        "| webhooks: completions per second with a receiver that hangs",
+        "| webhooks: deliveries still pending at the end",
     ] {
         let line = stdout
             .lines()

@@ -1,60 +1,98 @@
-//! Engine overhead: the same model streamed through LMSP and directly, in one run.
+//! Engine overhead: the same GGUF model streamed through LMSP and directly, in one run.
 //!
-//! The model is the tests' tiny GGUF model (`crates/engine-llama/tests/tiny`, written at run
-//! time): its greedy output is known, every request generates exactly `--tokens` tokens, and its
-//! tokens are so cheap (a fraction of a millisecond each) that it shows the service's own cost
-//! per token at its largest; a real model's tokens take 10–100× longer, the overhead stays the
-//! same. Four paths, each streamed `--requests` times per repetition, one request at a time:
+//! The model is `--model PATH`, or by default the tests' tiny GGUF model
+//! (`crates/engine-llama/tests/tiny`, written at run time): its greedy output is known, every
+//! request generates exactly `--tokens` tokens, and its tokens are so cheap (a fraction of a
+//! millisecond each) that it shows the service's own cost per token at its largest. A real model
+//! (e.g. SmolLM2 of `scripts/smollm2-model`) runs greedy with seed 1 on a prompt that makes long
+//! output; its outputs are not known in advance, so the harness reports the tokens each path
+//! actually generated.
 //!
-//! - **llama.cpp server, direct**: a streaming chat completion straight to llama.cpp's HTTP
-//!   server (the pinned `xllamacpp` of `scripts/llamacpp-server-deps`);
-//! - **LMSP → llama.cpp server**: `lmsp serve --engine openai` in front of that same server, a
-//!   streaming `POST /v1/responses`;
-//! - **llama-cpp-2 alone**: the binding in this process — load, context, prompt, greedy loop;
-//! - **LMSP in process**: `lmsp serve --engine llama` on the same file.
+//! 1. **Four paths**, each streamed `--requests` times per repetition, one request at a time:
+//!    llama.cpp's server directly (the pinned `xllamacpp` of `scripts/llamacpp-server-deps`),
+//!    `lmsp serve --engine openai` in front of it, the llama-cpp-2 binding alone in this
+//!    process, and `lmsp serve --engine llama` on the same file (with its default checkpoints,
+//!    and again with `--checkpoint-every 0`): time to first token and tokens per second.
+//! 2. **LMSP in process beside llama.cpp's server**: time to first token p50 for a new prompt
+//!    (a system message that starts with a number never sent before) and for a repeated one
+//!    (LMSP's prompt cache, llama.cpp's `cache_prompt` slot cache); tokens per second with 1
+//!    stream and with 4 at once (llama.cpp `--parallel 4`, LMSP `--workers 4`); with and without
+//!    checkpoints; each beside its target.
+//! 3. **Resume latency**: a background task with `on_restart: "resume"`, its service killed with
+//!    SIGKILL after N text deltas (100, 500, 1 500, 3 000; capped by the context), started again,
+//!    and timed from the restarted process's spawn (and from its "listening" line) to the resumed
+//!    run's first text delta on the task's event stream, with and without checkpoints.
 //!
-//! Time to first token (request sent → first text received) and tokens per second (after the
-//! first token) for each, and each LMSP path beside its direct path: TTFT + Δ ms (p50) and the
-//! tokens/s ratio. Targets: Δ ≤ 2 ms, tokens/s ≥ 95 %.
-//!
-//! Run: `cargo build --release -p lmsp -p lmsp-bench --bins && scripts/llamacpp-server-deps &&
-//! target/release/engine-bench` (`--quick`: a few short requests).
+//! Run: `cargo build --release --workspace --bins && scripts/llamacpp-server-deps &&
+//! target/release/engine-bench [--model target/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf]`
+//! (`--quick`: a few short requests, every path and phase at tiny sizes; CI's smoke test).
 
 #[path = "../../../engine-llama/tests/tiny/mod.rs"]
 mod tiny;
 
-use std::io::{BufRead, BufReader};
-use std::num::NonZeroU32;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+#[path = "engine_bench/binding.rs"]
+mod binding;
+#[path = "engine_bench/llamacpp.rs"]
+mod llamacpp;
+#[path = "engine_bench/resume.rs"]
+mod resume;
+#[path = "engine_bench/stream.rs"]
+mod stream;
 
-use anyhow::{anyhow, bail, Context};
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::{bail, Context};
 use clap::Parser;
-use eventsource_stream::Eventsource;
-use futures::StreamExt;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use lmsp_bench::server::{find_lmsp, sibling_of_exe, Server};
 use lmsp_bench::stats::{fmt_num, Latencies, Spread};
+
+use llamacpp::LlamaCppServer;
+use resume::ResumeSample;
+use stream::{aggregate_rate, stream_direct, stream_lmsp, Ask, Streamed};
 
 /// Measures LMSP's overhead over the engines it runs on.
 #[derive(Debug, Parser)]
 #[command(name = "engine-bench", version, about)]
 struct Cli {
-    /// A few short requests (CI's smoke test: asserts nothing about speed).
+    /// A few short requests, every phase at tiny sizes (CI's smoke test: asserts nothing about
+    /// speed).
     #[arg(long)]
     quick: bool,
+    /// The GGUF model file (default: the tests' tiny model, written at run time).
+    #[arg(long)]
+    model: Option<PathBuf>,
     /// Repetitions (default 3, 1 with --quick).
     #[arg(long)]
     reps: Option<usize>,
-    /// Requests per path and repetition (default 20, 3 with --quick).
+    /// Streamed requests per path and repetition (default 20 on the tiny model, 3 on a
+    /// --model, 2 with --quick).
     #[arg(long)]
     requests: Option<usize>,
-    /// Tokens per request (default 1 000, 20 with --quick).
+    /// Tokens per streamed request (default 1 000, 20 with --quick).
     #[arg(long)]
     tokens: Option<u64>,
-    /// CPU threads for llama.cpp on every path.
+    /// Time-to-first-token requests per path, kind and repetition (default 10, 2 with --quick).
+    #[arg(long)]
+    ttft_requests: Option<usize>,
+    /// Rounds of 4 concurrent streams per path and repetition (default 2, 1 with --quick).
+    #[arg(long)]
+    rounds: Option<usize>,
+    /// Resume points: kill after this many text deltas, in turn (default 100,500,1500,3000,
+    /// 8,40 with --quick; capped by the context).
+    #[arg(long, value_delimiter = ',')]
+    resume_after: Option<Vec<u64>>,
+    /// LMSP's `--checkpoint-every` where checkpoints are on (default 256, 8 with --quick).
+    #[arg(long)]
+    checkpoint_every: Option<u32>,
+    /// Context per sequence, every path (the tiny model: its 2 048; default 4 096, LMSP's).
+    #[arg(long)]
+    context: Option<u32>,
+    /// CPU threads for llama.cpp on every single-stream path (4 streams: llama.cpp's server
+    /// keeps these, LMSP's 4 workers take its default, the cores divided among them).
     #[arg(long, default_value = "2")]
     threads: NonZeroU32,
     /// The `lmsp` binary (default: next to this executable; also env LMSP_BIN).
@@ -65,356 +103,181 @@ struct Cli {
     python: Option<PathBuf>,
 }
 
-/// The tiny model's context, and what one request may generate in it.
-const CONTEXT: u32 = 2_048;
+/// The room kept for the prompt in the context.
+const PROMPT_ROOM: u64 = 96;
 
-/// One path's samples over one repetition.
-#[derive(Debug, Default)]
-struct Samples {
-    first_token: Latencies,
-    tokens_per_second: Vec<f64>,
-}
+/// The system message of the streamed requests.
+const SYSTEM: &str = "You are a helpful assistant.";
+/// A user message the real model answers at length (greedy SmolLM2 counts on for thousands of
+/// tokens); the tiny model's output does not depend on it.
+const LONG_OUTPUT: &str = "Write the numbers from 1000 to 5000, one per line.";
+/// The fixed part of the time-to-first-token prompts' system message (a couple of hundred
+/// tokens, so that evaluating it shows).
+const TTFT_SYSTEM: &str = "You answer questions about the Harbour Street lending library. \
+    The library opens at nine in the morning and closes at seven in the evening on weekdays, \
+    and at four in the afternoon on Saturdays; it is closed on Sundays and public holidays. \
+    Members may borrow up to twelve items at once: books for three weeks, films and music for \
+    one week, and magazines for one week, except the current issue, which stays in the \
+    reading room. Loans may be renewed twice online or at the desk unless another member has \
+    reserved the item. Late returns cost twenty cents a day per item, up to the price of the \
+    item; children's items are never fined. A lost card is replaced for two euros. The \
+    reading room is silent; the study rooms on the first floor may be booked for two hours a \
+    day, up to a week ahead. Printing costs ten cents a page in black and white and fifty in \
+    colour. Answer briefly and politely, and say so when you do not know.";
+const TTFT_USER: &str = "When does the library close on Saturdays?";
 
-impl Samples {
-    fn push(&mut self, stream: &Streamed) {
-        self.first_token.push(stream.first_token);
-        self.tokens_per_second.push(stream.tokens_per_second());
-    }
+static NONCE: AtomicU64 = AtomicU64::new(1);
 
-    /// TTFT p50 (ms) and median tokens/s.
-    fn summary(&mut self) -> (f64, f64) {
-        let mut rates = self.tokens_per_second.clone();
-        rates.sort_by(f64::total_cmp);
-        let rate = rates.get(rates.len() / 2).copied().unwrap_or(f64::NAN);
-        (self.first_token.quantile_ms(0.5), rate)
-    }
-}
-
-/// What one streamed request measured.
-#[derive(Debug)]
-struct Streamed {
-    first_token: Duration,
-    /// From the first text to the last.
-    rest: Duration,
-    tokens: u64,
-    text: String,
-}
-
-impl Streamed {
-    fn tokens_per_second(&self) -> f64 {
-        let after_first = self.tokens.saturating_sub(1) as f64;
-        after_first / self.rest.as_secs_f64().max(1e-9)
-    }
-}
-
-/// Accumulates the text of a stream with the times of its first and last pieces.
-struct Clock {
-    sent: Instant,
-    first: Option<Instant>,
-    last: Instant,
-    text: String,
-}
-
-impl Clock {
-    fn start() -> Self {
-        let now = Instant::now();
-        Self {
-            sent: now,
-            first: None,
-            last: now,
-            text: String::new(),
-        }
-    }
-
-    fn text(&mut self, piece: &str) {
-        if piece.is_empty() {
-            return;
-        }
-        let now = Instant::now();
-        self.first.get_or_insert(now);
-        self.last = now;
-        self.text.push_str(piece);
-    }
-
-    fn done(self, tokens: u64) -> anyhow::Result<Streamed> {
-        let first = self
-            .first
-            .ok_or_else(|| anyhow!("the stream sent no text"))?;
-        Ok(Streamed {
-            first_token: first.duration_since(self.sent),
-            rest: self.last.duration_since(first),
-            tokens,
-            text: self.text,
-        })
-    }
-}
-
-/// Reads an SSE response, handing each event's JSON to `on_event`; stops at `[DONE]`, at the
-/// end of the body, or when `on_event` says so.
-async fn read_events(
-    response: reqwest::Response,
-    mut on_event: impl FnMut(&Value) -> bool,
-) -> anyhow::Result<()> {
-    if !response.status().is_success() {
-        bail!("the stream answered {}", response.status());
-    }
-    let mut events = response.bytes_stream().eventsource();
-    while let Some(event) = events.next().await {
-        let event = event.map_err(|e| anyhow!("the stream broke: {e}"))?;
-        if event.data.trim() == "[DONE]" {
-            break;
-        }
-        let value: Value = serde_json::from_str(&event.data).context("an event's JSON")?;
-        if on_event(&value) {
-            break;
-        }
-    }
-    Ok(())
-}
-
-/// A streaming chat completion straight to llama.cpp's server.
-async fn stream_direct(http: &reqwest::Client, api: &str, tokens: u64) -> anyhow::Result<Streamed> {
-    let body = json!({
-        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": true,
-        "max_tokens": tokens, "temperature": 0, "seed": 1,
-        "stream_options": {"include_usage": true},
-    });
-    let mut clock = Clock::start();
-    let request = http.post(format!("{api}/chat/completions")).json(&body);
-    // llama.cpp's server closes idle keep-alive connections on its own schedule: a request sent
-    // on one it just closed never reached it, so it is sent again (on a new connection).
-    let response = match request.try_clone().map(|r| r.send()) {
-        Some(sent) => match sent.await {
-            Ok(response) => response,
-            Err(error) if error.is_request() || error.is_connect() => {
-                clock = Clock::start();
-                request.send().await?
-            }
-            Err(error) => return Err(error.into()),
-        },
-        None => request.send().await?,
+/// A time-to-first-token request: a new prompt (its system message starts with a number never
+/// sent before), or always the same.
+fn ttft_ask(new: bool) -> Ask {
+    let number = if new {
+        NONCE.fetch_add(1, Ordering::Relaxed)
+    } else {
+        0
     };
-    let mut counted = 0;
-    read_events(response, |chunk| {
-        if let Some(text) = chunk["choices"][0]["delta"]["content"].as_str() {
-            clock.text(text);
-        }
-        if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
-            counted = n;
-        }
-        false
-    })
-    .await?;
-    clock.done(counted)
-}
-
-/// A streaming `POST /v1/responses` through LMSP.
-async fn stream_lmsp(
-    http: &reqwest::Client,
-    server: &Server,
-    model: &str,
-    tokens: u64,
-) -> anyhow::Result<Streamed> {
-    let body = json!({
-        "model": model, "input": "hi", "stream": true, "max_output_tokens": tokens,
-        "temperature": 0, "seed": 1,
-    });
-    let mut clock = Clock::start();
-    let response = http
-        .post(server.url("/v1/responses"))
-        .bearer_auth(&server.token)
-        .json(&body)
-        .send()
-        .await?;
-    let mut counted = 0;
-    read_events(response, |event| {
-        match event["type"].as_str() {
-            Some("response.output_text.delta") => {
-                clock.text(event["delta"].as_str().unwrap_or_default());
-            }
-            Some("response.completed" | "response.failed" | "response.incomplete") => {
-                counted = event["response"]["usage"]["output_tokens"]
-                    .as_u64()
-                    .unwrap_or(0);
-                return true;
-            }
-            _ => {}
-        }
-        false
-    })
-    .await?;
-    clock.done(counted)
-}
-
-/// The binding alone, in this process: the model loaded once, then per request a context, the
-/// templated prompt and a greedy loop, as `lmsp-engine-llama` does.
-mod binding {
-    use std::num::NonZeroU32;
-    use std::path::Path;
-
-    use anyhow::{anyhow, Context};
-    use llama_cpp_2::context::params::LlamaContextParams;
-    use llama_cpp_2::llama_backend::LlamaBackend;
-    use llama_cpp_2::llama_batch::LlamaBatch;
-    use llama_cpp_2::model::params::LlamaModelParams;
-    use llama_cpp_2::model::{LlamaChatMessage, LlamaModel};
-    use llama_cpp_2::sampling::LlamaSampler;
-
-    use super::{Clock, Streamed, CONTEXT};
-
-    pub struct Binding {
-        backend: LlamaBackend,
-        model: LlamaModel,
-        threads: i32,
-    }
-
-    impl Binding {
-        pub fn load(path: &Path, threads: NonZeroU32) -> anyhow::Result<Self> {
-            let mut backend = LlamaBackend::init().map_err(|e| anyhow!("llama.cpp: {e}"))?;
-            backend.void_logs();
-            let model = LlamaModel::load_from_file(&backend, path, &LlamaModelParams::default())
-                .map_err(|e| anyhow!("cannot load {}: {e}", path.display()))?;
-            Ok(Self {
-                backend,
-                model,
-                threads: i32::try_from(threads.get()).unwrap_or(1),
-            })
-        }
-
-        pub fn stream(&self, tokens: u64) -> anyhow::Result<Streamed> {
-            let mut clock = Clock::start();
-            let template = self
-                .model
-                .chat_template(None)
-                .map_err(|e| anyhow!("no chat template: {e}"))?;
-            let chat = [LlamaChatMessage::new("user".into(), "hi".into())
-                .map_err(|e| anyhow!("the message: {e}"))?];
-            let prompt = self
-                .model
-                .apply_chat_template(&template, &chat, true)
-                .map_err(|e| anyhow!("the chat template: {e}"))?;
-            let vocab = self.model.vocab();
-            let prompt = vocab.tokenize(prompt.as_bytes(), true, true);
-            let params = LlamaContextParams::default()
-                .with_n_ctx(NonZeroU32::new(CONTEXT))
-                .with_n_batch(CONTEXT)
-                .with_n_threads(self.threads)
-                .with_n_threads_batch(self.threads);
-            let mut context = self
-                .model
-                .new_context(&self.backend, params)
-                .context("a context")?;
-            let mut batch = LlamaBatch::new(usize::try_from(CONTEXT)?, 1);
-            let last = prompt.len() - 1;
-            for (index, &token) in prompt.iter().enumerate() {
-                batch.add(token, i32::try_from(index)?, &[0], index == last)?;
-            }
-            context.decode(&mut batch).context("the prompt")?;
-            let mut sampler = LlamaSampler::greedy();
-            // Bytes of a character not yet complete (a character of several tokens).
-            let mut pending: Vec<u8> = Vec::new();
-            let mut position = prompt.len();
-            let mut produced = 0;
-            let mut logits_at = batch.n_tokens() - 1;
-            while produced < tokens {
-                let token = sampler.sample(&context, logits_at);
-                if vocab.is_eog(token) {
-                    break;
-                }
-                pending.extend(vocab.token_to_piece(token, false, None));
-                if let Ok(text) = std::str::from_utf8(&pending) {
-                    clock.text(text);
-                    pending.clear();
-                }
-                produced += 1;
-                batch.clear();
-                batch.add(token, i32::try_from(position)?, &[0], true)?;
-                context.decode(&mut batch).context("a token")?;
-                position += 1;
-                logits_at = 0;
-            }
-            clock.done(produced)
-        }
+    Ask {
+        system: format!("Conversation {number}. {TTFT_SYSTEM}"),
+        user: TTFT_USER.to_owned(),
+        tokens: 2,
     }
 }
 
-/// llama.cpp's HTTP server (xllamacpp) on the tiny model, killed when dropped.
-struct LlamaCppServer {
-    child: Child,
-    api: String,
-}
-
-impl LlamaCppServer {
-    fn start(python: &Path, model: &Path, threads: NonZeroU32) -> anyhow::Result<Self> {
-        let serve = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/llamacpp/serve.py");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let mut child = Command::new(python)
-            .arg(&serve)
-            .arg(model)
-            .arg(port.to_string())
-            .args([
-                "--threads",
-                &threads.to_string(),
-                "--ctx",
-                &CONTEXT.to_string(),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| {
-                format!(
-                    "cannot run {} (install it with scripts/llamacpp-server-deps)",
-                    python.display()
-                )
-            })?;
-        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
-        let first = BufReader::new(stdout).lines().next().transpose()?;
-        if !first
-            .as_deref()
-            .is_some_and(|l| l.starts_with("listening "))
-        {
-            let _ = child.kill();
-            bail!("llama.cpp's server did not start: {first:?}");
-        }
-        Ok(Self {
-            child,
-            api: format!("http://127.0.0.1:{port}/v1"),
-        })
-    }
-}
-
-impl Drop for LlamaCppServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The medians of one path over the repetitions.
+/// Per path: time to first token (p50 per repetition), tokens per second (median per
+/// repetition), and the tokens each request generated.
 #[derive(Debug, Default)]
 struct PathFigures {
     first_token_ms: Spread,
     tokens_per_second: Spread,
+    tokens: Vec<u64>,
+    prompt_tokens: Vec<u64>,
+    cached_tokens: Vec<u64>,
 }
 
 impl PathFigures {
-    fn push(&mut self, samples: &mut Samples) {
-        let (first_token, rate) = samples.summary();
-        self.first_token_ms.push(first_token);
-        self.tokens_per_second.push(rate);
+    fn push_rep(&mut self, streams: &[Streamed]) {
+        let mut first = Latencies::default();
+        let mut rates: Vec<f64> = Vec::new();
+        for stream in streams {
+            first.push(stream.first_token());
+            rates.push(stream.tokens_per_second());
+            self.note(stream);
+        }
+        rates.sort_by(f64::total_cmp);
+        self.first_token_ms.push(first.quantile_ms(0.5));
+        self.tokens_per_second
+            .push(rates.get(rates.len() / 2).copied().unwrap_or(f64::NAN));
+    }
+
+    fn note(&mut self, stream: &Streamed) {
+        self.tokens.push(stream.tokens);
+        self.prompt_tokens.extend(stream.prompt_tokens);
+        self.cached_tokens.extend(stream.cached_tokens);
+    }
+
+    fn tokens_range(&self) -> String {
+        range(&self.tokens)
+    }
+}
+
+/// `a` or `a–b` over the values.
+fn range(values: &[u64]) -> String {
+    match (values.iter().min(), values.iter().max()) {
+        (Some(min), Some(max)) if min == max => min.to_string(),
+        (Some(min), Some(max)) => format!("{min}–{max}"),
+        _ => String::from("?"),
+    }
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A phase starts (on stderr, with the time and the load).
+fn progress(phase: &str) {
+    eprintln!(
+        "engine-bench: {phase} ({}; load {})",
+        chrono::Utc::now().format("%H:%M:%S"),
+        load()
+    );
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "yes"
+    } else {
+        "**no**"
+    }
+}
+
+/// What the run needs of every service and server.
+struct Setup {
+    http: reqwest::Client,
+    lmsp: PathBuf,
+    work: tempfile::TempDir,
+    models: PathBuf,
+    context: u32,
+}
+
+impl Setup {
+    /// `lmsp serve --engine llama` on the bench model, with its own data directory.
+    fn llama_args(&self, workers: u32, threads: Option<u32>, every: u32) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--engine",
+            "llama",
+            "--models-dir",
+            &self.models.to_string_lossy(),
+            "--llama-context",
+            &self.context.to_string(),
+            "--workers",
+            &workers.to_string(),
+            "--checkpoint-every",
+            &every.to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        if let Some(threads) = threads {
+            args.extend(["--llama-threads".to_owned(), threads.to_string()]);
+        }
+        args
+    }
+
+    fn start(&self, name: &str, args: &[String]) -> anyhow::Result<Server> {
+        let dir = self.work.path().join(name);
+        std::fs::create_dir_all(&dir)?;
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Server::start(&self.lmsp, &dir, &args).with_context(|| format!("LMSP {name}"))
     }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let reps = cli.reps.unwrap_or(if cli.quick { 1 } else { 3 });
-    let requests = cli.requests.unwrap_or(if cli.quick { 3 } else { 20 });
-    let tokens = cli.tokens.unwrap_or(if cli.quick { 20 } else { 1_000 });
-    if tokens + 32 > u64::from(CONTEXT) {
-        bail!("--tokens must leave room for the prompt in the tiny model's {CONTEXT} context");
+    let quick = cli.quick;
+    let reps = cli.reps.unwrap_or(if quick { 1 } else { 3 });
+    let is_tiny = cli.model.is_none();
+    let requests = cli.requests.unwrap_or(match (quick, is_tiny) {
+        (true, _) => 2,
+        (false, true) => 20,
+        (false, false) => 3,
+    });
+    let tokens = cli.tokens.unwrap_or(if quick { 20 } else { 1_000 });
+    let ttft_requests = cli.ttft_requests.unwrap_or(if quick { 2 } else { 10 });
+    let rounds = cli.rounds.unwrap_or(if quick { 1 } else { 2 });
+    let every = cli.checkpoint_every.unwrap_or(if quick { 8 } else { 256 });
+    let context = if is_tiny {
+        tiny::CONTEXT_LENGTH
+    } else {
+        cli.context.unwrap_or(4_096)
+    };
+    if tokens + PROMPT_ROOM > u64::from(context) {
+        bail!("--tokens must leave room for the prompt in the {context}-token context");
     }
     let lmsp = find_lmsp(cli.lmsp_bin.as_deref())?;
     let python = match cli.python {
@@ -422,23 +285,54 @@ async fn main() -> anyhow::Result<()> {
         None => sibling_of_exe("../llamacpp-venv/bin/python")?,
     };
     let work = tempfile::tempdir()?;
-    let model = work.path().join("tiny.gguf");
-    tiny::write(&model, Some(tiny::CHATML));
-    let expected = tiny::next_text(b'\n', usize::try_from(tokens)?);
-    let http = reqwest::Client::builder().build()?;
-    let threads = cli.threads.to_string();
+    let models = work.path().join("models");
+    std::fs::create_dir_all(&models)?;
+    let model = models.join("bench.gguf");
+    let label = match &cli.model {
+        Some(path) => {
+            if std::fs::hard_link(path, &model).is_err() {
+                std::fs::copy(path, &model)
+                    .with_context(|| format!("cannot copy {}", path.display()))?;
+            }
+            path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into(),
+            )
+        }
+        None => {
+            tiny::write(&model, Some(tiny::CHATML));
+            String::from("the tiny test model")
+        }
+    };
+    // The tiny model's greedy output after a prompt that ends with a newline.
+    let expected = is_tiny.then(|| tiny::next_text(b'\n', usize::try_from(tokens).unwrap_or(0)));
+    let setup = Setup {
+        http: reqwest::Client::builder().build()?,
+        lmsp,
+        work,
+        models,
+        context,
+    };
+    let threads = cli.threads.get();
+    let long = Ask {
+        system: SYSTEM.to_owned(),
+        // The tiny model spends a token on each character of the prompt.
+        user: if is_tiny { "hi" } else { LONG_OUTPUT }.to_owned(),
+        tokens,
+    };
 
     println!(
-        "engine overhead: the tiny GGUF model, {requests} streamed requests of {tokens} tokens per \
-         path and repetition, {reps} repetitions, {threads} llama.cpp threads; load {}",
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+        "engine-bench: {label}, context {context}, {requests} streamed requests of {tokens} \
+         tokens per path and repetition, {reps} repetitions, {threads} llama.cpp threads, \
+         greedy, seed 1; load {}",
+        load()
     );
 
-    let upstream = LlamaCppServer::start(&python, &model, cli.threads)?;
-    let upstream_dir = work.path().join("upstream");
-    let upstream_service = Server::start(
-        &lmsp,
-        &upstream_dir,
+    // llama.cpp's server, 4 slots (one stream uses one); LMSP in front of it.
+    let upstream =
+        LlamaCppServer::start(&python, &model, cli.threads, context, 4).context("llama.cpp")?;
+    let upstream_service = setup.start(
+        "upstream",
         &[
             "--engine",
             "openai",
@@ -446,12 +340,14 @@ async fn main() -> anyhow::Result<()> {
             &upstream.api,
             "--workers",
             "1",
-        ],
+        ]
+        .map(str::to_owned),
     )?;
-    let registered = http
+    let registered = setup
+        .http
         .post(upstream_service.url("/v1/models"))
         .bearer_auth(&upstream_service.token)
-        .json(&json!({"id": "tiny", "upstream_model": "tiny"}))
+        .json(&json!({"id": "upstream", "upstream_model": "bench"}))
         .send()
         .await?;
     if !registered.status().is_success() {
@@ -460,68 +356,227 @@ async fn main() -> anyhow::Result<()> {
             registered.status()
         );
     }
-    let local_dir = work.path().join("local");
-    std::fs::create_dir_all(local_dir.join("models"))?;
-    std::fs::copy(&model, local_dir.join("models/tiny.gguf"))?;
-    let local_service = Server::start(
-        &lmsp,
-        &local_dir,
-        &[
-            "--engine",
-            "llama",
-            "--workers",
-            "1",
-            "--llama-threads",
-            &threads,
-        ],
-    )?;
-    let binding = binding::Binding::load(&model, cli.threads)?;
+    // LMSP in process: its defaults (checkpoints on), without checkpoints, and 4 workers.
+    let local = setup.start("local", &setup.llama_args(1, Some(threads), every))?;
+    let plain = setup.start("plain", &setup.llama_args(1, Some(threads), 0))?;
+    let four = setup.start("four", &setup.llama_args(4, None, every))?;
+    let binding = binding::Binding::load(&model, cli.threads, context)?;
 
-    let names = [
-        "llama.cpp server, direct",
-        "LMSP → llama.cpp server (--engine openai)",
-        "llama-cpp-2 alone, in process",
-        "LMSP in process (--engine llama)",
-    ];
-    let mut figures: Vec<PathFigures> = names.iter().map(|_| PathFigures::default()).collect();
     let paths = Paths {
-        http: &http,
+        http: &setup.http,
         api: &upstream.api,
         upstream_service: &upstream_service,
-        local_service: &local_service,
+        local: &local,
+        plain: &plain,
         binding: &binding,
     };
+    let names = [
+        "llama.cpp server, direct".to_owned(),
+        "LMSP → llama.cpp server (--engine openai)".to_owned(),
+        "llama-cpp-2 alone, in process".to_owned(),
+        format!("LMSP in process (--engine llama, --checkpoint-every {every})"),
+        "LMSP in process (--engine llama, --checkpoint-every 0)".to_owned(),
+    ];
     // A warm-up request on every path (model pages, connections, the first context).
+    let warm = Ask {
+        tokens: 8,
+        ..long.clone()
+    };
     for index in 0..names.len() {
-        paths.stream(index, 8).await?;
+        paths.stream(index, &warm).await?;
     }
+    let check = |name: &str, streamed: &Streamed| -> anyhow::Result<()> {
+        if let Some(expected) = &expected {
+            if streamed.text != *expected || streamed.tokens != tokens {
+                bail!(
+                    "{name}: {} tokens of unexpected text {:?}",
+                    streamed.tokens,
+                    streamed.text.chars().take(40).collect::<String>()
+                );
+            }
+        } else if streamed.tokens == 0 {
+            bail!("{name}: no tokens");
+        }
+        Ok(())
+    };
+
+    // 1. Every path, one request at a time.
+    progress("every path, one request at a time");
+    let mut figures: Vec<PathFigures> = names.iter().map(|_| PathFigures::default()).collect();
     for _ in 0..reps {
         for (index, figure) in figures.iter_mut().enumerate() {
-            let mut samples = Samples::default();
+            let mut streams = Vec::new();
             for _ in 0..requests {
-                let streamed = paths.stream(index, tokens).await?;
-                if streamed.text != expected || streamed.tokens != tokens {
-                    bail!(
-                        "{}: {} tokens of unexpected text {:?}",
-                        names[index],
-                        streamed.tokens,
-                        streamed.text.chars().take(40).collect::<String>()
-                    );
-                }
-                samples.push(&streamed);
+                let streamed = paths.stream(index, &long).await?;
+                check(&names[index], &streamed)?;
+                streams.push(streamed);
             }
-            figure.push(&mut samples);
+            figure.push_rep(&streams);
         }
     }
+    let load_streams = load();
 
+    // 2a. Time to first token, a new and a repeated prompt: llama.cpp's server and LMSP.
+    progress("time to first token");
+    let ttft_paths = [0usize, 3];
+    let mut ttft_new: Vec<PathFigures> =
+        ttft_paths.iter().map(|_| PathFigures::default()).collect();
+    let mut ttft_repeated: Vec<PathFigures> =
+        ttft_paths.iter().map(|_| PathFigures::default()).collect();
+    for _ in 0..reps {
+        for (slot, &index) in ttft_paths.iter().enumerate() {
+            let mut new = Vec::new();
+            for _ in 0..ttft_requests {
+                new.push(paths.stream(index, &ttft_ask(true)).await?);
+            }
+            ttft_new[slot].push_rep(&new);
+            // The first of the same prompt fills the caches; the others are measured.
+            paths.stream(index, &ttft_ask(false)).await?;
+            let mut repeated = Vec::new();
+            for _ in 0..ttft_requests {
+                repeated.push(paths.stream(index, &ttft_ask(false)).await?);
+            }
+            ttft_repeated[slot].push_rep(&repeated);
+        }
+    }
+    let load_ttft = load();
+
+    // 2b. Four streams at once: llama.cpp's server (4 slots) and LMSP (4 workers).
+    progress("4 streams at once");
+    let mut concurrent = [Spread::default(), Spread::default()];
+    let mut concurrent_tokens: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    for _ in 0..reps {
+        for (slot, concurrent) in concurrent.iter_mut().enumerate() {
+            let mut rates = Vec::new();
+            for _ in 0..rounds {
+                let streams: Vec<_> = (0..4)
+                    .map(|_| async {
+                        if slot == 0 {
+                            stream_direct(&setup.http, &upstream.api, &long).await
+                        } else {
+                            stream_lmsp(&setup.http, &four, "bench", &long).await
+                        }
+                    })
+                    .collect();
+                let streams = futures::future::try_join_all(streams).await?;
+                for streamed in &streams {
+                    check(
+                        if slot == 0 {
+                            "llama.cpp, 4 streams"
+                        } else {
+                            "LMSP, 4 streams"
+                        },
+                        streamed,
+                    )?;
+                    concurrent_tokens[slot].push(streamed.tokens);
+                }
+                rates.push(aggregate_rate(&streams));
+            }
+            rates.sort_by(f64::total_cmp);
+            concurrent.push(rates[rates.len() / 2]);
+        }
+    }
+    let load_concurrent = load();
+    drop(four);
+    drop(local);
+    drop(plain);
+    drop(upstream_service);
+    drop(upstream);
+
+    // 3. Resume latency, with and without checkpoints.
+    progress("resume latency");
+    // The resume task asks for all the context leaves after the prompt; a point is counted in
+    // text deltas, fewer than tokens where a character takes several (the tiny model's "€"), so
+    // the points stop at three quarters of that, leaving room to run on past the last one (the
+    // task must still be running when its service is killed). 3 000 on a 4 096 context.
+    let room = u64::from(context).saturating_sub(PROMPT_ROOM);
+    let cap = room * 3 / 4;
+    let wanted_points = cli.resume_after.clone().unwrap_or_else(|| {
+        if quick {
+            vec![8, 40]
+        } else {
+            vec![100, 500, 1_500, 3_000]
+        }
+    });
+    let mut points: Vec<u64> = wanted_points.iter().map(|&p| p.min(cap)).collect();
+    points.dedup();
+    let resume_ask = Ask {
+        tokens: room,
+        ..long.clone()
+    };
+    let mut resumes: [Vec<Vec<ResumeSample>>; 2] = [Vec::new(), Vec::new()];
+    for rep in 0..reps {
+        for (slot, checkpoints) in [every, 0].into_iter().enumerate() {
+            let dir = setup
+                .work
+                .path()
+                .join(format!("resume-{rep}-{checkpoints}"));
+            std::fs::create_dir_all(&dir)?;
+            let args = setup.llama_args(1, Some(threads), checkpoints);
+            let samples = resume::chain(
+                &setup.http,
+                &setup.lmsp,
+                &dir,
+                &args,
+                "bench",
+                &resume_ask,
+                &points,
+            )
+            .await?;
+            resumes[slot].push(samples);
+        }
+    }
+    let load_resume = load();
+
+    print_tables(&Report {
+        names: &names,
+        figures: &figures,
+        ttft_new: &ttft_new,
+        ttft_repeated: &ttft_repeated,
+        concurrent: &concurrent,
+        concurrent_tokens: &concurrent_tokens,
+        resumes: &resumes,
+        points: &points,
+        wanted_points: &wanted_points,
+        every,
+        threads,
+        context,
+        loads: [load_streams, load_ttft, load_concurrent, load_resume],
+    });
+    Ok(())
+}
+
+struct Report<'a> {
+    names: &'a [String],
+    figures: &'a [PathFigures],
+    ttft_new: &'a [PathFigures],
+    ttft_repeated: &'a [PathFigures],
+    concurrent: &'a [Spread; 2],
+    concurrent_tokens: &'a [Vec<u64>; 2],
+    resumes: &'a [Vec<Vec<ResumeSample>>; 2],
+    points: &'a [u64],
+    wanted_points: &'a [u64],
+    every: u32,
+    threads: u32,
+    context: u32,
+    loads: [String; 4],
+}
+
+fn print_tables(r: &Report<'_>) {
+    let [load_streams, load_ttft, load_concurrent, load_resume] = &r.loads;
     println!();
-    println!("| path | time to first token, p50 (min / median / max) | tokens/s after the first (min / median / max) |");
-    println!("| --- | --- | --- |");
-    for (name, figure) in names.iter().zip(&figures) {
+    println!("Every path, one streamed request at a time (load after: {load_streams}):");
+    println!();
+    println!(
+        "| path | time to first token, p50 (min / median / max) | tokens/s after the first (min / median / max) | tokens per request |"
+    );
+    println!("| --- | --- | --- | --- |");
+    for (name, figure) in r.names.iter().zip(r.figures) {
         println!(
-            "| {name} | {} ms | {} |",
+            "| {name} | {} ms | {} | {} |",
             figure.first_token_ms.format(2),
-            figure.tokens_per_second.format(0)
+            figure.tokens_per_second.format(0),
+            figure.tokens_range()
         );
     }
     println!();
@@ -531,45 +586,192 @@ async fn main() -> anyhow::Result<()> {
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for (through, direct) in [(1, 0), (3, 2)] {
         let delta =
-            figures[through].first_token_ms.median() - figures[direct].first_token_ms.median();
-        let ratio = figures[through].tokens_per_second.median()
-            / figures[direct].tokens_per_second.median();
-        let met = delta <= 2.0 && ratio >= 0.95;
+            r.figures[through].first_token_ms.median() - r.figures[direct].first_token_ms.median();
+        let ratio = r.figures[through].tokens_per_second.median()
+            / r.figures[direct].tokens_per_second.median();
         println!(
             "| {} | {} | {} ms | ≤ 2 ms | {} % | ≥ 95 % | {} |",
-            names[through],
-            names[direct],
+            r.names[through],
+            r.names[direct],
             fmt_num(delta, 2),
             fmt_num(ratio * 100.0, 1),
-            if met { "yes" } else { "**no**" }
+            met(delta <= 2.0 && ratio >= 0.95)
         );
     }
-    drop(local_service);
-    drop(upstream_service);
-    Ok(())
+
+    // LMSP in process beside llama.cpp's server.
+    let server = &r.figures[0];
+    let lmsp = &r.figures[3];
+    let plain = &r.figures[4];
+    println!();
+    println!(
+        "LMSP in process (--engine llama, {} threads, --checkpoint-every {}) beside llama.cpp's \
+         server (xllamacpp, {} threads, --parallel 4, cache_prompt); medians of the repetitions \
+         (min / median / max); load after TTFT: {load_ttft}, after 4 streams: {load_concurrent}:",
+        r.threads, r.every, r.threads
+    );
+    println!();
+    println!("| figure | llama.cpp server | LMSP in process | target | met? |");
+    println!("| --- | --- | --- | --- | --- |");
+    let cached = |f: &PathFigures| {
+        format!(
+            "prompt {} tokens, cached {}",
+            range(&f.prompt_tokens),
+            range(&f.cached_tokens)
+        )
+    };
+    println!(
+        "| TTFT p50, a new prompt ({} / {}) | {} ms | {} ms | — (reported) | — |",
+        cached(&r.ttft_new[0]),
+        cached(&r.ttft_new[1]),
+        r.ttft_new[0].first_token_ms.format(2),
+        r.ttft_new[1].first_token_ms.format(2),
+    );
+    let delta =
+        r.ttft_repeated[1].first_token_ms.median() - r.ttft_repeated[0].first_token_ms.median();
+    println!(
+        "| TTFT p50, a repeated prompt ({} / {}) | {} ms | {} ms | ≤ llama.cpp's + 2 ms (Δ {} ms) | {} |",
+        cached(&r.ttft_repeated[0]),
+        cached(&r.ttft_repeated[1]),
+        r.ttft_repeated[0].first_token_ms.format(2),
+        r.ttft_repeated[1].first_token_ms.format(2),
+        fmt_num(delta, 2),
+        met(delta <= 2.0)
+    );
+    let ratio = lmsp.tokens_per_second.median() / server.tokens_per_second.median();
+    println!(
+        "| tokens/s, 1 stream ({} / {} tokens) | {} | {} | ≥ 95 % of llama.cpp's ({} %) | {} |",
+        server.tokens_range(),
+        lmsp.tokens_range(),
+        server.tokens_per_second.format(0),
+        lmsp.tokens_per_second.format(0),
+        fmt_num(ratio * 100.0, 1),
+        met(ratio >= 0.95)
+    );
+    let ratio_plain = plain.tokens_per_second.median() / server.tokens_per_second.median();
+    println!(
+        "| tokens/s, 1 stream, LMSP without checkpoints ({} tokens) | {} | {} | ≥ 95 % of llama.cpp's ({} %) | {} |",
+        plain.tokens_range(),
+        server.tokens_per_second.format(0),
+        plain.tokens_per_second.format(0),
+        fmt_num(ratio_plain * 100.0, 1),
+        met(ratio_plain >= 0.95)
+    );
+    let ratio4 = r.concurrent[1].median() / r.concurrent[0].median();
+    println!(
+        "| tokens/s, 4 streams at once, all together (LMSP --workers 4; {} / {} tokens) | {} | {} | ≥ 95 % of llama.cpp's ({} %) | {} |",
+        range(&r.concurrent_tokens[0]),
+        range(&r.concurrent_tokens[1]),
+        r.concurrent[0].format(0),
+        r.concurrent[1].format(0),
+        fmt_num(ratio4 * 100.0, 1),
+        met(ratio4 >= 0.95)
+    );
+    let ratio_checkpoints = lmsp.tokens_per_second.median() / plain.tokens_per_second.median();
+    println!(
+        "| tokens/s, 1 stream, LMSP with checkpoints (every {}) / without | {} | {} | ≥ 95 % of without ({} %) | {} |",
+        r.every,
+        plain.tokens_per_second.format(0),
+        lmsp.tokens_per_second.format(0),
+        fmt_num(ratio_checkpoints * 100.0, 1),
+        met(ratio_checkpoints >= 0.95)
+    );
+
+    // Resume latency.
+    println!();
+    if r.points != r.wanted_points {
+        println!(
+            "The {}-token context caps the resume points: {:?} asked, {:?} run.",
+            r.context, r.wanted_points, r.points
+        );
+    }
+    println!(
+        "Resume latency: one task (on_restart resume, greedy), its service killed with SIGKILL \
+         after N text deltas, started again; to the resumed run's first text delta on the \
+         task's event stream, from the restarted process's spawn / from its \"listening\" line \
+         (recovery done); medians of the repetitions (min / median / max); load after: \
+         {load_resume}:"
+    );
+    println!();
+    println!(
+        "| killed after (text deltas stored) | with checkpoints (every {}): spawn → next delta | listening → next delta | without checkpoints: spawn → next delta | listening → next delta |",
+        r.every
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    let spread = |slot: usize, at: usize, pick: fn(&ResumeSample) -> f64| {
+        let mut spread = Spread::default();
+        for chain in &r.resumes[slot] {
+            if let Some(sample) = chain.get(at) {
+                spread.push(pick(sample));
+            }
+        }
+        spread
+    };
+    let from_start = |s: &ResumeSample| s.from_start.as_secs_f64() * 1_000.0;
+    let from_listening = |s: &ResumeSample| s.from_listening.as_secs_f64() * 1_000.0;
+    for (at, point) in r.points.iter().enumerate() {
+        let stored: Vec<u64> = r
+            .resumes
+            .iter()
+            .flatten()
+            .filter_map(|chain| chain.get(at).map(|s| s.stored))
+            .collect();
+        println!(
+            "| {point} ({}) | {} ms | {} ms | {} ms | {} ms |",
+            range(&stored),
+            spread(0, at, from_start).format(0),
+            spread(0, at, from_listening).format(0),
+            spread(1, at, from_start).format(0),
+            spread(1, at, from_listening).format(0),
+        );
+    }
+    if r.points.len() >= 2 {
+        let base = if r.points.len() >= 3 { 1 } else { 0 };
+        let last = r.points.len() - 1;
+        println!();
+        println!("| resume target | spawn → next delta | met? |");
+        println!("| --- | --- | --- |");
+        for (slot, what) in [(0, "with checkpoints"), (1, "without checkpoints")] {
+            let after_last = spread(slot, last, from_start).median();
+            let after_base = spread(slot, base, from_start).median();
+            println!(
+                "| {what}: after {} ≤ 1.2 × after {} | {} ms vs 1.2 × {} ms = {} ms ({}×) | {} |",
+                r.points[last],
+                r.points[base],
+                fmt_num(after_last, 0),
+                fmt_num(after_base, 0),
+                fmt_num(after_base * 1.2, 0),
+                fmt_num(after_last / after_base, 2),
+                met(after_last <= 1.2 * after_base)
+            );
+        }
+    }
 }
 
-/// What a request needs on each of the four paths, in the order of the tables: the llama.cpp
-/// server directly, LMSP in front of it, the binding alone, LMSP in process.
+/// What a request needs on each path, in the order of the first table: the llama.cpp server
+/// directly, LMSP in front of it, the binding alone, LMSP in process with checkpoints, without.
 struct Paths<'a> {
     http: &'a reqwest::Client,
     /// The llama.cpp server's API root.
     api: &'a str,
     /// `lmsp serve --engine openai` in front of that server.
     upstream_service: &'a Server,
-    /// `lmsp serve --engine llama` on the same model file.
-    local_service: &'a Server,
+    /// `lmsp serve --engine llama` on the same model file, checkpoints on.
+    local: &'a Server,
+    /// The same, `--checkpoint-every 0`.
+    plain: &'a Server,
     binding: &'a binding::Binding,
 }
 
 impl Paths<'_> {
-    /// Streams one request of `tokens` tokens on path `index`.
-    async fn stream(&self, index: usize, tokens: u64) -> anyhow::Result<Streamed> {
+    /// Streams one request on path `index`.
+    async fn stream(&self, index: usize, ask: &Ask) -> anyhow::Result<Streamed> {
         match index {
-            0 => stream_direct(self.http, self.api, tokens).await,
-            1 => stream_lmsp(self.http, self.upstream_service, "tiny", tokens).await,
-            2 => tokio::task::block_in_place(|| self.binding.stream(tokens)),
-            _ => stream_lmsp(self.http, self.local_service, "tiny", tokens).await,
+            0 => stream_direct(self.http, self.api, ask).await,
+            1 => stream_lmsp(self.http, self.upstream_service, "upstream", ask).await,
+            2 => tokio::task::block_in_place(|| self.binding.stream(ask)),
+            3 => stream_lmsp(self.http, self.local, "bench", ask).await,
+            _ => stream_lmsp(self.http, self.plain, "bench", ask).await,
         }
     }
 }

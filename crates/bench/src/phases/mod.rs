@@ -5,8 +5,10 @@
 //! Batch API phase in `batch_phase`.
 
 mod batch_phase;
+mod claims_phase;
 mod postgres_phase;
 mod submit_phase;
+mod webhooks_phase;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -4,6 +4,7 @@
 //! built in `rows`, the tables in `tables` (the Batch API's in `batch_table`).
 
 mod batch_table;
+mod claims_table;
 mod rows;
 mod tables;
 

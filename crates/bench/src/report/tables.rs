@@ -47,6 +47,7 @@ pub fn tables(plan: &Plan, r: &Results) {
     );
     postgres_table(plan, r);
     super::batch_table::batch_table(plan, r);
+    super::claims_table::claims_table(plan, r);
     footnotes(plan, r);
 }
 
