@@ -8,7 +8,7 @@
 //! Self-contained on purpose: it shares no harness with the other test targets of this crate.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 
 use lmsp_tests as common;
@@ -178,20 +178,6 @@ async fn application_token(http: &reqwest::Client, base: &str, admin_token: &str
     paired["token"].as_str().expect("a client token").to_owned()
 }
 
-/// Copies a child's output, line by line, into this test's output (shown when it fails, or
-/// live with `--nocapture`).
-fn forward(output: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        for line in BufReader::new(output).lines().map_while(Result::ok) {
-            if to_stderr {
-                eprintln!("{line}");
-            } else {
-                println!("{line}");
-            }
-        }
-    })
-}
-
 #[test]
 fn the_official_openai_python_sdk_works_against_the_service() {
     let root = common::workspace_root();
@@ -263,8 +249,8 @@ fn the_official_openai_python_sdk_works_against_the_service() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
-    let out = forward(child.stdout.take().expect("stdout"), false);
-    let err = forward(child.stderr.take().expect("stderr"), true);
+    let out = common::forward(child.stdout.take().expect("stdout"), false);
+    let err = common::forward(child.stderr.take().expect("stderr"), true);
     let deadline = Instant::now() + RUN_DEADLINE;
     let status = loop {
         if let Some(status) = child.try_wait().expect("the SDK program's status") {

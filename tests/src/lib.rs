@@ -754,21 +754,24 @@ pub fn assert_envelope(status: u16, body: &Value, code: &str, context: &str) {
 /// `models:write`.
 pub const APPLICATION_SCOPES: [&str; 3] = ["responses:write", "responses:read", "models:read"];
 
+/// Copies a child's output, line by line, into this test's output (shown when it fails, or
+/// live with `--nocapture`).
+pub fn forward(output: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(output).lines().map_while(Result::ok) {
+            if to_stderr {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+        }
+    })
+}
+
 /// Runs `command` with its stdout and stderr copied, line by line, into this test's output
 /// (shown when it fails, or live with `--nocapture`), for at most `deadline`: its exit status,
 /// or `None` when it ran longer and was killed.
 pub fn run_forwarded(command: &mut Command, deadline: Duration) -> Option<ExitStatus> {
-    fn forward(output: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
-        std::thread::spawn(move || {
-            for line in BufReader::new(output).lines().map_while(Result::ok) {
-                if to_stderr {
-                    eprintln!("{line}");
-                } else {
-                    println!("{line}");
-                }
-            }
-        })
-    }
     let started = Instant::now();
     let mut child = command
         .stdin(Stdio::null())
