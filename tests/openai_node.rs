@@ -77,17 +77,8 @@ fn the_official_openai_node_sdk_runs_batches_webhooks_and_tools_against_the_serv
         .env("LMSP_TOKEN", &token)
         // The webhook endpoint API is admin only.
         .env("LMSP_ADMIN_TOKEN", &server.admin_token)
-        // Whatever the environment says, the SDK talks to this server only.
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_WEBHOOK_SECRET")
-        .env_remove("OPENAI_ORG_ID")
-        .env_remove("OPENAI_PROJECT_ID")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env("NO_PROXY", "*")
         .env("NO_COLOR", "1");
+    common::only_to_the_service(&mut command);
     let status = common::run_forwarded(&mut command, RUN_DEADLINE);
     eprintln!("the node program ran {:?}", started.elapsed());
     if !status.is_some_and(|s| s.success()) {

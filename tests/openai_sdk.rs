@@ -225,7 +225,7 @@ fn the_official_openai_python_sdk_works_against_the_service() {
         )
     });
 
-    let mut child = Command::new(&python)
+    let mut child = common::only_to_the_service(&mut Command::new(&python))
         .arg(&program)
         .current_dir(&root)
         .env("LMSP_BASE_URL", format!("{}/v1", server.base))
@@ -237,13 +237,6 @@ fn the_official_openai_python_sdk_works_against_the_service() {
         .env("LMSP_SLOW_TOKEN", &slow_token)
         .env("PYTHONUNBUFFERED", "1")
         .env("PYTHONDONTWRITEBYTECODE", "1")
-        // Whatever the environment says, the SDK talks to this server only.
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env("NO_PROXY", "*")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -80,14 +80,10 @@ fn run_python(
         .env("LMSP_TOKEN", token)
         .env("LMSP_MODEL", "smollm2")
         .env("PYTHONUNBUFFERED", "1")
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        // Whatever the environment says, the clients talk to this server only.
-        .env_remove("OPENAI_BASE_URL")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env("NO_PROXY", "*");
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    // Whatever the environment says, the clients talk to this server only (`env` may route
+    // every other host to nowhere on top).
+    common::only_to_the_service(&mut command);
     for (name, value) in env {
         command.env(name, value);
     }

@@ -754,6 +754,24 @@ pub fn assert_envelope(status: u16, body: &Value, code: &str, context: &str) {
 /// `models:write`.
 pub const APPLICATION_SCOPES: [&str; 3] = ["responses:write", "responses:read", "models:read"];
 
+/// Makes an SDK program under test talk to the service it is given only, whatever the
+/// environment says: no `OPENAI_*` base URL, key or account, no proxy for any host.
+pub fn only_to_the_service(command: &mut Command) -> &mut Command {
+    for name in [
+        "OPENAI_BASE_URL",
+        "OPENAI_API_KEY",
+        "OPENAI_WEBHOOK_SECRET",
+        "OPENAI_ORG_ID",
+        "OPENAI_PROJECT_ID",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+    ] {
+        command.env_remove(name);
+    }
+    command.env("NO_PROXY", "*")
+}
+
 /// Copies a child's output, line by line, into this test's output (shown when it fails, or
 /// live with `--nocapture`).
 pub fn forward(output: impl Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
