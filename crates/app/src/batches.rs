@@ -640,27 +640,27 @@ impl Service {
         let store = &self.inner.core.store;
         let mut after = 0;
         loop {
-            let tasks = store.batch_tasks(batch.id, &[], after, TASK_PAGE).await?;
-            for task in &tasks {
+            let answers = store.batch_answers(batch.id, after, TASK_PAGE).await?;
+            for (task, response) in &answers {
                 let Some(outcome) = line_outcome(task, ended) else {
                     continue;
                 };
                 let response = match outcome {
-                    LineOutcome::Output => store.response(task.id).await?,
+                    LineOutcome::Output => response.as_ref(),
                     _ => None,
                 };
-                let line =
-                    self.inner
-                        .batch_wire
-                        .answer(batch.endpoint, task, response.as_ref(), outcome);
+                let line = self
+                    .inner
+                    .batch_wire
+                    .answer(batch.endpoint, task, response, outcome);
                 let file = match outcome {
                     LineOutcome::Output => &mut *output,
                     _ => &mut *errors,
                 };
                 file.write_line(self, &line).await?;
             }
-            match tasks.last().and_then(|task| task.batch.as_ref()) {
-                Some(line) if tasks.len() == TASK_PAGE => after = line.line,
+            match answers.last().and_then(|(task, _)| task.batch.as_ref()) {
+                Some(line) if answers.len() == TASK_PAGE => after = line.line,
                 _ => return Ok(()),
             }
         }

@@ -7,6 +7,7 @@
 //! it reads (`FOR UPDATE`), upserts differently or batches, the statement stays in the adapter.
 
 use crate::records::CLIENT_COLUMNS;
+use crate::rows::{TASK_COLUMNS, TASK_FROM};
 
 /// `sql` with every `$N` placeholder outside a string literal written as `?N`.
 pub fn for_sqlite(sql: &str) -> String {
@@ -125,4 +126,13 @@ mod tests {
             assert_eq!(sql.contains("$1"), sqlite.contains("?1"), "{sqlite}");
         }
     }
+}
+
+/// Batch `$1`'s tasks after line `$2` in line order, at most `$3`, each with its stored response
+/// document (NULL when it has none): the [`TASK_COLUMNS`] and then `r.doc`.
+pub fn batch_answers() -> String {
+    format!(
+        "SELECT {TASK_COLUMNS}, r.doc FROM {TASK_FROM} LEFT JOIN responses r ON r.task_id = t.id \
+         WHERE t.batch_id = $1 AND t.batch_line > $2 ORDER BY t.batch_line LIMIT $3"
+    )
 }

@@ -727,6 +727,42 @@ pub async fn batch_tasks_page_in_line_order_and_filter_by_status<F: StoreFactory
     );
 }
 
+/// A batch's tasks read in line order a page at a time, each with its stored response: a
+/// completed line's is the one `response` answers for its task, an unfinished or failed line
+/// has none; another batch's lines are never among them.
+pub async fn batch_answers_pair_each_line_with_its_response<F: StoreFactory>(factory: &F) {
+    let (store, _) = fresh_store(factory).await;
+    let worker = instance_id();
+    let (batch, tasks) = started(&store, client_id(), 4, worker).await;
+    let (other, other_tasks) = started(&store, client_id(), 2, worker).await;
+    complete_line(&store, &tasks[0]).await;
+    fail_line(&store, &tasks[2]).await;
+    complete_line(&store, &tasks[3]).await;
+    complete_line(&store, &other_tasks[0]).await;
+    let first = store.batch_answers(batch.id, 0, 3).await.unwrap();
+    let rest = store.batch_answers(batch.id, 3, 3).await.unwrap();
+    let answers: Vec<_> = first.into_iter().chain(rest).collect();
+    let lines: Vec<u32> = answers
+        .iter()
+        .map(|(task, _)| task.batch.as_ref().expect("a batch line").line)
+        .collect();
+    assert_eq!(lines, vec![1, 2, 3, 4]);
+    for (task, response) in &answers {
+        assert_eq!(*task, store.task(task.id).await.unwrap().expect("the task"));
+        assert_eq!(*response, store.response(task.id).await.unwrap());
+    }
+    let answered: Vec<bool> = answers.iter().map(|(_, r)| r.is_some()).collect();
+    assert_eq!(answered, vec![true, false, false, true]);
+    assert!(store
+        .batch_answers(batch.id, 4, 3)
+        .await
+        .unwrap()
+        .is_empty());
+    let others = store.batch_answers(other.id, 0, 10).await.unwrap();
+    assert_eq!(others.len(), 2);
+    assert!(others[0].1.is_some() && others[1].1.is_none());
+}
+
 /// I-7: batches are listed newest first, a client's only its own (the service's all), in pages
 /// before an id; the unfinished ones are listed oldest first, an ended one not.
 pub async fn batches_are_listed_newest_first_per_client_i7<F: StoreFactory>(factory: &F) {

@@ -18,6 +18,7 @@ macro_rules! storage_contract_tests {
             batches::a_batch_step_is_a_compare_and_set_on_its_status,
             batches::a_batch_ends_with_its_files_and_keeps_its_errors,
             batches::batch_tasks_page_in_line_order_and_filter_by_status,
+            batches::batch_answers_pair_each_line_with_its_response,
             batches::batches_are_listed_newest_first_per_client_i7,
             batches::purging_batches_removes_only_ended_ones_with_their_tasks_and_files_p5_p6,
             batches::purging_finished_tasks_leaves_batch_tasks_to_their_batch_p5,

@@ -751,6 +751,16 @@ impl BatchStore for PostgresStore {
         Ok(ops::batches::batch_tasks(pg(&conn), batch, statuses, after, limit).await?)
     }
 
+    async fn batch_answers(
+        &self,
+        batch: BatchId,
+        after: u32,
+        limit: usize,
+    ) -> Result<Vec<(Task, Option<Response>)>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::batches::batch_answers(pg(&conn), batch, after, limit).await?)
+    }
+
     async fn purge_batches(
         &self,
         cutoff: Timestamp,

@@ -27,6 +27,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use lmsp_domain::event::Event;
+use lmsp_domain::ids::BatchId;
 use lmsp_domain::ports::{StoreError, StoreListener};
 use rusqlite::Connection;
 
@@ -258,6 +259,22 @@ impl SqliteStore {
                 None => String::from("the writer failed before it answered"),
             })
         })?
+    }
+
+    /// Removes a batch's kept-aside lines a chunk per write (see `ops::batches::drop_staged`).
+    async fn drop_staged(&self, batch: BatchId) -> Result<(), StoreError> {
+        let chunk = ops::batches::STAGED_DROP_CHUNK;
+        loop {
+            let removed = self
+                .write(Box::new(move |conn| {
+                    ops::batches::drop_staged(conn, batch, chunk)
+                        .map(|removed| (removed, Vec::new()))
+                }))
+                .await?;
+            if removed < chunk {
+                return Ok(());
+            }
+        }
     }
 
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>

@@ -500,10 +500,14 @@ impl BatchStore for SqliteStore {
     }
 
     async fn start_batch(&self, started: Batch) -> Result<Option<Batch>, StoreError> {
-        self.write(Box::new(move |conn| {
-            ops::batches::start_batch(conn, &started).map(no_events)
-        }))
-        .await
+        let id = started.id;
+        let outcome = self
+            .write(Box::new(move |conn| {
+                ops::batches::start_batch(conn, &started).map(no_events)
+            }))
+            .await?;
+        self.drop_staged(id).await?;
+        Ok(outcome)
     }
 
     async fn update_batch(
@@ -511,10 +515,16 @@ impl BatchStore for SqliteStore {
         from: BatchStatus,
         batch: Batch,
     ) -> Result<Option<Batch>, StoreError> {
-        self.write(Box::new(move |conn| {
-            ops::batches::update_batch(conn, from, &batch).map(no_events)
-        }))
-        .await
+        let id = batch.id;
+        let outcome = self
+            .write(Box::new(move |conn| {
+                ops::batches::update_batch(conn, from, &batch).map(no_events)
+            }))
+            .await?;
+        if from == BatchStatus::Validating && outcome.is_some() {
+            self.drop_staged(id).await?;
+        }
+        Ok(outcome)
     }
 
     async fn end_batch(
@@ -538,6 +548,16 @@ impl BatchStore for SqliteStore {
     ) -> Result<Vec<Task>, StoreError> {
         let statuses = statuses.to_vec();
         self.read(move |conn| ops::batches::batch_tasks(conn, batch, &statuses, after, limit))
+            .await
+    }
+
+    async fn batch_answers(
+        &self,
+        batch: BatchId,
+        after: u32,
+        limit: usize,
+    ) -> Result<Vec<(Task, Option<Response>)>, StoreError> {
+        self.read(move |conn| ops::batches::batch_answers(conn, batch, after, limit))
             .await
     }
 

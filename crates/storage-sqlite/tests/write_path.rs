@@ -160,3 +160,82 @@ fn a_pre_release_database_is_refused_with_a_clear_message() {
         .unwrap();
     assert_eq!(tables, 1, "nothing was added to it");
 }
+
+/// A batch's kept-aside lines are gone once it starts or is refused, removed a chunk per write
+/// after the write that starts it (never inside its savepoint, whose journal would hold every
+/// page of them in memory), so nothing of them stays behind in the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_or_refused_batchs_kept_aside_lines_are_removed() {
+    use lmsp_domain::batch::{Batch, BatchEndpoint, BatchLine, FilePurpose, NewBatch, StoredFile};
+    use lmsp_domain::ids::{BatchId, FileId};
+    use lmsp_domain::ports::BatchStore;
+    use lmsp_domain::task::Metadata;
+    use lmsp_domain::time::Timestamp;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let store = SqliteStore::open_without_listener(&path, SqliteOptions::default()).unwrap();
+    let client = contract::client_id();
+    let owner = contract::instance_id();
+    let staged_rows = || -> i64 {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.query_row("SELECT count(*) FROM batch_staging", [], |row| row.get(0))
+            .unwrap()
+    };
+    let mut batches = Vec::new();
+    for _ in 0..2 {
+        let input = StoredFile {
+            id: FileId::from_ulid(contract::ulid()),
+            client_id: client,
+            filename: String::from("requests.jsonl"),
+            purpose: FilePurpose::Batch,
+            bytes: 1,
+            digest: String::from("ab").repeat(32),
+            created_at: Timestamp::from_millis(0),
+            batch_id: None,
+        };
+        store.insert_file(input.clone()).await.unwrap();
+        let batch = Batch::new(NewBatch {
+            id: BatchId::from_ulid(contract::ulid()),
+            client_id: client,
+            endpoint: BatchEndpoint::Responses,
+            input_file_id: input.id,
+            completion_window_ms: 86_400_000,
+            metadata: Metadata::new(),
+            created_at: Timestamp::from_millis(0),
+        });
+        store.insert_batch(batch.clone()).await.unwrap();
+        // More lines than one removal takes, so the removal runs several writes.
+        let lines = 2_500;
+        let tasks = (1..=lines)
+            .map(|line| {
+                let mut task = contract::TaskBuilder::new(owner).client(client).build();
+                task.batch = Some(BatchLine {
+                    batch_id: batch.id,
+                    line,
+                    custom_id: format!("request-{line}"),
+                });
+                task
+            })
+            .collect();
+        store.stage_batch_tasks(tasks).await.unwrap();
+        batches.push(batch);
+    }
+    assert_eq!(staged_rows(), 5_000);
+
+    let started = store
+        .start_batch(batches[0].started(Timestamp::from_millis(10)))
+        .await
+        .unwrap()
+        .expect("a validating batch starts");
+    assert_eq!(started.counts.total, 2_500);
+    assert_eq!(staged_rows(), 2_500, "only the started batch's lines go");
+
+    let refused = batches[1].refused(Vec::new(), Timestamp::from_millis(10));
+    store
+        .update_batch(batches[1].status, refused)
+        .await
+        .unwrap()
+        .expect("a validating batch is refused");
+    assert_eq!(staged_rows(), 0);
+}

@@ -398,6 +398,14 @@ impl BatchStore for FaultyStore {
     ) -> Result<Vec<Task>, StoreError> {
         self.inner.batch_tasks(batch, statuses, after, limit).await
     }
+    async fn batch_answers(
+        &self,
+        batch: BatchId,
+        after: u32,
+        limit: usize,
+    ) -> Result<Vec<(Task, Option<Response>)>, StoreError> {
+        self.inner.batch_answers(batch, after, limit).await
+    }
     async fn purge_batches(
         &self,
         cutoff: Timestamp,

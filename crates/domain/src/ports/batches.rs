@@ -7,7 +7,7 @@ use crate::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
 use crate::ids::{BatchId, ClientId, FileId};
 use crate::ports::{Page, StoreError};
 use crate::status::TaskStatus;
-use crate::task::Task;
+use crate::task::{Response, Task};
 use crate::time::Timestamp;
 
 /// How deleting a file ended.
@@ -115,6 +115,16 @@ pub trait BatchStore: Send + Sync {
         after: u32,
         limit: usize,
     ) -> Result<Vec<Task>, StoreError>;
+
+    /// A batch's tasks in line order after line `after`, at most `limit`, each with its stored
+    /// response (`None` for a task that has none): what the output and error files are written
+    /// from, read a page at a time rather than a response per line.
+    async fn batch_answers(
+        &self,
+        batch: BatchId,
+        after: u32,
+        limit: usize,
+    ) -> Result<Vec<(Task, Option<Response>)>, StoreError>;
 
     /// P-5, P-6 for batches: removes batches that ended before `cutoff` with their tasks (at
     /// most `batch` tasks per call), then their output and error files' records. Never a batch

@@ -11,18 +11,18 @@ use lmsp_domain::event::EventKind;
 use lmsp_domain::ids::{BatchId, ClientId, FileId, TaskId};
 use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, Page};
 use lmsp_domain::status::TaskStatus;
-use lmsp_domain::task::Task;
+use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::PURGED_STATUSES;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::codec::{
-    BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS, FILE_COLUMNS, STAGING_COLUMNS,
+    self, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS, FILE_COLUMNS, STAGING_COLUMNS,
 };
 use crate::ops::{
     batch_key, client_key, corrupt, decode_task, file_key, to_i64, ulid_of, Db, Res, TASK_COLUMNS,
-    TASK_FROM,
+    TASK_COLUMN_COUNT, TASK_FROM,
 };
 
 /// The statuses of a batch that has not ended ([`BatchStatus::UNFINISHED`]), as SQL: literal, so
@@ -508,6 +508,40 @@ pub async fn batch_tasks<C: Db>(
     sql.push_str(&format!(" ORDER BY t.batch_line LIMIT ${}", values.len()));
     let rows = db.query(&sql, &params_of(&values)).await?;
     rows.iter().map(decode_task).collect()
+}
+
+/// A batch's tasks in line order after `after`, each with its stored response.
+pub async fn batch_answers<C: Db>(
+    db: &C,
+    batch: BatchId,
+    after: u32,
+    limit: usize,
+) -> Res<Vec<(Task, Option<Response>)>> {
+    // Lines fit in the INTEGER column; an `after` past that simply has nothing after it.
+    let after = i32::try_from(after).unwrap_or(i32::MAX);
+    let rows = db
+        .query(
+            &codec::sql::batch_answers(),
+            &[&batch_key(batch), &after, &to_i64(limit as u64)?],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let task = decode_task(row)?;
+            let doc: Option<String> = row.try_get(TASK_COLUMN_COUNT)?;
+            let response = doc.map(|doc| codec::response_from_text(&doc)).transpose()?;
+            if response
+                .as_ref()
+                .is_some_and(|found| found.task_id != task.id)
+            {
+                return Err(corrupt(format!(
+                    "the response of {} names another task",
+                    task.id
+                )));
+            }
+            Ok((task, response))
+        })
+        .collect()
 }
 
 /// Removes many tasks' rows at once (`ops::tasks::delete_task_rows`'s statements, set-based);

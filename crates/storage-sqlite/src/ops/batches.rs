@@ -8,17 +8,19 @@ use lmsp_domain::event::EventKind;
 use lmsp_domain::ids::{BatchId, ClientId, FileId};
 use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, Page};
 use lmsp_domain::status::TaskStatus;
-use lmsp_domain::task::Task;
+use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row};
 
 use crate::codec::{
-    batch_key, file_key, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS, FILE_COLUMNS,
-    STAGING_COLUMNS,
+    self, batch_key, file_key, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS,
+    FILE_COLUMNS, STAGING_COLUMNS,
 };
 use crate::ops::tasks::delete_task_rows;
-use crate::ops::{client_key, raw_task, to_i64, RawTask, Res, TASK_COLUMNS, TASK_FROM};
+use crate::ops::{
+    client_key, corrupt, prepare, raw_task, to_i64, RawTask, Res, TASK_COLUMNS, TASK_FROM,
+};
 
 fn file_row(row: &Row<'_>) -> rusqlite::Result<FileRow> {
     Ok(FileRow {
@@ -279,10 +281,28 @@ pub fn stage_batch_tasks(conn: &Connection, tasks: &[Task]) -> Res<()> {
     Ok(())
 }
 
-fn drop_staged(conn: &Connection, id: BatchId) -> Res<()> {
-    conn.prepare_cached("DELETE FROM batch_staging WHERE batch_id = ?1")?
-        .execute([batch_key(id)])?;
-    Ok(())
+/// How many kept-aside lines one write removes once their batch has left `validating`.
+pub const STAGED_DROP_CHUNK: usize = 1_000;
+
+/// Removes up to `limit` of a batch's kept-aside lines; how many went.
+///
+/// A batch's lines are removed a chunk per write *after* the write that starts or refuses it,
+/// never inside it: every command runs in a savepoint, whose journal keeps (in memory) each
+/// page the command changes that existed before it, so removing 50 000 lines inside the start
+/// held about 18 MiB of them until it committed. Lines left behind by a crash between the two
+/// are harmless (only a `validating` batch's lines are read) and go with their batch's purge.
+pub fn drop_staged(conn: &Connection, id: BatchId, limit: usize) -> Res<usize> {
+    drop_staged_rows(conn, &batch_key(id), limit)
+}
+
+fn drop_staged_rows(conn: &Connection, batch: &[u8], limit: usize) -> Res<usize> {
+    let removed = conn
+        .prepare_cached(
+            "DELETE FROM batch_staging WHERE batch_id = ?1 AND line IN \
+             (SELECT line FROM batch_staging WHERE batch_id = ?1 ORDER BY line LIMIT ?2)",
+        )?
+        .execute(params![batch, to_i64(limit as u64)?])?;
+    Ok(removed)
 }
 
 /// Writes `batch` if the stored one is in `from`; the batch as stored after, or `None`.
@@ -313,9 +333,6 @@ pub fn update_batch(conn: &Connection, from: BatchStatus, batch: &Batch) -> Res<
     if changed == 0 {
         return Ok(None);
     }
-    if from == BatchStatus::Validating {
-        drop_staged(conn, batch.id)?;
-    }
     self::batch(conn, batch.id)
 }
 
@@ -329,7 +346,6 @@ pub fn start_batch(conn: &Connection, started: &Batch) -> Res<Option<Batch>> {
         .query_row([id], |row| row.get(0))
         .optional()?;
     if status.as_deref() != Some(BatchStatus::Validating.as_str()) {
-        drop_staged(conn, started.id)?;
         return Ok(None);
     }
     let created = conn
@@ -351,7 +367,6 @@ pub fn start_batch(conn: &Connection, started: &Batch) -> Res<Option<Batch>> {
          SELECT task_id, 1, ?2, created_at, '', NULL FROM batch_staging WHERE batch_id = ?1",
     )?
     .execute(params![id, EventCode::of(EventKind::Created)])?;
-    drop_staged(conn, started.id)?;
     conn.prepare_cached("UPDATE batches SET total = ?1 WHERE id = ?2")?
         .execute(params![to_i64(created as u64)?, id])?;
     update_batch(conn, BatchStatus::Validating, started)
@@ -405,6 +420,37 @@ pub fn batch_tasks(
     raws.into_iter().map(RawTask::decode).collect()
 }
 
+/// A batch's tasks in line order after `after`, each with its stored response.
+pub fn batch_answers(
+    conn: &Connection,
+    id: BatchId,
+    after: u32,
+    limit: usize,
+) -> Res<Vec<(Task, Option<Response>)>> {
+    let rows: Vec<(RawTask, Option<String>)> = prepare(conn, &codec::sql::batch_answers())?
+        .query_map(
+            params![batch_key(id), i64::from(after), to_i64(limit as u64)?],
+            |row| Ok((raw_task(row)?, row.get(codec::TASK_COLUMN_COUNT)?)),
+        )?
+        .collect::<Result<_, _>>()?;
+    rows.into_iter()
+        .map(|(raw, doc)| {
+            let task = raw.decode()?;
+            let response = doc.map(|doc| codec::response_from_text(&doc)).transpose()?;
+            if response
+                .as_ref()
+                .is_some_and(|found| found.task_id != task.id)
+            {
+                return Err(corrupt(format!(
+                    "the response of {} names another task",
+                    task.id
+                )));
+            }
+            Ok((task, response))
+        })
+        .collect()
+}
+
 /// Removes ended batches older than `cutoff`: their tasks first (at most `max_tasks`), then,
 /// for a batch with none left, its output and error files' records and itself.
 pub fn purge_batches(conn: &Connection, cutoff: Timestamp, max_tasks: usize) -> Res<BatchPurge> {
@@ -423,6 +469,12 @@ pub fn purge_batches(conn: &Connection, cutoff: Timestamp, max_tasks: usize) -> 
     };
     let mut budget = max_tasks;
     for id in ended {
+        // Lines a crash left behind after the batch started or was refused.
+        budget -= drop_staged_rows(conn, &id, budget)?;
+        if budget == 0 {
+            purge.more = true;
+            break;
+        }
         let tasks: Vec<Vec<u8>> = conn
             .prepare_cached("SELECT id FROM tasks WHERE batch_id = ?1 LIMIT ?2")?
             .query_map(params![id, to_i64(budget as u64 + 1)?], |row| row.get(0))?
