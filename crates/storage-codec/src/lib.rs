@@ -441,6 +441,20 @@ pub fn response_to_text(response: &Response) -> Result<String, DbError> {
 }
 
 /// Decodes a stored response.
+/// The stored response document of task `task_id`, if it has one, checked to be that task's.
+pub fn response_of_task(task_id: TaskId, doc: Option<&str>) -> Result<Option<Response>, DbError> {
+    let Some(doc) = doc else {
+        return Ok(None);
+    };
+    let response = response_from_text(doc)?;
+    if response.task_id != task_id {
+        return Err(corrupt(format!(
+            "the response of {task_id} names another task"
+        )));
+    }
+    Ok(Some(response))
+}
+
 pub fn response_from_text(text: &str) -> Result<Response, DbError> {
     let doc: ResponseDoc = serde_json::from_str(text)?;
     let task_id = TaskId::parse(&doc.task_id).map_err(corrupt)?;

@@ -529,16 +529,7 @@ pub async fn batch_answers<C: Db>(
         .map(|row| {
             let task = decode_task(row)?;
             let doc: Option<String> = row.try_get(TASK_COLUMN_COUNT)?;
-            let response = doc.map(|doc| codec::response_from_text(&doc)).transpose()?;
-            if response
-                .as_ref()
-                .is_some_and(|found| found.task_id != task.id)
-            {
-                return Err(corrupt(format!(
-                    "the response of {} names another task",
-                    task.id
-                )));
-            }
+            let response = codec::response_of_task(task.id, doc.as_deref())?;
             Ok((task, response))
         })
         .collect()

@@ -30,21 +30,19 @@ pub async fn insert_events<C: Db>(db: &C, events: &[Event]) -> Res<()> {
     Ok(())
 }
 
-/// The stored response of a task.
+/// The stored response of a task, checked to be that task's.
 pub async fn response_of_task<C: Db>(db: &C, task_id: TaskId) -> Res<Option<Response>> {
-    match db
+    let doc: Option<String> = match db
         .query_opt(
             "SELECT doc FROM responses WHERE task_id = $1",
             &[&key(task_id)],
         )
         .await?
     {
-        Some(row) => {
-            let doc: String = row.try_get(0)?;
-            Ok(Some(codec::response_from_text(&doc)?))
-        }
-        None => Ok(None),
-    }
+        Some(row) => row.try_get(0)?,
+        None => None,
+    };
+    Ok(codec::response_of_task(task_id, doc.as_deref())?)
 }
 
 /// Events after `after`, ascending, inside the current transaction (the caller opens a

@@ -18,9 +18,7 @@ use crate::codec::{
     FILE_COLUMNS, STAGING_COLUMNS,
 };
 use crate::ops::tasks::delete_task_rows;
-use crate::ops::{
-    client_key, corrupt, prepare, raw_task, to_i64, RawTask, Res, TASK_COLUMNS, TASK_FROM,
-};
+use crate::ops::{client_key, prepare, raw_task, to_i64, RawTask, Res, TASK_COLUMNS, TASK_FROM};
 
 fn file_row(row: &Row<'_>) -> rusqlite::Result<FileRow> {
     Ok(FileRow {
@@ -436,16 +434,7 @@ pub fn batch_answers(
     rows.into_iter()
         .map(|(raw, doc)| {
             let task = raw.decode()?;
-            let response = doc.map(|doc| codec::response_from_text(&doc)).transpose()?;
-            if response
-                .as_ref()
-                .is_some_and(|found| found.task_id != task.id)
-            {
-                return Err(corrupt(format!(
-                    "the response of {} names another task",
-                    task.id
-                )));
-            }
+            let response = codec::response_of_task(task.id, doc.as_deref())?;
             Ok((task, response))
         })
         .collect()

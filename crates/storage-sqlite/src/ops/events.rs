@@ -36,15 +36,13 @@ pub fn insert_events(conn: &Connection, events: &[Event]) -> Res<()> {
     Ok(())
 }
 
-/// The stored response of a task.
+/// The stored response of a task, checked to be that task's.
 pub fn response_of_task(conn: &Connection, task_id: TaskId) -> Res<Option<Response>> {
     let doc: Option<String> = conn
         .prepare_cached("SELECT doc FROM responses WHERE task_id = ?1")?
         .query_row([key(task_id)], |row| row.get(0))
         .optional()?;
-    doc.map(|doc| codec::response_from_text(&doc))
-        .transpose()
-        .map_err(Into::into)
+    Ok(codec::response_of_task(task_id, doc.as_deref())?)
 }
 
 /// Events after `after`, ascending. One read transaction, so the events and the task and response
