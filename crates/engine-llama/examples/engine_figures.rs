@@ -2,10 +2,13 @@
 //! without KV checkpoints, a repeated prompt's time to first token with and without the prompt
 //! cache, and resume latency (restart → next token) after N tokens with and without checkpoints;
 //! with `--grammar`, only tokens per second of an output constrained by a JSON schema's grammar
-//! against the same run unconstrained.
+//! against the same run unconstrained; with `--copy-costs`, only what a KV checkpoint costs the
+//! generating thread beside a token's evaluation, every 256 tokens of context up to `--tokens`:
+//! llama.cpp's copy of the sequence state into a file (what a checkpoint does) and into a buffer.
 //!
-//! `cargo run --release -p lmsp-engine-llama --example engine_figures -- MODEL.gguf
-//! [--threads N] [--tokens N] [--every N] [--resume-max N] [--grammar 1]`
+//! `cargo build --release --workspace --example engine_figures && target/release/examples/
+//! engine_figures MODEL.gguf [--threads N] [--tokens N] [--every N] [--resume-max N]
+//! [--grammar 1] [--copy-costs 1]`
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)] // A measuring tool.
 
@@ -110,6 +113,7 @@ async fn main() {
         .expect("usage: engine_figures MODEL.gguf [--threads N] [--tokens N] [--every N]");
     let (mut threads, mut tokens, mut every, mut resume_max) = (1u32, 600u32, 256u32, 500u32);
     let mut grammar = false;
+    let mut copy = false;
     while let Some(flag) = args.next() {
         let value: u32 = args.next().expect("a value").parse().expect("a number");
         match flag.as_str() {
@@ -118,8 +122,13 @@ async fn main() {
             "--every" => every = value,
             "--resume-max" => resume_max = value,
             "--grammar" => grammar = value != 0,
+            "--copy-costs" => copy = value != 0,
             other => panic!("unknown flag {other}"),
         }
+    }
+    if copy {
+        copy_costs(&path, threads, tokens);
+        return;
     }
     let model = model(&path);
     let settings = LlamaSettings {
@@ -216,11 +225,12 @@ async fn main() {
                 _ => break,
             }
         }
-        generation.stop().await;
+        // Dropped, not stopped: a stop is a cancel, which removes the run's checkpoints.
+        drop(generation);
         if seen.len() < after {
             continue;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        checkpointed.checkpoints_settled().await;
         let point = ResumePoint {
             state: seen[after - 1].1.clone(),
             text_so_far: seen.iter().map(|(t, _)| t.as_str()).collect(),
@@ -235,6 +245,76 @@ async fn main() {
             "resume after {after} tokens: {:.0} ms with checkpoints, {:.0} ms replaying from the prompt",
             ms(with_checkpoint),
             ms(from_prompt)
+        );
+    }
+}
+
+/// The median of the last 64 values (ms).
+fn recent_median(values: &[f64]) -> f64 {
+    let mut recent = values[values.len().saturating_sub(64)..].to_vec();
+    recent.sort_by(f64::total_cmp);
+    recent[recent.len() / 2]
+}
+
+/// `--copy-costs`: a context fed one token at a time (as a generation evaluates its output), and
+/// every 256 tokens the time of one token's evaluation (median of the last 64) beside the time of
+/// the two copies of the sequence state a checkpoint could make on the generating thread.
+fn copy_costs(path: &str, threads: u32, tokens: u32) {
+    use llama_cpp_2::context::params::LlamaContextParams;
+    use llama_cpp_2::llama_backend::LlamaBackend;
+    use llama_cpp_2::llama_batch::LlamaBatch;
+    use llama_cpp_2::model::params::LlamaModelParams;
+    use llama_cpp_2::model::LlamaModel;
+    use llama_cpp_2::token::LlamaToken;
+    use llama_cpp_2::LlamaStateSeqFlags;
+
+    let backend = LlamaBackend::init().unwrap();
+    let model = LlamaModel::load_from_file(&backend, path, &LlamaModelParams::default()).unwrap();
+    let threads = i32::try_from(threads).unwrap();
+    let params = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(tokens + 16))
+        .with_n_batch(32)
+        .with_n_ubatch(32)
+        .with_n_seq_max(1)
+        .with_n_threads(threads)
+        .with_n_threads_batch(threads)
+        .with_flash_attention_policy(0);
+    let mut context = model.new_context(&backend, params).unwrap();
+    let mut batch = LlamaBatch::new(32, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = usize::try_from(model.n_vocab()).unwrap();
+    let mut fed: Vec<LlamaToken> = Vec::new();
+    let mut decode_ms = Vec::new();
+    for i in 0..tokens as usize {
+        let token = LlamaToken(i32::try_from(3 + (i * 7) % (vocab - 3)).unwrap());
+        batch.clear();
+        batch
+            .add(token, i32::try_from(i).unwrap(), &[0], true)
+            .unwrap();
+        let start = Instant::now();
+        context.decode(&mut batch).unwrap();
+        decode_ms.push(ms(start.elapsed()));
+        fed.push(token);
+        if (i + 1) % 256 != 0 {
+            continue;
+        }
+        let start = Instant::now();
+        let state = context
+            .state_seq_get(0, LlamaStateSeqFlags::empty())
+            .unwrap();
+        let get = ms(start.elapsed());
+        let file = dir.path().join("state.kv");
+        let start = Instant::now();
+        context.state_seq_save_file(&file, 0, &fed).unwrap();
+        let save = ms(start.elapsed());
+        std::fs::remove_file(&file).unwrap();
+        println!(
+            "{:5} tokens: a token {:6.2} ms; the state {:5.1} MB: into a file {:6.2} ms, into a buffer {:6.2} ms",
+            i + 1,
+            recent_median(&decode_ms),
+            state.byte_len() as f64 / 1e6,
+            save,
+            get
         );
     }
 }

@@ -1,6 +1,7 @@
-//! KV checkpoints on disk (`DATA_DIR/checkpoints/`): a generation's llama.cpp state saved every
-//! [`CheckpointSettings::every`] output tokens, so a resume after a crash restores it and replays
-//! at most that many single tokens instead of the whole output.
+//! KV checkpoints on disk (`DATA_DIR/checkpoints/`): a generation's llama.cpp state saved as its
+//! output grows ([`Spacing`]: the first after [`CheckpointSettings::every`] output tokens, the
+//! next ones closer together as the context grows), so a resume after a crash restores it and
+//! replays about as much work at any length instead of the whole output.
 //!
 //! A checkpoint is two files named after the run ([`RunName`], carried by every resume state) and
 //! the output tokens it covers: `<run>-<k>.kv`, llama.cpp's sequence state file (the prompt and
@@ -11,19 +12,22 @@
 //! task's own; whatever fails is logged and the next older checkpoint (or a replay from the
 //! prompt) is used instead, so a corrupt, missing or foreign checkpoint never changes an output.
 //!
-//! The generating thread only asks llama.cpp to write the `.partial` file (a copy of the KV into
-//! the page cache); a thread of the engine checksums it, renames it, drops the run's older
-//! checkpoints (the newest two stay: the stored snapshot may lag the newest) and keeps the whole
-//! directory under [`CheckpointSettings::max_bytes`], oldest first. There is no fsync: a kill -9
-//! leaves the page cache to the kernel, and a power loss that tears a file is caught by the
-//! checksum. A directory that cannot be written, or a full disk, costs the checkpoint (logged),
-//! never the task.
+//! The generating thread only asks llama.cpp to write the `.partial` file (the one copy of the
+//! state, into the page cache); the engine's writer thread checksums it, renames it, drops the
+//! run's older checkpoints (the newest two stay: the stored snapshot may lag the newest) and keeps
+//! the whole directory under [`CheckpointSettings::max_bytes`], oldest first. A run has at most
+//! one checkpoint with the writer ([`RunCheckpoints`]): one that falls due meanwhile waits and is
+//! taken at the first token after the write. The writer does its jobs in order, so a run's
+//! removal (asked by its generating thread after its last write) comes after a write in flight.
+//! There is no fsync: a kill -9 leaves the page cache to the kernel, and a power loss that tears a
+//! file is caught by the checksum. A directory that cannot be written, or a full disk, costs the
+//! checkpoint (logged), never the task.
 
 use std::fmt::Write as _;
 use std::io::Read;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -38,7 +42,8 @@ use crate::state::RunName;
 pub struct CheckpointSettings {
     /// The directory of the checkpoint files (created when missing).
     pub dir: PathBuf,
-    /// Output tokens between two checkpoints of a generation.
+    /// Output tokens before a generation's first checkpoint; the next ones each come when the
+    /// tokens evaluated since the newest cost as much as those first ones did (docs/engines.md).
     pub every: NonZeroU32,
     /// The most bytes all checkpoints together may take; the oldest go first.
     pub max_bytes: u64,
@@ -46,17 +51,22 @@ pub struct CheckpointSettings {
 
 const META_HEADER: &str = "lmsp-kv-checkpoint 1";
 
-/// What the sealing thread is asked to do.
+/// What the writer thread is asked to do, in the order asked.
 enum Job {
-    /// A `.partial` state file just written: checksum it, name it, prune.
+    /// A `.partial` state file that a run's generating thread just wrote: checksum it, name it,
+    /// prune and bound, then clear `writing` (the run may take its next checkpoint).
     Seal {
         run: RunName,
         output: usize,
         tokens: usize,
         digest: Digest,
+        writing: Arc<AtomicBool>,
     },
-    /// The run is over: its checkpoints go.
+    /// The run is over: its checkpoints go. Queued by the run's generating thread after its last
+    /// `Seal`, so a write still in flight is sealed first and then removed with the others.
     Forget(RunName),
+    /// Tells when every job queued before it is done.
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The checkpoints of an engine.
@@ -64,6 +74,12 @@ pub(crate) struct Checkpoints {
     settings: CheckpointSettings,
     jobs: Mutex<mpsc::Sender<Job>>,
     restores: AtomicU64,
+    /// Due checkpoints that waited because the run's previous one was still being written.
+    deferred: AtomicU64,
+    /// Held by the writer thread during each job; held by a test, it keeps the writer between
+    /// two jobs (a write kept in flight, the directory unchanged).
+    #[cfg(test)]
+    hold: Arc<Mutex<()>>,
 }
 
 impl std::fmt::Debug for Checkpoints {
@@ -150,14 +166,14 @@ impl Checksum {
     }
 }
 
-/// The checksum and size of a file.
-fn checksum_file(path: &Path) -> std::io::Result<(u64, u64)> {
+/// The checksum and size of a file, read through `buffer` (grown to 1 MiB).
+fn checksum_file(path: &Path, buffer: &mut Vec<u8>) -> std::io::Result<(u64, u64)> {
     let mut file = std::fs::File::open(path)?;
     let mut sum = Checksum::new();
-    let mut buffer = vec![0u8; 1 << 20];
+    buffer.resize(1 << 20, 0);
     let mut size = 0u64;
     loop {
-        let read = file.read(&mut buffer)?;
+        let read = file.read(buffer)?;
         if read == 0 {
             return Ok((sum.finish(), size));
         }
@@ -240,14 +256,21 @@ impl Checkpoints {
                 }
             }
         }
-        let (sender, receiver) = mpsc::channel();
-        let sealer = Sealer {
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let mut sealer = Sealer {
             settings: settings.clone(),
+            buffer: Vec::new(),
         };
+        #[cfg(test)]
+        let hold = Arc::new(Mutex::new(()));
+        #[cfg(test)]
+        let held = Arc::clone(&hold);
         let spawned = std::thread::Builder::new()
             .name(String::from("lmsp-checkpoints"))
             .spawn(move || {
                 for job in receiver {
+                    #[cfg(test)]
+                    let _held = held.lock().unwrap_or_else(PoisonError::into_inner);
                     sealer.run(job);
                 }
             });
@@ -258,7 +281,30 @@ impl Checkpoints {
             settings,
             jobs: Mutex::new(sender),
             restores: AtomicU64::new(0),
+            deferred: AtomicU64::new(0),
+            #[cfg(test)]
+            hold,
         })
+    }
+
+    /// Holds the writer thread between two jobs until the guard is dropped (tests).
+    #[cfg(test)]
+    pub(crate) fn hold(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.hold.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many due checkpoints waited for the run's previous write (each was taken at the
+    /// first token after that write ended, or not at all if the run ended first).
+    pub(crate) fn deferred(&self) -> u64 {
+        self.deferred.load(Ordering::Relaxed)
+    }
+
+    /// Waits until every write and removal asked for so far is done.
+    pub(crate) async fn settled(&self) {
+        let (done, settled) = tokio::sync::oneshot::channel();
+        self.send(Job::Flush(done));
+        // An error only says the thread is gone (it could not start): nothing is pending then.
+        let _ = settled.await;
     }
 
     /// How many resumes restored a checkpoint.
@@ -266,7 +312,7 @@ impl Checkpoints {
         self.restores.load(Ordering::Relaxed)
     }
 
-    /// Output tokens between two checkpoints.
+    /// Output tokens before a run's first checkpoint (the spacing's budget).
     pub(crate) fn every(&self) -> usize {
         usize::try_from(self.settings.every.get()).unwrap_or(usize::MAX)
     }
@@ -277,20 +323,25 @@ impl Checkpoints {
         let _ = jobs.send(job);
     }
 
-    /// Saves the context's sequence, which holds `tokens` (the prompt and the first `output`
-    /// output tokens); returns whether it was written (a failure is logged).
-    pub(crate) fn save(
+    /// Copies the context's sequence, which holds `tokens` (the prompt and the first `output`
+    /// output tokens), into a `.partial` file and hands it to the writer thread, which clears
+    /// `writing` when it is done with it; returns whether it was handed over (a failure is
+    /// logged, and `writing` left to the caller).
+    fn save(
         &self,
         context: &LlamaContext<'_>,
         run: RunName,
         digest: &Digest,
         output: usize,
         tokens: &[LlamaToken],
+        writing: &Arc<AtomicBool>,
     ) -> bool {
         let partial = self
             .settings
             .dir
             .join(format!("{}.kv.partial", stem(run, output)));
+        // llama.cpp's own serialization of the sequence, straight into the page cache: the one
+        // copy of the state, and all the generating thread does (docs/engines.md).
         match context.state_seq_save_file(&partial, 0, tokens) {
             Ok(_) => {
                 self.send(Job::Seal {
@@ -298,6 +349,7 @@ impl Checkpoints {
                     output,
                     tokens: tokens.len(),
                     digest: digest.clone(),
+                    writing: Arc::clone(writing),
                 });
                 true
             }
@@ -372,7 +424,8 @@ impl Checkpoints {
         if meta.output != output.len() || meta.tokens != tokens {
             return Err("its token counts are not the task's");
         }
-        let (checksum, bytes) = checksum_file(&kv_path).map_err(|_| "its state is unreadable")?;
+        let (checksum, bytes) =
+            checksum_file(&kv_path, &mut Vec::new()).map_err(|_| "its state is unreadable")?;
         if bytes != meta.bytes || checksum != meta.checksum {
             return Err("its state does not match its checksum");
         }
@@ -390,19 +443,199 @@ impl Checkpoints {
     }
 }
 
-/// The sealing thread's side.
+/// When a run takes its checkpoints: by evaluation cost, so that the replay after the newest
+/// one costs about the same at any length of output.
+///
+/// A token evaluated at position `p` (attending over `p` cells) is taken to cost `knee + p`
+/// units: a fixed part (the weights) and a part that grows with the context (the attention
+/// over the KV cells); `knee` is the context at which a token costs twice one at position 0.
+/// The first checkpoint comes after [`CheckpointSettings::every`] output tokens; each later one
+/// when the tokens evaluated since the newest cost as much as those first ones did, so the
+/// checkpoints come closer together as the context grows, and a resume, which evaluates the
+/// tokens after the newest checkpoint one at a time, replays about as much work after 3 000
+/// tokens as after 300. Integer units: the first checkpoint falls exactly on `every`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Spacing {
+    knee: u128,
+    budget: u128,
+    spent: u128,
+}
+
+impl Spacing {
+    /// The spacing of a run whose prompt has `prompt` tokens, a checkpoint after each `every`
+    /// output tokens' worth of evaluation.
+    pub(crate) fn new(every: usize, prompt: usize, knee: u64) -> Self {
+        let every = u128::try_from(every).unwrap_or(u128::MAX);
+        let prompt = u128::try_from(prompt).unwrap_or(u128::MAX);
+        let knee = u128::from(knee);
+        // The cost of output tokens 0..every: Σ (knee + prompt + i).
+        let budget = every
+            .saturating_mul(knee.saturating_add(prompt))
+            .saturating_add(every.saturating_mul(every.saturating_sub(1)) / 2);
+        Self {
+            knee,
+            budget,
+            spent: 0,
+        }
+    }
+
+    /// A token was evaluated at `position`.
+    pub(crate) fn evaluated(&mut self, position: usize) {
+        let position = u128::try_from(position).unwrap_or(u128::MAX);
+        self.spent = self
+            .spent
+            .saturating_add(self.knee.saturating_add(position));
+    }
+
+    /// Whether the tokens evaluated since the newest checkpoint are worth one.
+    pub(crate) fn due(&self) -> bool {
+        self.spent >= self.budget
+    }
+
+    /// A checkpoint was taken (or its write failed: the next try waits as long).
+    pub(crate) fn taken(&mut self) {
+        self.spent = 0;
+    }
+}
+
+/// The knee of a model's cost per token ([`Spacing`]): the context at which a token's attention
+/// costs as much as the rest of its evaluation.
+pub(crate) fn knee(model: &llama_cpp_2::model::LlamaModel) -> u64 {
+    cost_knee(
+        model.size(),
+        model.n_layer(),
+        model.n_embd(),
+        model.n_head(),
+        model.n_head_kv(),
+    )
+}
+
+/// [`knee`] from the model's figures: its weights' bytes, read once per token, against the KV
+/// bytes that one more cell of context adds to a token's reads (`2 · n_layer · n_embd_kv` values
+/// of 2 bytes), scaled by how much dearer a byte of attention is than a byte of weights on
+/// llama.cpp's CPU kernels ([`ATTENTION_COST`]).
+fn cost_knee(weights: u64, layers: u32, embd: i32, heads: u32, kv_heads: u32) -> u64 {
+    let embd = u64::try_from(embd).unwrap_or(0);
+    let embd_kv = if heads == 0 {
+        embd
+    } else {
+        embd.saturating_mul(u64::from(kv_heads)) / u64::from(heads)
+    };
+    let per_cell = 4u64
+        .saturating_mul(u64::from(layers))
+        .saturating_mul(embd_kv)
+        .saturating_mul(ATTENTION_COST);
+    if per_cell == 0 {
+        return FLAT;
+    }
+    (weights / per_cell).clamp(1, FLAT)
+}
+
+/// A knee so far out that the cost per token is flat: a checkpoint every `every` tokens.
+const FLAT: u64 = 1 << 48;
+
+/// How much dearer a KV byte is than a weight byte in a token's evaluation on llama.cpp's CPU
+/// kernels without flash attention. Measured on SmolLM2 135M Q4_1 (1 thread, CPU time per token
+/// from 256 to 3 072 tokens of context): 17.1 ms + 0.0127 ms per cell, a knee of ≈ 1 350
+/// cells, where its weights' bytes over its KV bytes per cell give 4 270. Where it is off (the
+/// tests' tiny f32 model measures ≈ 780 against 330 from this), checkpoints come closer or
+/// further apart than needed, never inexactly.
+const ATTENTION_COST: u64 = 3;
+
+/// One run's checkpoints, kept by its generating thread: when they are due, and whether the
+/// writer thread still has the previous one (at most one write in flight per run: a checkpoint
+/// that falls due meanwhile waits for it, and is taken at the first token after it).
+pub(crate) struct RunCheckpoints {
+    checkpoints: Arc<Checkpoints>,
+    run: RunName,
+    digest: Digest,
+    writing: Arc<AtomicBool>,
+    spacing: Spacing,
+    waiting: bool,
+}
+
+impl std::fmt::Debug for RunCheckpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunCheckpoints")
+            .field("run", &self.run.hex())
+            .field("spacing", &self.spacing)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunCheckpoints {
+    pub(crate) fn new(
+        checkpoints: Arc<Checkpoints>,
+        run: RunName,
+        digest: Digest,
+        spacing: Spacing,
+    ) -> Self {
+        Self {
+            checkpoints,
+            run,
+            digest,
+            writing: Arc::new(AtomicBool::new(false)),
+            spacing,
+            waiting: false,
+        }
+    }
+
+    /// A token was evaluated at `position` (a replayed or a generated one).
+    pub(crate) fn evaluated(&mut self, position: usize) {
+        self.spacing.evaluated(position);
+    }
+
+    /// After output token `output - 1` was evaluated (the context holds `tokens`: the prompt and
+    /// `output` output tokens): takes a checkpoint if one is due and the previous is written.
+    pub(crate) fn after_token(
+        &mut self,
+        context: &LlamaContext<'_>,
+        output: usize,
+        tokens: &[LlamaToken],
+    ) {
+        if !self.spacing.due() {
+            return;
+        }
+        if self.writing.load(Ordering::Acquire) {
+            if !self.waiting {
+                self.waiting = true;
+                self.checkpoints.deferred.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        self.waiting = false;
+        self.writing.store(true, Ordering::Release);
+        let handed = self.checkpoints.save(
+            context,
+            self.run,
+            &self.digest,
+            output,
+            tokens,
+            &self.writing,
+        );
+        if !handed {
+            self.writing.store(false, Ordering::Release);
+        }
+        self.spacing.taken();
+    }
+}
+
+/// The writer thread's side.
 struct Sealer {
     settings: CheckpointSettings,
+    /// The read buffer of checksums, kept from one checkpoint to the next.
+    buffer: Vec<u8>,
 }
 
 impl Sealer {
-    fn run(&self, job: Job) {
+    fn run(&mut self, job: Job) {
         match job {
             Job::Seal {
                 run,
                 output,
                 tokens,
                 digest,
+                writing,
             } => {
                 if let Err(error) = self.seal(run, output, tokens, &digest) {
                     tracing::warn!(dir = %self.settings.dir.display(), %error, output,
@@ -410,13 +643,17 @@ impl Sealer {
                 }
                 self.prune(run, output);
                 self.bound();
+                writing.store(false, Ordering::Release);
             }
             Job::Forget(run) => self.remove_run(run),
+            Job::Flush(done) => {
+                let _ = done.send(());
+            }
         }
     }
 
     fn seal(
-        &self,
+        &mut self,
         run: RunName,
         output: usize,
         tokens: usize,
@@ -426,7 +663,7 @@ impl Sealer {
         let dir = &self.settings.dir;
         let partial = dir.join(format!("{stem}.kv.partial"));
         let result = (|| {
-            let (checksum, bytes) = checksum_file(&partial)?;
+            let (checksum, bytes) = checksum_file(&partial, &mut self.buffer)?;
             let meta = Meta {
                 digest: digest.as_str().to_owned(),
                 output,
@@ -577,6 +814,57 @@ mod tests {
         let mut short = Checksum::new();
         short.update(&bytes[..999]);
         assert_ne!(short.finish(), whole);
+    }
+
+    /// The output counts at which a run of `tokens` output tokens takes its checkpoints.
+    fn checkpoints_of(every: usize, prompt: usize, knee: u64, tokens: usize) -> Vec<usize> {
+        let mut spacing = Spacing::new(every, prompt, knee);
+        let mut taken = Vec::new();
+        for n in 0..tokens {
+            spacing.evaluated(prompt + n);
+            if spacing.due() {
+                taken.push(n + 1);
+                spacing.taken();
+            }
+        }
+        taken
+    }
+
+    #[test]
+    fn checkpoints_come_closer_as_the_context_grows_and_each_gap_costs_the_first_ones() {
+        let (every, prompt, knee) = (256, 40, 1_400);
+        let taken = checkpoints_of(every, prompt, knee, 3_000);
+        assert_eq!(taken[0], every, "the first after `every` output tokens");
+        let cost = |from: usize, to: usize| -> u64 {
+            (from..to).map(|n| knee + (prompt + n) as u64).sum()
+        };
+        let budget = cost(0, every);
+        let mut previous = (0, usize::MAX);
+        for &at in &taken {
+            let gap = at - previous.0;
+            assert!(gap <= previous.1, "gaps never widen: {taken:?}");
+            // Each gap costs the budget, give or take its last token.
+            let spent = cost(previous.0, at);
+            assert!(spent >= budget && spent - budget < knee + (prompt + at) as u64);
+            previous = (at, gap);
+        }
+        // At 3 000 tokens a token costs (1 400 + 3 000) / (1 400 + 40) ≈ 3 times the first.
+        let last_gap = taken[taken.len() - 1] - taken[taken.len() - 2];
+        assert!((80..=95).contains(&last_gap), "{last_gap}: {taken:?}");
+    }
+
+    #[test]
+    fn a_flat_cost_per_token_keeps_a_checkpoint_every_n_tokens() {
+        let taken = checkpoints_of(16, 30, FLAT, 100);
+        assert_eq!(taken, [16, 32, 48, 64, 80, 96]);
+    }
+
+    #[test]
+    fn the_knee_comes_from_the_weights_against_the_kv_bytes_per_cell() {
+        // SmolLM2 135M Q4_1: 98 362 432 bytes, 30 layers, 576 wide, 9 heads of which 3 for KV.
+        assert_eq!(cost_knee(98_362_432, 30, 576, 9, 3), 1_423);
+        // A model without layers has no growing part: its checkpoints are evenly spaced.
+        assert_eq!(cost_knee(1_000, 0, 0, 0, 0), FLAT);
     }
 
     #[test]

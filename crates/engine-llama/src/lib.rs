@@ -69,6 +69,8 @@ mod schema;
 mod shape;
 pub mod state;
 mod steer;
+#[cfg(test)]
+mod tests;
 
 pub use checkpoint::CheckpointSettings;
 pub use controls::check_controls;
@@ -189,6 +191,22 @@ impl LlamaEngine {
     /// How many resumes restored a KV checkpoint (the others replayed from the prompt).
     pub fn checkpoint_restores(&self) -> u64 {
         self.checkpoints.as_ref().map_or(0, |c| c.restores())
+    }
+
+    /// How many due checkpoints waited because their run's previous checkpoint was still being
+    /// written (at most one write per run is in flight; the waiting one is taken at the first
+    /// token after it).
+    pub fn checkpoints_deferred(&self) -> u64 {
+        self.checkpoints.as_ref().map_or(0, |c| c.deferred())
+    }
+
+    /// Waits until the checkpoint writer has done every write and removal asked of it so far:
+    /// the checkpoints of the generations that ran are then in place, or gone for the runs that
+    /// ended.
+    pub async fn checkpoints_settled(&self) {
+        if let Some(checkpoints) = &self.checkpoints {
+            checkpoints.settled().await;
+        }
     }
 
     /// Whether the model with this digest is loaded.

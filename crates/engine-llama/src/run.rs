@@ -24,7 +24,7 @@ use lmsp_domain::task::{Message, TaskSpec, Usage};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::cache::PromptCache;
-use crate::checkpoint::Checkpoints;
+use crate::checkpoint::{knee, Checkpoints, RunCheckpoints, Spacing};
 use crate::controls::{conversation, Asked};
 use crate::generation::{LlamaGeneration, Signals};
 use crate::sampling::{draw_seed, Probabilities, Sampling};
@@ -339,6 +339,12 @@ impl Run {
             }
             0
         };
+        // The run's checkpoints, spaced by what the tokens since the newest one (the restored one,
+        // or the prompt) cost to evaluate.
+        let mut saving = self.checkpoints.as_ref().map(|checkpoints| {
+            let spacing = Spacing::new(checkpoints.every(), input_tokens, knee(model));
+            RunCheckpoints::new(Arc::clone(checkpoints), run, digest.clone(), spacing)
+        });
         // The output tokens after the restored point, one at a time, as they were generated.
         for (index, &token) in output.iter().enumerate().skip(replay_from) {
             if self.stopped() {
@@ -350,6 +356,9 @@ impl Run {
                 LlamaToken(token),
                 input_tokens + index,
             )?;
+            if let Some(saving) = &mut saving {
+                saving.evaluated(input_tokens + index);
+            }
             logits = None;
         }
         let mut next_position = all_len;
@@ -389,9 +398,8 @@ impl Run {
         }
 
         let sampling = Sampling::of(&self.spec);
-        let every = self.checkpoints.as_ref().map(|c| c.every());
         let mut all_tokens: Vec<LlamaToken> = Vec::new();
-        if every.is_some() {
+        if saving.is_some() {
             all_tokens.extend(prompt_tokens.iter().copied());
             all_tokens.extend(output.iter().map(|&t| LlamaToken(t)));
         }
@@ -430,15 +438,13 @@ impl Run {
             self.send_step(&vocab, step, &out.state, &mut out.logprobs)?;
             if !ended && out.state.tokens().len() < max && next_position < n_ctx_usize {
                 self.decode_one(&mut context, &mut batch, token, next_position)?;
-                next_position += 1;
                 logits = None;
-                if let (Some(every), Some(checkpoints)) = (every, &self.checkpoints) {
+                if let Some(saving) = &mut saving {
+                    saving.evaluated(next_position);
                     all_tokens.push(token);
-                    let covered = out.state.tokens().len();
-                    if covered.is_multiple_of(every) {
-                        checkpoints.save(&context, run, digest, covered, &all_tokens);
-                    }
+                    saving.after_token(&context, out.state.tokens().len(), &all_tokens);
                 }
+                next_position += 1;
             }
         }
         if !ended {

@@ -103,12 +103,17 @@ fn job(spec: &Arc<TaskSpec>, resume: Option<ResumePoint>) -> GenerationJob {
 
 type Deltas = Vec<(String, Vec<u8>)>;
 
+/// Every delta and the usage, once the generating thread has ended (it removes a finished run's
+/// checkpoints after sending the end: `stop` waits for it).
 async fn collect(mut generation: Box<dyn Generation>) -> (Deltas, Usage) {
     let mut deltas = Vec::new();
     loop {
         match generation.next_item().await.unwrap() {
             Some(GenerationItem::Delta { text, state }) => deltas.push((text, state)),
-            Some(GenerationItem::Finished { usage }) => return (deltas, usage),
+            Some(GenerationItem::Finished { usage }) => {
+                generation.stop().await;
+                return (deltas, usage);
+            }
             Some(other) => panic!("a plain run sends no {other:?}"),
             None => panic!("the generation ended without finishing"),
         }
@@ -223,7 +228,7 @@ async fn resumes_from_kv_checkpoints_equal_the_uninterrupted_run_i6() {
             // Interrupted after `at` deltas: its checkpoints stay.
             let partial = run_until(&engine, job(&spec, None), at + 1).await;
             assert_eq!(text(&partial), text(&full.0[..=at]));
-            wait_for_sealing().await;
+            wait_for_sealing(&engine).await;
             let resume = point(&partial, at);
             let before = resume.text_so_far.clone();
             let restores = engine.checkpoint_restores();
@@ -242,7 +247,7 @@ async fn resumes_from_kv_checkpoints_equal_the_uninterrupted_run_i6() {
             assert_eq!(restored, u64::from(tokens > 16), "at {at}, {tokens} tokens");
         }
     }
-    wait_for_sealing().await;
+    wait_for_sealing(&engine).await;
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert!(
         left.is_empty(),
@@ -259,13 +264,13 @@ async fn a_cancelled_runs_checkpoints_are_removed_and_an_interrupted_runs_stay()
     let spec = spec(STORY, 100, 3, 0.7, Some(0.9));
 
     let (mut cancelled, _) = first_deltas(&engine, job(&spec, None), 30).await;
-    wait_for_sealing().await;
+    wait_for_sealing(&engine).await;
     assert!(
         !checkpoint_files(dir.path(), ".meta").is_empty(),
         "the run wrote checkpoints before its cancel"
     );
     cancelled.stop().await;
-    wait_for_sealing().await;
+    wait_for_sealing(&engine).await;
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert!(
         left.is_empty(),
@@ -274,16 +279,16 @@ async fn a_cancelled_runs_checkpoints_are_removed_and_an_interrupted_runs_stay()
 
     let interrupted = run_until(&engine, job(&spec, None), 30).await;
     assert_eq!(interrupted.len(), 30);
-    wait_for_sealing().await;
+    wait_for_sealing(&engine).await;
     assert!(
         !checkpoint_files(dir.path(), ".meta").is_empty(),
         "an interrupted run keeps its checkpoints for the resume"
     );
 }
 
-/// The sealing thread renames checkpoints shortly after they are written.
-async fn wait_for_sealing() {
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+/// Waits until the engine's checkpoint writer has sealed (or removed) everything asked of it.
+async fn wait_for_sealing(engine: &LlamaEngine) {
+    engine.checkpoints_settled().await;
 }
 
 fn checkpoint_files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
@@ -342,7 +347,7 @@ async fn corrupt_missing_and_foreign_checkpoints_still_resume_exactly() {
         let dir = tempfile::tempdir().unwrap();
         let engine = checkpointing(dir.path(), 16);
         let partial = run_until(&engine, job(&spec, None), at + 1).await;
-        wait_for_sealing().await;
+        wait_for_sealing(&engine).await;
         assert!(
             !checkpoint_files(dir.path(), ".meta").is_empty(),
             "checkpoints were written"

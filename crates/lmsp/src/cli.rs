@@ -176,8 +176,10 @@ pub struct ServeArgs {
     /// llama.cpp: layers offloaded to the GPU (builds with the `cuda` or `metal` feature).
     #[arg(long, env = "LMSP_LLAMA_GPU_LAYERS")]
     pub llama_gpu_layers: Option<u32>,
-    /// llama.cpp: output tokens between two KV checkpoints of a generation (saved under
-    /// DATA_DIR/checkpoints/; a resume replays only the tokens after the newest); 0: none.
+    /// llama.cpp: output tokens before a generation's first KV checkpoint (saved under
+    /// DATA_DIR/checkpoints/; a resume replays only the tokens after the newest); later ones
+    /// come as often as those tokens cost to evaluate, so closer together as the context
+    /// grows; 0: none.
     #[arg(long, env = "LMSP_CHECKPOINT_EVERY", default_value = "256")]
     pub checkpoint_every: u32,
     /// llama.cpp: the most bytes all KV checkpoints together take (the oldest go first).

@@ -83,6 +83,15 @@ pub const DELETE_PENDING_KEYS_OF: &str =
 pub const UNHOLD_KEYS_OF: &str =
     "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL WHERE held_by = $1";
 
+/// Batch `$1`'s tasks after line `$2` in line order, at most `$3`, each with its stored response
+/// document (NULL when it has none): the [`TASK_COLUMNS`] and then `r.doc`.
+pub fn batch_answers() -> String {
+    format!(
+        "SELECT {TASK_COLUMNS}, r.doc FROM {TASK_FROM} LEFT JOIN responses r ON r.task_id = t.id \
+         WHERE t.batch_id = $1 AND t.batch_line > $2 ORDER BY t.batch_line LIMIT $3"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,11 +137,3 @@ mod tests {
     }
 }
 
-/// Batch `$1`'s tasks after line `$2` in line order, at most `$3`, each with its stored response
-/// document (NULL when it has none): the [`TASK_COLUMNS`] and then `r.doc`.
-pub fn batch_answers() -> String {
-    format!(
-        "SELECT {TASK_COLUMNS}, r.doc FROM {TASK_FROM} LEFT JOIN responses r ON r.task_id = t.id \
-         WHERE t.batch_id = $1 AND t.batch_line > $2 ORDER BY t.batch_line LIMIT $3"
-    )
-}

@@ -23,6 +23,15 @@
 //!    and timed from the restarted process's spawn (and from its "listening" line) to the resumed
 //!    run's first text delta on the task's event stream, with and without checkpoints.
 //!
+//!    Each kill also notes the newest KV checkpoint in place (the tokens a resume replays come
+//!    after it), and `--resume-kills N` kills N times per point, spread over the next
+//!    `--checkpoint-every` deltas, so that a point's figure (their mean) does not hang on where
+//!    its one kill fell between two checkpoints.
+//!
+//! `--only checkpoints` measures the checkpoint cost alone: LMSP in process with and without
+//! checkpoints, alternating request by request, without llama.cpp's server; `--only resume
+//! --resume-with-checkpoints-only` the resume latency with checkpoints alone.
+//!
 //! Run: `cargo build --release --workspace --bins && scripts/llamacpp-server-deps &&
 //! target/release/engine-bench [--model target/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf]`
 //! (`--quick`: a few short requests, every path and phase at tiny sizes; CI's smoke test).
@@ -101,6 +110,33 @@ struct Cli {
     /// The Python of the llama.cpp server venv (default: target/llamacpp-venv/bin/python).
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Only these phases (default: paths,ttft,streams,resume, i.e. everything): `paths` (every
+    /// path one request at a time, with the checkpoints figure), `ttft`, `streams` (4 at once),
+    /// `checkpoints` (LMSP in process with and without checkpoints alone, alternating request by
+    /// request: the checkpoint cost without the other paths), `resume`. llama.cpp's server
+    /// starts only for the phases that compare with it.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Option<Vec<Phase>>,
+    /// Kills per resume point (default 1): the first at the point, the others spread over the
+    /// next `--checkpoint-every` text deltas, so that a point's figure (their mean) does not
+    /// hang on where the kill falls between two checkpoints (a resume replays the tokens after
+    /// the newest one).
+    #[arg(long, default_value = "1")]
+    resume_kills: NonZeroU32,
+    /// The resume phase without its "without checkpoints" chains (they replay the whole output
+    /// at every restart: minutes at 3 000 tokens on a real model).
+    #[arg(long)]
+    resume_with_checkpoints_only: bool,
+}
+
+/// A phase of the run (`--only`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Phase {
+    Paths,
+    Ttft,
+    Streams,
+    Checkpoints,
+    Resume,
 }
 
 /// The room kept for the prompt in the context.
@@ -178,6 +214,19 @@ impl PathFigures {
     fn tokens_range(&self) -> String {
         range(&self.tokens)
     }
+}
+
+/// A spread of ratios as percentages, `min / median / max`.
+fn percent(ratios: &Spread) -> String {
+    if ratios.is_empty() {
+        return String::from("not run");
+    }
+    format!(
+        "{} / {} / {}",
+        fmt_num(ratios.min() * 100.0, 1),
+        fmt_num(ratios.median() * 100.0, 1),
+        fmt_num(ratios.max() * 100.0, 1)
+    )
 }
 
 /// `a` or `a–b` over the values.
@@ -260,6 +309,11 @@ impl Setup {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let quick = cli.quick;
+    let phases = cli
+        .only
+        .clone()
+        .unwrap_or_else(|| vec![Phase::Paths, Phase::Ttft, Phase::Streams, Phase::Resume]);
+    let runs = |phase: Phase| phases.contains(&phase);
     let reps = cli.reps.unwrap_or(if quick { 1 } else { 3 });
     let is_tiny = cli.model.is_none();
     let requests = cli.requests.unwrap_or(match (quick, is_tiny) {
@@ -280,9 +334,11 @@ async fn main() -> anyhow::Result<()> {
         bail!("--tokens must leave room for the prompt in the {context}-token context");
     }
     let lmsp = find_lmsp(cli.lmsp_bin.as_deref())?;
-    let python = match cli.python {
-        Some(python) => python,
-        None => sibling_of_exe("../llamacpp-venv/bin/python")?,
+    let needs_server = runs(Phase::Paths) || runs(Phase::Ttft) || runs(Phase::Streams);
+    let python = match (cli.python, needs_server) {
+        (Some(python), _) => python,
+        (None, true) => sibling_of_exe("../llamacpp-venv/bin/python")?,
+        (None, false) => PathBuf::new(),
     };
     let work = tempfile::tempdir()?;
     let models = work.path().join("models");
@@ -324,51 +380,77 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "engine-bench: {label}, context {context}, {requests} streamed requests of {tokens} \
          tokens per path and repetition, {reps} repetitions, {threads} llama.cpp threads, \
-         greedy, seed 1; load {}",
+         greedy, seed 1; phases {phases:?}; load {}",
         load()
     );
 
     // llama.cpp's server, 4 slots (one stream uses one); LMSP in front of it.
-    let upstream =
-        LlamaCppServer::start(&python, &model, cli.threads, context, 4).context("llama.cpp")?;
-    let upstream_service = setup.start(
-        "upstream",
-        &[
-            "--engine",
-            "openai",
-            "--upstream",
-            &upstream.api,
-            "--workers",
-            "1",
-        ]
-        .map(str::to_owned),
-    )?;
-    let registered = setup
-        .http
-        .post(upstream_service.url("/v1/models"))
-        .bearer_auth(&upstream_service.token)
-        .json(&json!({"id": "upstream", "upstream_model": "bench"}))
-        .send()
-        .await?;
-    if !registered.status().is_success() {
-        bail!(
-            "cannot register the upstream model: {}",
-            registered.status()
-        );
-    }
+    let upstream = if needs_server {
+        Some(LlamaCppServer::start(&python, &model, cli.threads, context, 4).context("llama.cpp")?)
+    } else {
+        None
+    };
+    let upstream_service = match &upstream {
+        Some(upstream) if runs(Phase::Paths) => {
+            let service = setup.start(
+                "upstream",
+                &[
+                    "--engine",
+                    "openai",
+                    "--upstream",
+                    &upstream.api,
+                    "--workers",
+                    "1",
+                ]
+                .map(str::to_owned),
+            )?;
+            let registered = setup
+                .http
+                .post(service.url("/v1/models"))
+                .bearer_auth(&service.token)
+                .json(&json!({"id": "upstream", "upstream_model": "bench"}))
+                .send()
+                .await?;
+            if !registered.status().is_success() {
+                bail!(
+                    "cannot register the upstream model: {}",
+                    registered.status()
+                );
+            }
+            Some(service)
+        }
+        _ => None,
+    };
     // LMSP in process: its defaults (checkpoints on), without checkpoints, and 4 workers.
-    let local = setup.start("local", &setup.llama_args(1, Some(threads), every))?;
-    let plain = setup.start("plain", &setup.llama_args(1, Some(threads), 0))?;
-    let four = setup.start("four", &setup.llama_args(4, None, every))?;
-    let binding = binding::Binding::load(&model, cli.threads, context)?;
+    let in_process = runs(Phase::Paths) || runs(Phase::Ttft) || runs(Phase::Checkpoints);
+    let local = if in_process {
+        Some(setup.start("local", &setup.llama_args(1, Some(threads), every))?)
+    } else {
+        None
+    };
+    let plain = if runs(Phase::Paths) || runs(Phase::Checkpoints) {
+        Some(setup.start("plain", &setup.llama_args(1, Some(threads), 0))?)
+    } else {
+        None
+    };
+    let four = if runs(Phase::Streams) {
+        Some(setup.start("four", &setup.llama_args(4, None, every))?)
+    } else {
+        None
+    };
+    let binding = if runs(Phase::Paths) {
+        Some(binding::Binding::load(&model, cli.threads, context)?)
+    } else {
+        None
+    };
 
     let paths = Paths {
         http: &setup.http,
-        api: &upstream.api,
-        upstream_service: &upstream_service,
-        local: &local,
-        plain: &plain,
-        binding: &binding,
+        api: upstream.as_ref().map(|u| u.api.as_str()),
+        upstream_service: upstream_service.as_ref(),
+        local: local.as_ref(),
+        plain: plain.as_ref(),
+        binding: binding.as_ref(),
     };
     let names = [
         "llama.cpp server, direct".to_owned(),
@@ -377,13 +459,15 @@ async fn main() -> anyhow::Result<()> {
         format!("LMSP in process (--engine llama, --checkpoint-every {every})"),
         "LMSP in process (--engine llama, --checkpoint-every 0)".to_owned(),
     ];
-    // A warm-up request on every path (model pages, connections, the first context).
+    // A warm-up request on every path that runs (model pages, connections, the first context).
     let warm = Ask {
         tokens: 8,
         ..long.clone()
     };
     for index in 0..names.len() {
-        paths.stream(index, &warm).await?;
+        if paths.has(index) {
+            paths.stream(index, &warm).await?;
+        }
     }
     let check = |name: &str, streamed: &Streamed| -> anyhow::Result<()> {
         if let Some(expected) = &expected {
@@ -401,82 +485,118 @@ async fn main() -> anyhow::Result<()> {
     };
 
     // 1. Every path, one request at a time.
-    progress("every path, one request at a time");
     let mut figures: Vec<PathFigures> = names.iter().map(|_| PathFigures::default()).collect();
-    for _ in 0..reps {
-        for (index, figure) in figures.iter_mut().enumerate() {
-            let mut streams = Vec::new();
-            for _ in 0..requests {
-                let streamed = paths.stream(index, &long).await?;
-                check(&names[index], &streamed)?;
-                streams.push(streamed);
+    let mut load_streams = String::new();
+    if runs(Phase::Paths) {
+        progress("every path, one request at a time");
+        for _ in 0..reps {
+            for (index, figure) in figures.iter_mut().enumerate() {
+                let mut streams = Vec::new();
+                for _ in 0..requests {
+                    let streamed = paths.stream(index, &long).await?;
+                    check(&names[index], &streamed)?;
+                    streams.push(streamed);
+                }
+                figure.push_rep(&streams);
             }
-            figure.push_rep(&streams);
         }
+        load_streams = load();
     }
-    let load_streams = load();
+
+    // 1b. LMSP in process with and without checkpoints alone, alternating request by request
+    // (with, without, without, with, …: a drift of the machine's load hits both alike).
+    let mut checkpointed: [PathFigures; 2] = Default::default();
+    let mut paired = Spread::default();
+    let mut load_checkpoints = String::new();
+    if runs(Phase::Checkpoints) {
+        progress("with and without checkpoints, alternating");
+        for _ in 0..reps {
+            let mut streams: [Vec<Streamed>; 2] = Default::default();
+            for request in 0..requests {
+                let order = if request % 2 == 0 { [0, 1] } else { [1, 0] };
+                for slot in order {
+                    let streamed = paths.stream(3 + slot, &long).await?;
+                    check(&names[3 + slot], &streamed)?;
+                    streams[slot].push(streamed);
+                }
+                let with = &streams[0][request];
+                let without = &streams[1][request];
+                paired.push(with.tokens_per_second() / without.tokens_per_second());
+            }
+            for (slot, streams) in streams.iter().enumerate() {
+                checkpointed[slot].push_rep(streams);
+            }
+        }
+        load_checkpoints = load();
+    }
 
     // 2a. Time to first token, a new and a repeated prompt: llama.cpp's server and LMSP.
-    progress("time to first token");
     let ttft_paths = [0usize, 3];
     let mut ttft_new: Vec<PathFigures> =
         ttft_paths.iter().map(|_| PathFigures::default()).collect();
     let mut ttft_repeated: Vec<PathFigures> =
         ttft_paths.iter().map(|_| PathFigures::default()).collect();
-    for _ in 0..reps {
-        for (slot, &index) in ttft_paths.iter().enumerate() {
-            let mut new = Vec::new();
-            for _ in 0..ttft_requests {
-                new.push(paths.stream(index, &ttft_ask(true)).await?);
+    let mut load_ttft = String::new();
+    if runs(Phase::Ttft) {
+        progress("time to first token");
+        for _ in 0..reps {
+            for (slot, &index) in ttft_paths.iter().enumerate() {
+                let mut new = Vec::new();
+                for _ in 0..ttft_requests {
+                    new.push(paths.stream(index, &ttft_ask(true)).await?);
+                }
+                ttft_new[slot].push_rep(&new);
+                // The first of the same prompt fills the caches; the others are measured.
+                paths.stream(index, &ttft_ask(false)).await?;
+                let mut repeated = Vec::new();
+                for _ in 0..ttft_requests {
+                    repeated.push(paths.stream(index, &ttft_ask(false)).await?);
+                }
+                ttft_repeated[slot].push_rep(&repeated);
             }
-            ttft_new[slot].push_rep(&new);
-            // The first of the same prompt fills the caches; the others are measured.
-            paths.stream(index, &ttft_ask(false)).await?;
-            let mut repeated = Vec::new();
-            for _ in 0..ttft_requests {
-                repeated.push(paths.stream(index, &ttft_ask(false)).await?);
-            }
-            ttft_repeated[slot].push_rep(&repeated);
         }
+        load_ttft = load();
     }
-    let load_ttft = load();
 
     // 2b. Four streams at once: llama.cpp's server (4 slots) and LMSP (4 workers).
-    progress("4 streams at once");
     let mut concurrent = [Spread::default(), Spread::default()];
     let mut concurrent_tokens: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
-    for _ in 0..reps {
-        for (slot, concurrent) in concurrent.iter_mut().enumerate() {
-            let mut rates = Vec::new();
-            for _ in 0..rounds {
-                let streams: Vec<_> = (0..4)
-                    .map(|_| async {
-                        if slot == 0 {
-                            stream_direct(&setup.http, &upstream.api, &long).await
-                        } else {
-                            stream_lmsp(&setup.http, &four, "bench", &long).await
-                        }
-                    })
-                    .collect();
-                let streams = futures::future::try_join_all(streams).await?;
-                for streamed in &streams {
-                    check(
-                        if slot == 0 {
-                            "llama.cpp, 4 streams"
-                        } else {
-                            "LMSP, 4 streams"
-                        },
-                        streamed,
-                    )?;
-                    concurrent_tokens[slot].push(streamed.tokens);
+    let mut load_concurrent = String::new();
+    if let (Some(upstream), Some(four)) = (&upstream, &four) {
+        progress("4 streams at once");
+        for _ in 0..reps {
+            for (slot, concurrent) in concurrent.iter_mut().enumerate() {
+                let mut rates = Vec::new();
+                for _ in 0..rounds {
+                    let streams: Vec<_> = (0..4)
+                        .map(|_| async {
+                            if slot == 0 {
+                                stream_direct(&setup.http, &upstream.api, &long).await
+                            } else {
+                                stream_lmsp(&setup.http, four, "bench", &long).await
+                            }
+                        })
+                        .collect();
+                    let streams = futures::future::try_join_all(streams).await?;
+                    for streamed in &streams {
+                        check(
+                            if slot == 0 {
+                                "llama.cpp, 4 streams"
+                            } else {
+                                "LMSP, 4 streams"
+                            },
+                            streamed,
+                        )?;
+                        concurrent_tokens[slot].push(streamed.tokens);
+                    }
+                    rates.push(aggregate_rate(&streams));
                 }
-                rates.push(aggregate_rate(&streams));
+                rates.sort_by(f64::total_cmp);
+                concurrent.push(rates[rates.len() / 2]);
             }
-            rates.sort_by(f64::total_cmp);
-            concurrent.push(rates[rates.len() / 2]);
         }
+        load_concurrent = load();
     }
-    let load_concurrent = load();
     drop(four);
     drop(local);
     drop(plain);
@@ -484,7 +604,6 @@ async fn main() -> anyhow::Result<()> {
     drop(upstream);
 
     // 3. Resume latency, with and without checkpoints.
-    progress("resume latency");
     // The resume task asks for all the context leaves after the prompt; a point is counted in
     // text deltas, fewer than tokens where a character takes several (the tiny model's "€"), so
     // the points stop at three quarters of that, leaving room to run on past the last one (the
@@ -500,70 +619,128 @@ async fn main() -> anyhow::Result<()> {
     });
     let mut points: Vec<u64> = wanted_points.iter().map(|&p| p.min(cap)).collect();
     points.dedup();
+    // Each point's kills (its index, the kill's point), increasing.
+    let kills_per_point = u64::from(cli.resume_kills.get());
+    let mut kills: Vec<(usize, u64)> = Vec::new();
+    for (index, &point) in points.iter().enumerate() {
+        for kill in 0..kills_per_point {
+            let at = (point + kill * u64::from(every) / kills_per_point).min(room * 7 / 8);
+            if kills.last().is_none_or(|&(_, last)| at > last) {
+                kills.push((index, at));
+            }
+        }
+    }
+    let kill_points: Vec<u64> = kills.iter().map(|&(_, at)| at).collect();
+    let kill_groups: Vec<usize> = kills.iter().map(|&(index, _)| index).collect();
     let resume_ask = Ask {
         tokens: room,
         ..long.clone()
     };
     let mut resumes: [Vec<Vec<ResumeSample>>; 2] = [Vec::new(), Vec::new()];
-    for rep in 0..reps {
-        for (slot, checkpoints) in [every, 0].into_iter().enumerate() {
-            let dir = setup
-                .work
-                .path()
-                .join(format!("resume-{rep}-{checkpoints}"));
-            std::fs::create_dir_all(&dir)?;
-            let args = setup.llama_args(1, Some(threads), checkpoints);
-            let samples = resume::chain(
-                &setup.http,
-                &setup.lmsp,
-                &dir,
-                &args,
-                "bench",
-                &resume_ask,
-                &points,
-            )
-            .await?;
-            resumes[slot].push(samples);
+    let mut load_resume = String::new();
+    if runs(Phase::Resume) {
+        progress("resume latency");
+        let chains: &[u32] = if cli.resume_with_checkpoints_only {
+            &[every]
+        } else {
+            &[every, 0]
+        };
+        for rep in 0..reps {
+            for (slot, &checkpoints) in chains.iter().enumerate() {
+                let dir = setup
+                    .work
+                    .path()
+                    .join(format!("resume-{rep}-{checkpoints}"));
+                std::fs::create_dir_all(&dir)?;
+                let args = setup.llama_args(1, Some(threads), checkpoints);
+                let samples = resume::chain(
+                    &setup.http,
+                    &setup.lmsp,
+                    &dir,
+                    &args,
+                    "bench",
+                    &resume_ask,
+                    &kill_points,
+                )
+                .await?;
+                resumes[slot].push(samples);
+            }
         }
+        load_resume = load();
     }
-    let load_resume = load();
 
     print_tables(&Report {
+        phases: &phases,
         names: &names,
         figures: &figures,
+        checkpointed: &checkpointed,
+        paired: &paired,
         ttft_new: &ttft_new,
         ttft_repeated: &ttft_repeated,
         concurrent: &concurrent,
         concurrent_tokens: &concurrent_tokens,
         resumes: &resumes,
+        kill_groups: &kill_groups,
         points: &points,
         wanted_points: &wanted_points,
         every,
         threads,
         context,
-        loads: [load_streams, load_ttft, load_concurrent, load_resume],
+        loads: [
+            load_streams,
+            load_checkpoints,
+            load_ttft,
+            load_concurrent,
+            load_resume,
+        ],
     });
     Ok(())
 }
 
 struct Report<'a> {
+    phases: &'a [Phase],
     names: &'a [String],
     figures: &'a [PathFigures],
+    checkpointed: &'a [PathFigures; 2],
+    paired: &'a Spread,
     ttft_new: &'a [PathFigures],
     ttft_repeated: &'a [PathFigures],
     concurrent: &'a [Spread; 2],
     concurrent_tokens: &'a [Vec<u64>; 2],
     resumes: &'a [Vec<Vec<ResumeSample>>; 2],
+    /// Which point each kill of a chain belongs to.
+    kill_groups: &'a [usize],
     points: &'a [u64],
     wanted_points: &'a [u64],
     every: u32,
     threads: u32,
     context: u32,
-    loads: [String; 4],
+    loads: [String; 5],
+}
+
+impl Report<'_> {
+    fn ran(&self, phase: Phase) -> bool {
+        self.phases.contains(&phase)
+    }
 }
 
 fn print_tables(r: &Report<'_>) {
-    let [load_streams, load_ttft, load_concurrent, load_resume] = &r.loads;
+    if r.ran(Phase::Paths) {
+        print_paths(r);
+    }
+    if r.ran(Phase::Checkpoints) {
+        print_checkpoints(r);
+    }
+    if r.ran(Phase::Paths) || r.ran(Phase::Ttft) || r.ran(Phase::Streams) {
+        print_beside_server(r);
+    }
+    if r.ran(Phase::Resume) {
+        print_resumes(r);
+    }
+}
+
+fn print_paths(r: &Report<'_>) {
+    let load_streams = &r.loads[0];
     println!();
     println!("Every path, one streamed request at a time (load after: {load_streams}):");
     println!();
@@ -598,8 +775,47 @@ fn print_tables(r: &Report<'_>) {
             met(delta <= 2.0 && ratio >= 0.95)
         );
     }
+}
 
-    // LMSP in process beside llama.cpp's server.
+/// The `checkpoints` phase: LMSP in process with and without checkpoints alone.
+fn print_checkpoints(r: &Report<'_>) {
+    let load = &r.loads[1];
+    println!();
+    println!(
+        "LMSP in process with and without checkpoints, alternating request by request, {} \
+         threads; medians of the repetitions (min / median / max); load after: {load}:",
+        r.threads
+    );
+    println!();
+    println!("| path | time to first token, p50 | tokens/s after the first | tokens per request |");
+    println!("| --- | --- | --- | --- |");
+    for (name, figure) in r.names[3..].iter().zip(r.checkpointed) {
+        println!(
+            "| {name} | {} ms | {} | {} |",
+            figure.first_token_ms.format(2),
+            figure.tokens_per_second.format(0),
+            figure.tokens_range()
+        );
+    }
+    let [with, without] = r.checkpointed;
+    let ratio = with.tokens_per_second.median() / without.tokens_per_second.median();
+    println!();
+    println!("| figure | without | with | target | met? |");
+    println!("| --- | --- | --- | --- | --- |");
+    println!(
+        "| tokens/s, 1 stream, checkpoints (every {}) alone, with / without | {} | {} | ≥ 95 % of without ({} %; paired requests {} %) | {} |",
+        r.every,
+        without.tokens_per_second.format(0),
+        with.tokens_per_second.format(0),
+        fmt_num(ratio * 100.0, 1),
+        percent(r.paired),
+        met(ratio >= 0.95)
+    );
+}
+
+/// LMSP in process beside llama.cpp's server: the rows of the phases that ran.
+fn print_beside_server(r: &Report<'_>) {
+    let [_, _, load_ttft, load_concurrent, _] = &r.loads;
     let server = &r.figures[0];
     let lmsp = &r.figures[3];
     let plain = &r.figures[4];
@@ -620,64 +836,74 @@ fn print_tables(r: &Report<'_>) {
             range(&f.cached_tokens)
         )
     };
-    println!(
-        "| TTFT p50, a new prompt ({} / {}) | {} ms | {} ms | — (reported) | — |",
-        cached(&r.ttft_new[0]),
-        cached(&r.ttft_new[1]),
-        r.ttft_new[0].first_token_ms.format(2),
-        r.ttft_new[1].first_token_ms.format(2),
-    );
-    let delta =
-        r.ttft_repeated[1].first_token_ms.median() - r.ttft_repeated[0].first_token_ms.median();
-    println!(
-        "| TTFT p50, a repeated prompt ({} / {}) | {} ms | {} ms | ≤ llama.cpp's + 2 ms (Δ {} ms) | {} |",
-        cached(&r.ttft_repeated[0]),
-        cached(&r.ttft_repeated[1]),
-        r.ttft_repeated[0].first_token_ms.format(2),
-        r.ttft_repeated[1].first_token_ms.format(2),
-        fmt_num(delta, 2),
-        met(delta <= 2.0)
-    );
-    let ratio = lmsp.tokens_per_second.median() / server.tokens_per_second.median();
-    println!(
-        "| tokens/s, 1 stream ({} / {} tokens) | {} | {} | ≥ 95 % of llama.cpp's ({} %) | {} |",
-        server.tokens_range(),
-        lmsp.tokens_range(),
-        server.tokens_per_second.format(0),
-        lmsp.tokens_per_second.format(0),
-        fmt_num(ratio * 100.0, 1),
-        met(ratio >= 0.95)
-    );
-    let ratio_plain = plain.tokens_per_second.median() / server.tokens_per_second.median();
-    println!(
-        "| tokens/s, 1 stream, LMSP without checkpoints ({} tokens) | {} | {} | ≥ 95 % of llama.cpp's ({} %) | {} |",
-        plain.tokens_range(),
-        server.tokens_per_second.format(0),
-        plain.tokens_per_second.format(0),
-        fmt_num(ratio_plain * 100.0, 1),
-        met(ratio_plain >= 0.95)
-    );
-    let ratio4 = r.concurrent[1].median() / r.concurrent[0].median();
-    println!(
-        "| tokens/s, 4 streams at once, all together (LMSP --workers 4; {} / {} tokens) | {} | {} | ≥ 95 % of llama.cpp's ({} %) | {} |",
-        range(&r.concurrent_tokens[0]),
-        range(&r.concurrent_tokens[1]),
-        r.concurrent[0].format(0),
-        r.concurrent[1].format(0),
-        fmt_num(ratio4 * 100.0, 1),
-        met(ratio4 >= 0.95)
-    );
-    let ratio_checkpoints = lmsp.tokens_per_second.median() / plain.tokens_per_second.median();
-    println!(
-        "| tokens/s, 1 stream, LMSP with checkpoints (every {}) / without | {} | {} | ≥ 95 % of without ({} %) | {} |",
-        r.every,
-        plain.tokens_per_second.format(0),
-        lmsp.tokens_per_second.format(0),
-        fmt_num(ratio_checkpoints * 100.0, 1),
-        met(ratio_checkpoints >= 0.95)
-    );
+    if r.ran(Phase::Ttft) {
+        println!(
+            "| TTFT p50, a new prompt ({} / {}) | {} ms | {} ms | — (reported) | — |",
+            cached(&r.ttft_new[0]),
+            cached(&r.ttft_new[1]),
+            r.ttft_new[0].first_token_ms.format(2),
+            r.ttft_new[1].first_token_ms.format(2),
+        );
+        let delta =
+            r.ttft_repeated[1].first_token_ms.median() - r.ttft_repeated[0].first_token_ms.median();
+        println!(
+            "| TTFT p50, a repeated prompt ({} / {}) | {} ms | {} ms | ≤ llama.cpp's + 2 ms (Δ {} ms) | {} |",
+            cached(&r.ttft_repeated[0]),
+            cached(&r.ttft_repeated[1]),
+            r.ttft_repeated[0].first_token_ms.format(2),
+            r.ttft_repeated[1].first_token_ms.format(2),
+            fmt_num(delta, 2),
+            met(delta <= 2.0)
+        );
+    }
+    if r.ran(Phase::Paths) {
+        let ratio = lmsp.tokens_per_second.median() / server.tokens_per_second.median();
+        println!(
+            "| tokens/s, 1 stream ({} / {} tokens) | {} | {} | ≥ 95 % of llama.cpp's ({} %) | {} |",
+            server.tokens_range(),
+            lmsp.tokens_range(),
+            server.tokens_per_second.format(0),
+            lmsp.tokens_per_second.format(0),
+            fmt_num(ratio * 100.0, 1),
+            met(ratio >= 0.95)
+        );
+        let ratio_plain = plain.tokens_per_second.median() / server.tokens_per_second.median();
+        println!(
+            "| tokens/s, 1 stream, LMSP without checkpoints ({} tokens) | {} | {} | ≥ 95 % of llama.cpp's ({} %) | {} |",
+            plain.tokens_range(),
+            server.tokens_per_second.format(0),
+            plain.tokens_per_second.format(0),
+            fmt_num(ratio_plain * 100.0, 1),
+            met(ratio_plain >= 0.95)
+        );
+    }
+    if r.ran(Phase::Streams) {
+        let ratio4 = r.concurrent[1].median() / r.concurrent[0].median();
+        println!(
+            "| tokens/s, 4 streams at once, all together (LMSP --workers 4; {} / {} tokens) | {} | {} | ≥ 95 % of llama.cpp's ({} %) | {} |",
+            range(&r.concurrent_tokens[0]),
+            range(&r.concurrent_tokens[1]),
+            r.concurrent[0].format(0),
+            r.concurrent[1].format(0),
+            fmt_num(ratio4 * 100.0, 1),
+            met(ratio4 >= 0.95)
+        );
+    }
+    if r.ran(Phase::Paths) {
+        let ratio_checkpoints = lmsp.tokens_per_second.median() / plain.tokens_per_second.median();
+        println!(
+            "| tokens/s, 1 stream, LMSP with checkpoints (every {}) / without | {} | {} | ≥ 95 % of without ({} %) | {} |",
+            r.every,
+            plain.tokens_per_second.format(0),
+            lmsp.tokens_per_second.format(0),
+            fmt_num(ratio_checkpoints * 100.0, 1),
+            met(ratio_checkpoints >= 0.95)
+        );
+    }
+}
 
-    // Resume latency.
+fn print_resumes(r: &Report<'_>) {
+    let load_resume = &r.loads[4];
     println!();
     if r.points != r.wanted_points {
         println!(
@@ -693,36 +919,70 @@ fn print_tables(r: &Report<'_>) {
          {load_resume}:"
     );
     println!();
+    let kills = r.kill_groups.len() / r.points.len().max(1);
+    if kills > 1 {
+        println!(
+            "{kills} kills per point, the first at the point and the others spread over the next \
+             {} text deltas; each chain's figure for a point is the mean of its kills.",
+            r.every
+        );
+        println!();
+    }
     println!(
-        "| killed after (text deltas stored) | with checkpoints (every {}): spawn → next delta | listening → next delta | without checkpoints: spawn → next delta | listening → next delta |",
+        "| killed after (text deltas stored) | with checkpoints (every {}): spawn → next delta | listening → next delta | slowest kill, spawn → next delta | tokens replayed after the newest checkpoint (≈) | without checkpoints: spawn → next delta | listening → next delta |",
         r.every
     );
-    println!("| --- | --- | --- | --- | --- |");
-    let spread = |slot: usize, at: usize, pick: fn(&ResumeSample) -> f64| {
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    // Per chain, the mean (or the largest) over the kills of point `at`.
+    let over_kills = |slot: usize, at: usize, pick: fn(&ResumeSample) -> f64, slowest: bool| {
         let mut spread = Spread::default();
         for chain in &r.resumes[slot] {
-            if let Some(sample) = chain.get(at) {
-                spread.push(pick(sample));
+            let values: Vec<f64> = chain
+                .iter()
+                .zip(r.kill_groups)
+                .filter(|&(_, &group)| group == at)
+                .map(|(sample, _)| pick(sample))
+                .collect();
+            if values.is_empty() {
+                continue;
             }
+            spread.push(if slowest {
+                values.iter().copied().fold(f64::MIN, f64::max)
+            } else {
+                values.iter().sum::<f64>() / values.len() as f64
+            });
         }
         spread
     };
+    let spread =
+        |slot: usize, at: usize, pick: fn(&ResumeSample) -> f64| over_kills(slot, at, pick, false);
     let from_start = |s: &ResumeSample| s.from_start.as_secs_f64() * 1_000.0;
     let from_listening = |s: &ResumeSample| s.from_listening.as_secs_f64() * 1_000.0;
     for (at, point) in r.points.iter().enumerate() {
-        let stored: Vec<u64> = r
-            .resumes
-            .iter()
-            .flatten()
-            .filter_map(|chain| chain.get(at).map(|s| s.stored))
+        let of_point = |slot: usize| {
+            r.resumes[slot]
+                .iter()
+                .flat_map(|chain| chain.iter().zip(r.kill_groups))
+                .filter(move |&(_, &group)| group == at)
+                .map(|(sample, _)| sample)
+        };
+        let stored: Vec<u64> = of_point(0).chain(of_point(1)).map(|s| s.stored).collect();
+        let replayed: Vec<u64> = of_point(0)
+            .map(|s| s.stored.saturating_sub(s.checkpoint.unwrap_or(0)))
             .collect();
+        let ms = |spread: Spread| match spread.is_empty() {
+            true => String::from("—"),
+            false => format!("{} ms", spread.format(0)),
+        };
         println!(
-            "| {point} ({}) | {} ms | {} ms | {} ms | {} ms |",
+            "| {point} ({}) | {} | {} | {} | {} | {} | {} |",
             range(&stored),
-            spread(0, at, from_start).format(0),
-            spread(0, at, from_listening).format(0),
-            spread(1, at, from_start).format(0),
-            spread(1, at, from_listening).format(0),
+            ms(spread(0, at, from_start)),
+            ms(spread(0, at, from_listening)),
+            ms(over_kills(0, at, from_start, true)),
+            range(&replayed),
+            ms(spread(1, at, from_start)),
+            ms(spread(1, at, from_listening)),
         );
     }
     if r.points.len() >= 2 {
@@ -732,6 +992,9 @@ fn print_tables(r: &Report<'_>) {
         println!("| resume target | spawn → next delta | met? |");
         println!("| --- | --- | --- |");
         for (slot, what) in [(0, "with checkpoints"), (1, "without checkpoints")] {
+            if r.resumes[slot].is_empty() {
+                continue;
+            }
             let after_last = spread(slot, last, from_start).median();
             let after_base = spread(slot, base, from_start).median();
             println!(
@@ -744,34 +1007,67 @@ fn print_tables(r: &Report<'_>) {
                 fmt_num(after_last / after_base, 2),
                 met(after_last <= 1.2 * after_base)
             );
+            if kills > 1 {
+                let after_last = over_kills(slot, last, from_start, true).median();
+                let after_base = over_kills(slot, base, from_start, true).median();
+                println!(
+                    "| {what}, the slowest of each point's kills: after {} ≤ 1.2 × after {} | {} ms vs 1.2 × {} ms = {} ms ({}×) | {} |",
+                    r.points[last],
+                    r.points[base],
+                    fmt_num(after_last, 0),
+                    fmt_num(after_base, 0),
+                    fmt_num(after_base * 1.2, 0),
+                    fmt_num(after_last / after_base, 2),
+                    met(after_last <= 1.2 * after_base)
+                );
+            }
         }
     }
 }
 
 /// What a request needs on each path, in the order of the first table: the llama.cpp server
-/// directly, LMSP in front of it, the binding alone, LMSP in process with checkpoints, without.
+/// directly, LMSP in front of it, the binding alone, LMSP in process with checkpoints, without;
+/// `None` where the phases that run do not need the path.
 struct Paths<'a> {
     http: &'a reqwest::Client,
     /// The llama.cpp server's API root.
-    api: &'a str,
+    api: Option<&'a str>,
     /// `lmsp serve --engine openai` in front of that server.
-    upstream_service: &'a Server,
+    upstream_service: Option<&'a Server>,
     /// `lmsp serve --engine llama` on the same model file, checkpoints on.
-    local: &'a Server,
+    local: Option<&'a Server>,
     /// The same, `--checkpoint-every 0`.
-    plain: &'a Server,
-    binding: &'a binding::Binding,
+    plain: Option<&'a Server>,
+    binding: Option<&'a binding::Binding>,
 }
 
 impl Paths<'_> {
+    /// Whether path `index` is up.
+    fn has(&self, index: usize) -> bool {
+        match index {
+            0 => self.api.is_some(),
+            1 => self.upstream_service.is_some(),
+            2 => self.binding.is_some(),
+            3 => self.local.is_some(),
+            _ => self.plain.is_some(),
+        }
+    }
+
     /// Streams one request on path `index`.
     async fn stream(&self, index: usize, ask: &Ask) -> anyhow::Result<Streamed> {
+        let missing = || anyhow::anyhow!("path {index} is not up in this run's phases");
         match index {
-            0 => stream_direct(self.http, self.api, ask).await,
-            1 => stream_lmsp(self.http, self.upstream_service, "upstream", ask).await,
-            2 => tokio::task::block_in_place(|| self.binding.stream(ask)),
-            3 => stream_lmsp(self.http, self.local, "bench", ask).await,
-            _ => stream_lmsp(self.http, self.plain, "bench", ask).await,
+            0 => stream_direct(self.http, self.api.ok_or_else(missing)?, ask).await,
+            1 => {
+                let service = self.upstream_service.ok_or_else(missing)?;
+                stream_lmsp(self.http, service, "upstream", ask).await
+            }
+            2 => {
+                let binding = self.binding.ok_or_else(missing)?;
+                tokio::task::block_in_place(|| binding.stream(ask))
+            }
+            3 => stream_lmsp(self.http, self.local.ok_or_else(missing)?, "bench", ask).await,
+            _ => stream_lmsp(self.http, self.plain.ok_or_else(missing)?, "bench", ask).await,
         }
     }
 }

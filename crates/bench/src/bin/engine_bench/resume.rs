@@ -23,6 +23,29 @@ pub struct ResumeSample {
     pub from_start: Duration,
     /// The restarted service's "listening" line (recovery done) → that delta.
     pub from_listening: Duration,
+    /// The output tokens covered by the newest KV checkpoint in place at the kill that covers
+    /// no more than the deltas stored (what the resume restores, give or take a character of
+    /// several tokens), when there is one: the resume replays the tokens after it.
+    pub checkpoint: Option<u64>,
+}
+
+/// The output tokens covered by the KV checkpoints in place in `data_dir` (their names are
+/// `<run>-<k>.meta`, docs/engines.md; the chain's one task is the directory's only run).
+fn sealed_checkpoints(data_dir: &Path) -> Vec<u64> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("checkpoints")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".meta")?
+                .rsplit('-')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .collect()
 }
 
 /// What the task's event stream showed.
@@ -89,6 +112,8 @@ pub async fn chain(
         server.kill();
         deltas += counted;
         let seen_at_kill = deltas;
+        // What the restarted service finds.
+        let sealed = sealed_checkpoints(data_dir);
 
         // Start again and wait for the resumed run's first delta.
         let spawned = Instant::now();
@@ -118,15 +143,18 @@ pub async fn chain(
             after = last_sequence;
         }
         deltas += stored_unseen + 1;
+        let stored = seen_at_kill + stored_unseen;
+        let checkpoint = sealed.into_iter().filter(|&k| k <= stored).max();
         eprintln!(
-            "engine-bench: killed after {point} text deltas ({} stored), resumed in {} ms",
-            seen_at_kill + stored_unseen,
+            "engine-bench: killed after {point} text deltas ({stored} stored, newest checkpoint \
+             {checkpoint:?}), resumed in {} ms",
             at.duration_since(spawned).as_millis()
         );
         samples.push(ResumeSample {
-            stored: seen_at_kill + stored_unseen,
+            stored,
             from_start: at.duration_since(spawned),
             from_listening: at.duration_since(listening),
+            checkpoint,
         });
     }
     drop(server);

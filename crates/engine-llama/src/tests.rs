@@ -1,0 +1,274 @@
+//! The checkpoint writer on the tests' tiny model (`tests/tiny`), with its thread held where a
+//! test needs a write in flight: a cancelled run with a write in flight leaves no file, a
+//! checkpoint sealed by the writer restores and resumes exactly, and a checkpoint that falls due
+//! while the run's previous one is still being written waits for it instead of queueing a copy.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// The writer's hold is a std mutex guard kept across awaits on purpose: only the writer thread
+// (an OS thread, not a task of this runtime) ever waits for it, so nothing here can deadlock.
+#![allow(clippy::await_holding_lock)]
+
+#[path = "../tests/tiny/mod.rs"]
+mod tiny;
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lmsp_domain::model::{
+    Digest, FileFingerprint, ModelFormat, ModelId, ModelRecord, ModelSource, ModelToLoad,
+};
+use lmsp_domain::ports::{Engine, Generation, GenerationItem, GenerationJob, ResumePoint};
+use lmsp_domain::task::{Fraction, Input, TaskSpec};
+use lmsp_domain::time::Timestamp;
+
+use crate::{CheckpointSettings, LlamaEngine, LlamaSettings};
+
+fn tiny_model(dir: &Path) -> ModelToLoad {
+    let path = dir.join("tiny.gguf");
+    tiny::write(&path, None);
+    ModelToLoad {
+        record: ModelRecord {
+            id: ModelId::parse("tiny").unwrap(),
+            source: ModelSource::File {
+                format: ModelFormat::Gguf,
+                file: FileFingerprint {
+                    path: String::from("tiny.gguf"),
+                    size_bytes: 0,
+                    modified_millis: 0,
+                    digest: Digest::from_sha256([1; 32]),
+                },
+            },
+            created_at: Timestamp::from_millis(0),
+        },
+        path: Some(path.to_string_lossy().into_owned()),
+    }
+}
+
+fn checkpointing(dir: &Path, every: u32) -> LlamaEngine {
+    LlamaEngine::new(LlamaSettings {
+        threads: NonZeroU32::new(1),
+        ..LlamaSettings::default()
+    })
+    .unwrap()
+    .with_checkpoints(CheckpointSettings {
+        dir: dir.to_owned(),
+        every: NonZeroU32::new(every).unwrap(),
+        max_bytes: 1 << 30,
+    })
+}
+
+/// A sampled run (its text is not the greedy cycle, so a wrong resume shows).
+fn job(model: &ModelToLoad, max: u32, resume: Option<ResumePoint>) -> GenerationJob {
+    GenerationJob {
+        model: model.clone(),
+        spec: Arc::new(TaskSpec {
+            input: Input::Text("hi".into()),
+            instructions: None,
+            max_output_tokens: max,
+            seed: 99,
+            temperature: Fraction::new(1.0),
+            top_p: None,
+            previous_response_id: None,
+            controls: Default::default(),
+        }),
+        resume,
+    }
+}
+
+type Deltas = Vec<(String, Vec<u8>)>;
+
+async fn next_delta(generation: &mut Box<dyn Generation>) -> (String, Vec<u8>) {
+    loop {
+        match generation.next_item().await.unwrap() {
+            Some(GenerationItem::Delta { text, state }) => return (text, state),
+            Some(GenerationItem::Finished { .. }) | None => panic!("the generation ended early"),
+            Some(_) => {}
+        }
+    }
+}
+
+async fn deltas(generation: &mut Box<dyn Generation>, count: usize) -> Deltas {
+    let mut deltas = Vec::new();
+    while deltas.len() < count {
+        deltas.push(next_delta(generation).await);
+    }
+    deltas
+}
+
+/// The deltas up to the end of the run, once its thread has ended (it removes the finished run's
+/// checkpoints after sending the end: `stop` waits for it).
+async fn rest(mut generation: Box<dyn Generation>) -> Deltas {
+    let mut deltas = Vec::new();
+    loop {
+        match generation.next_item().await.unwrap() {
+            Some(GenerationItem::Delta { text, state }) => deltas.push((text, state)),
+            Some(GenerationItem::Finished { .. }) => {
+                generation.stop().await;
+                return deltas;
+            }
+            Some(_) => {}
+            None => panic!("the generation ended without finishing"),
+        }
+    }
+}
+
+fn text(deltas: &[(String, Vec<u8>)]) -> String {
+    deltas.iter().map(|(text, _)| text.as_str()).collect()
+}
+
+fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix) && !p.ends_with("tiny.gguf"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The output counts of the checkpoints in place (their `.meta` files).
+fn sealed(dir: &Path) -> Vec<usize> {
+    files(dir, ".meta")
+        .iter()
+        .map(|p| {
+            let name = p.file_stem().unwrap().to_string_lossy().into_owned();
+            name.rsplit('-').next().unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+/// Resumes after the last of `so_far` and checks the whole text equals `whole`.
+async fn assert_resumes_exactly(
+    engine: &LlamaEngine,
+    model: &ModelToLoad,
+    max: u32,
+    so_far: &Deltas,
+    whole: &str,
+) {
+    let point = ResumePoint {
+        state: so_far.last().unwrap().1.clone(),
+        text_so_far: text(so_far),
+    };
+    let resumed = rest(engine.generate(job(model, max, Some(point))).await.unwrap()).await;
+    assert_eq!(format!("{}{}", text(so_far), text(&resumed)), whole);
+}
+
+/// A run cancelled while the writer still has its checkpoint (handed over, not yet sealed)
+/// leaves nothing behind: the removal is queued after the write and done once it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_with_a_write_in_flight_leaves_no_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    let model = tiny_model(dir.path());
+    let engine = checkpointing(&checkpoints, 8);
+    let held = engine.checkpoints.as_ref().unwrap().hold();
+    let mut generation = engine.generate(job(&model, 200, None)).await.unwrap();
+    deltas(&mut generation, 20).await;
+    assert_eq!(
+        files(&checkpoints, ".kv.partial").len(),
+        1,
+        "the first checkpoint is copied and waits for the held writer"
+    );
+    assert!(sealed(&checkpoints).is_empty());
+    generation.stop().await;
+    drop(held);
+    engine.checkpoints_settled().await;
+    let left: Vec<_> = std::fs::read_dir(&checkpoints).unwrap().flatten().collect();
+    assert!(left.is_empty(), "a cancelled run leaves no file: {left:?}");
+}
+
+/// A checkpoint that the writer thread sealed is restored by the resume of an interrupted
+/// (dropped) run, which continues exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_sealed_by_the_writer_restores_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    let model = tiny_model(dir.path());
+    let engine = checkpointing(&checkpoints, 8);
+    let max = 60;
+    let whole = text(&rest(engine.generate(job(&model, max, None)).await.unwrap()).await);
+    engine.checkpoints_settled().await;
+    assert!(
+        files(&checkpoints, "").is_empty(),
+        "a finished run leaves no file"
+    );
+
+    let mut generation = engine.generate(job(&model, max, None)).await.unwrap();
+    let so_far = deltas(&mut generation, 30).await;
+    drop(generation);
+    engine.checkpoints_settled().await;
+    assert!(
+        !sealed(&checkpoints).is_empty(),
+        "an interrupted run keeps its checkpoints"
+    );
+    let restores = engine.checkpoint_restores();
+    assert_resumes_exactly(&engine, &model, max, &so_far, &whole).await;
+    assert_eq!(engine.checkpoint_restores(), restores + 1);
+}
+
+/// While the writer still has a run's checkpoint, the next one that falls due is not copied
+/// (no second `.partial`, nothing queued): it waits, and is taken at the first token after the
+/// write ends, past the point where it fell due; the run then resumes exactly from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_due_while_the_writer_is_busy_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = dir.path().join("checkpoints");
+    let model = tiny_model(dir.path());
+    let engine = checkpointing(&checkpoints, 8);
+    let max = 400;
+    let whole = text(&rest(engine.generate(job(&model, max, None)).await.unwrap()).await);
+    engine.checkpoints_settled().await;
+
+    let held = engine.checkpoints.as_ref().unwrap().hold();
+    let deferred = engine.checkpoints_deferred();
+    let mut generation = engine.generate(job(&model, max, None)).await.unwrap();
+    let mut so_far = deltas(&mut generation, 30).await;
+    // 30 deltas are at least 30 tokens: the checkpoint after 8 was copied, the ones due after
+    // that waited.
+    let partial = files(&checkpoints, ".kv.partial");
+    assert_eq!(partial.len(), 1, "{partial:?}");
+    assert!(
+        partial[0]
+            .to_string_lossy()
+            .ends_with("-0000000008.kv.partial"),
+        "{partial:?}"
+    );
+    assert_eq!(engine.checkpoints_deferred(), deferred + 1);
+    drop(held);
+
+    // Once the writer is done with it, the waiting checkpoint is taken at the next token.
+    let mut later = Vec::new();
+    while later.is_empty() {
+        engine.checkpoints_settled().await;
+        later = sealed(&checkpoints)
+            .into_iter()
+            .filter(|&k| k != 8)
+            .collect();
+        so_far.push(next_delta(&mut generation).await);
+    }
+    assert!(
+        later.iter().all(|&k| k >= 30),
+        "the waiting checkpoint is taken after the write, not where it fell due: {later:?}"
+    );
+
+    // Resumed past the newest checkpoint in place (the writer held: nothing is sealed or pruned
+    // meanwhile), the run restores it and continues exactly.
+    let held = engine.checkpoints.as_ref().unwrap().hold();
+    let newest = sealed(&checkpoints).into_iter().max().unwrap();
+    while tokens(&so_far) <= newest {
+        so_far.push(next_delta(&mut generation).await);
+    }
+    drop(generation);
+    let restores = engine.checkpoint_restores();
+    assert_resumes_exactly(&engine, &model, max, &so_far, &whole).await;
+    assert_eq!(engine.checkpoint_restores(), restores + 1);
+    drop(held);
+    engine.checkpoints_settled().await;
+}
+
+/// The output tokens of the last state.
+fn tokens(deltas: &[(String, Vec<u8>)]) -> usize {
+    let state = crate::state::GenerationState::decode(&deltas.last().unwrap().1).unwrap();
+    state.tokens().len()
+}
