@@ -2,7 +2,8 @@
 //! `PRAGMA user_version`). Version 1 is the layout of the first release; version 2 adds instances
 //! and ownership, output items, upstream models, sticky model deletions, and idempotency records
 //! that hold a key across processes; version 3 adds service tiers, client limits and the state
-//! fair claims need; version 4 adds files and batches; version 5 webhooks. A migration that
+//! fair claims need; version 4 adds files and batches; version 5 webhooks; version 6 the queue
+//! fronts a claim reads (`schema::queue_fronts`), filled from the tasks there. A migration that
 //! moves data does so in Rust, in the same transaction as its SQL.
 
 use std::sync::LazyLock;
@@ -222,6 +223,10 @@ static V4: LazyLock<String> = LazyLock::new(|| schema::files_and_batches(SQLITE)
 /// Version 5: webhooks (`schema::webhooks`).
 static V5: LazyLock<String> = LazyLock::new(|| schema::webhooks(SQLITE));
 
+/// Version 6: queue fronts (`schema::queue_fronts`), filled from the tasks already queued and
+/// claimed.
+static V6: LazyLock<String> = LazyLock::new(|| schema::queue_fronts(SQLITE));
+
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(V1.as_str()),
@@ -229,11 +234,12 @@ fn migrations() -> Migrations<'static> {
         M::up(V3.as_str()),
         M::up(V4.as_str()),
         M::up(V5.as_str()),
+        M::up(V6.as_str()),
     ])
 }
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: usize = 5;
+pub const SCHEMA_VERSION: usize = 6;
 
 /// Applies every migration newer than the database's `user_version`, each in its own transaction,
 /// then checks that the layout is the one this build expects.
@@ -274,36 +280,55 @@ mod tests {
         assert!(migrations().validate().is_ok());
     }
 
-    /// The plan SQLite picks for each query of a claim.
+    /// The plan SQLite picks for a query.
     fn plan(conn: &Connection, sql: &str) -> String {
         let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let count = statement.parameter_count();
+        let values: Vec<i64> = vec![1; count];
         let details: Vec<String> = statement
-            .query_map([Vec::<u8>::new()], |row| row.get::<_, String>(3))
+            .query_map(rusqlite::params_from_iter(values), |row| {
+                row.get::<_, String>(3)
+            })
             .unwrap()
             .map(Result::unwrap)
             .collect();
         details.join("; ")
     }
 
-    /// Issue 25: a claim stays O(log n) with a million queued tasks: each of its queries is an
-    /// index seek (the `tasks_queue` and `tasks_active` partial indexes), never a scan of the
-    /// queue.
+    /// Issue 25: a claim stays O(log n) with a million queued tasks over a thousand clients: each
+    /// of its reads is a seek in a partial index of the open queue fronts, never a scan of the
+    /// fronts or the queue, and never a sort.
     #[test]
-    fn the_claims_queries_seek_their_partial_indexes() {
-        use crate::ops::tasks::{CLIENT_RUNNING, NEXT_QUEUED_CLIENT, QUEUE_HEAD};
+    fn the_claims_queries_seek_the_open_fronts() {
+        use crate::ops::tasks::{FIRST_FRONT, OLDEST_FRONT};
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
-        let next = plan(&conn, NEXT_QUEUED_CLIENT);
-        assert!(next.contains("INDEX tasks_queue (client_id>?)"), "{next}");
-        let head = plan(&conn, &QUEUE_HEAD.replace("?2", "1"));
+        let oldest = plan(&conn, &OLDEST_FRONT);
         assert!(
-            head.contains("INDEX tasks_queue (client_id=? AND tier=?)"),
-            "{head}"
+            oldest.contains("INDEX queue_fronts_age (tier=?)") && !oldest.contains("TEMP B-TREE"),
+            "{oldest}"
         );
-        let running = plan(&conn, CLIENT_RUNNING);
+        let first = plan(&conn, &FIRST_FRONT);
         assert!(
-            running.contains("INDEX tasks_active (client_id=?)"),
-            "{running}"
+            first.contains("INDEX queue_fronts_claim (tier=?)") && !first.contains("TEMP B-TREE"),
+            "{first}"
+        );
+    }
+
+    /// The statements the fronts' triggers run on a claim seek their indexes too: the next head
+    /// of a client and tier is a seek in `tasks_queue`.
+    #[test]
+    fn a_fronts_next_head_is_a_seek_in_the_queue_index() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        let next = plan(
+            &conn,
+            "SELECT t.id, t.created_at FROM tasks t WHERE t.status = 'queued' \
+             AND t.client_id = ?1 AND t.tier = ?2 ORDER BY t.id LIMIT 1",
+        );
+        assert!(
+            next.contains("INDEX tasks_queue (client_id=? AND tier=?)"),
+            "{next}"
         );
     }
 }
