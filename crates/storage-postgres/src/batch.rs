@@ -379,6 +379,12 @@ async fn transaction(
                         )))
                     });
             if matches!(&decision, Ok(decision) if decision.again) {
+                if decided.is_empty() {
+                    // The first command of a round always finds the tasks the round read; were
+                    // it not to, it gets none rather than a round without end.
+                    decided.push(Ok(Decided::nothing(Reply::Claimed(None))));
+                    continue;
+                }
                 // Another round of claims: the commands before it are written first.
                 break;
             }

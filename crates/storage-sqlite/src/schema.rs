@@ -331,4 +331,114 @@ mod tests {
             "{next}"
         );
     }
+
+    /// Version 6 upgrades a database that version 5 filled in place: the queue fronts are filled
+    /// from the tasks there (each client's heads, its running count, its `served_at` and
+    /// `max_running`), so the claims that follow are `next_claim`'s over the heads of the plain
+    /// list of tasks (API §16).
+    #[test]
+    fn version_6_fills_the_queue_fronts_of_a_database_version_5_filled() {
+        use lmsp_domain::schedule::{next_claim, ClientLoad, QueueHead, ServiceTier, TierAging};
+        use lmsp_domain::status::TaskStatus;
+        use lmsp_storage_contract::fixtures::{client_id, instance_id, time, TaskBuilder};
+
+        const MINUTE: i64 = 60_000;
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrations().to_version(&mut conn, 5).unwrap();
+        let owner = instance_id();
+        let clients = [client_id(), client_id(), client_id()];
+        let mut tasks = Vec::new();
+        for n in 0..30_i64 {
+            let client = clients[(n % 3) as usize];
+            let tier = ServiceTier::ALL[((n / 3) % 3) as usize];
+            let mut task = TaskBuilder::new(owner)
+                .client(client)
+                .tier(tier)
+                .created(time((n * 7 % 13) * MINUTE))
+                .build();
+            if n % 7 == 0 {
+                task.status = TaskStatus::Running;
+            }
+            crate::ops::insert_task_rows(&conn, &task).unwrap();
+            tasks.push(task);
+        }
+        // The second client was served, the third may run two tasks at once.
+        let mut served = std::collections::HashMap::new();
+        served.insert(clients[1], time(20 * MINUTE));
+        conn.execute(
+            "INSERT INTO client_queues (client_id, served_at) VALUES (?1, ?2)",
+            params![
+                clients[1].ulid().to_bytes().as_slice(),
+                time(20 * MINUTE).as_millis()
+            ],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO client_queues (client_id, max_running) VALUES (?1, 2)",
+            params![clients[2].ulid().to_bytes().as_slice()],
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION as i64);
+        let fronts: i64 = conn
+            .query_row("SELECT count(*) FROM queue_fronts", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(fronts, 9, "a row per client and tier");
+
+        let aging = TierAging::from_millis(5 * MINUTE as u64).unwrap();
+        let by = instance_id();
+        let now = time(21 * MINUTE);
+        let claimed = |status: TaskStatus| {
+            matches!(
+                status,
+                TaskStatus::Loading | TaskStatus::Running | TaskStatus::Cancelling
+            )
+        };
+        loop {
+            let heads: Vec<(QueueHead, ClientLoad)> = tasks
+                .iter()
+                .filter(|task| task.status == TaskStatus::Queued)
+                .filter(|task| {
+                    !tasks.iter().any(|other| {
+                        other.status == TaskStatus::Queued
+                            && other.client_id == task.client_id
+                            && other.service_tier == task.service_tier
+                            && other.id < task.id
+                    })
+                })
+                .map(|task| {
+                    let load = ClientLoad {
+                        running: tasks
+                            .iter()
+                            .filter(|t| t.client_id == task.client_id && claimed(t.status))
+                            .count() as u32,
+                        max_running: (task.client_id == clients[2]).then_some(2),
+                        last_served: served.get(&task.client_id).copied(),
+                    };
+                    let head = QueueHead {
+                        task: task.id,
+                        client: task.client_id,
+                        tier: task.service_tier,
+                        created_at: task.created_at,
+                    };
+                    (head, load)
+                })
+                .collect();
+            let expected = next_claim(&heads, aging, now);
+            let (got, _) = crate::ops::tasks::claim_next(&conn, by, now, aging).unwrap();
+            assert_eq!(got.as_ref().map(|task| task.id), expected);
+            let Some(got) = got else { break };
+            served.insert(got.client_id, now);
+            let known = tasks.iter_mut().find(|task| task.id == got.id).unwrap();
+            *known = got;
+        }
+        let left = tasks
+            .iter()
+            .filter(|task| task.status == TaskStatus::Queued)
+            .count();
+        assert!(left > 0, "the third client's tasks wait at its max_running");
+    }
 }
