@@ -584,7 +584,7 @@ pub fn queue_fronts(d: Dialect) -> String {
         "lmsp_queue_fronts_task_insert",
         "AFTER INSERT ON tasks",
         &format!("NEW.status = 'queued' OR NEW.status IN {ACTIVE}"),
-        &format!(
+        format!(
             "{ensure}{lock_client}    UPDATE queue_fronts SET running = running + 1
     WHERE client_id = NEW.client_id AND NEW.status IN {ACTIVE};
 {new_head}",
@@ -606,7 +606,7 @@ pub fn queue_fronts(d: Dialect) -> String {
         AND (OLD.status = 'queued' OR NEW.status = 'queued'
             OR OLD.status IN {ACTIVE} OR NEW.status IN {ACTIVE})"
         ),
-        &format!(
+        format!(
             "{lock_client}    UPDATE queue_fronts SET running = running + {new_active} - {old_active}
     WHERE client_id = NEW.client_id AND {new_active} <> {old_active};
 {next_head}{new_head}",
@@ -622,7 +622,7 @@ pub fn queue_fronts(d: Dialect) -> String {
         "lmsp_queue_fronts_task_delete",
         "AFTER DELETE ON tasks",
         &format!("OLD.status = 'queued' OR OLD.status IN {ACTIVE}"),
-        &format!(
+        format!(
             "{lock_client}    UPDATE queue_fronts SET running = running - 1
     WHERE client_id = OLD.client_id AND OLD.status IN {ACTIVE};
 {next_head}",
