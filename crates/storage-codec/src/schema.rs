@@ -512,9 +512,10 @@ pub const OPEN_FRONT: &str =
 /// write that moves one of its tasks finds them, whichever transaction created them.
 ///
 /// Two partial indexes hold the open fronts (`OPEN_FRONT`): `queue_fronts_claim` in claim order
-/// within a tier (fewest running, least recently served with never first, oldest head), and
-/// `queue_fronts_age` by the head's age within a tier (`lmsp_domain::schedule::claim_window`'s
-/// input).
+/// within a tier (fewest running, least recently served with never first, oldest head; it also
+/// carries the head's creation time and `max_running`, so that a claim that walks past the heads
+/// too young for an aged tier reads only the index), and `queue_fronts_age` by the head's age
+/// within a tier (`lmsp_domain::schedule::claim_window`'s input).
 ///
 /// Triggers keep them in the transaction of every write, on every write path (a create, a batch's
 /// bulk insert, a claim, a step that ends a task, a cancel, recovery's requeues and failures, a
@@ -679,7 +680,8 @@ UPDATE queue_fronts SET (head_id, head_created_at) = (
     WHERE t.status = 'queued' AND t.client_id = queue_fronts.client_id
         AND t.tier = queue_fronts.tier
     ORDER BY t.id LIMIT 1);
-CREATE INDEX queue_fronts_claim ON queue_fronts (tier, running, {served_first}, head_id)
+CREATE INDEX queue_fronts_claim
+    ON queue_fronts (tier, running, {served_first}, head_id, head_created_at, max_running)
     WHERE {OPEN_FRONT};
 CREATE INDEX queue_fronts_age ON queue_fronts (tier, head_created_at)
     WHERE {OPEN_FRONT};

@@ -310,7 +310,8 @@ mod tests {
         );
         let first = plan(&conn, &FIRST_FRONT);
         assert!(
-            first.contains("INDEX queue_fronts_claim (tier=?)") && !first.contains("TEMP B-TREE"),
+            first.contains("COVERING INDEX queue_fronts_claim (tier=?)")
+                && !first.contains("TEMP B-TREE"),
             "{first}"
         );
     }
