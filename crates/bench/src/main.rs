@@ -67,7 +67,7 @@ struct Cli {
     reps: Option<usize>,
     /// Only these figures (comma-separated, or the flag repeated): submit, events, recovery,
     /// purge, rss, peer, postgres, batch, claims, webhooks (by default all; postgres only when a
-    /// PostgreSQL is available).
+    /// PostgreSQL is available), pg-claims (only when named).
     #[arg(long, value_delimiter = ',')]
     only: Vec<Figure>,
     /// The `lmsp` binary (default: next to this executable; also env LMSP_BIN).
@@ -140,6 +140,8 @@ enum Figure {
     Batch,
     Claims,
     Webhooks,
+    /// PostgreSQL claims alone, one client and across tiers (only when asked for by name).
+    PgClaims,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -244,6 +246,9 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     if wants(&cli, Figure::Claims) {
         record(&mut results, "claims", phases.claims_phase().await);
+    }
+    if asked_for(&cli, Figure::PgClaims) {
+        record(&mut results, "pg-claims", phases.pg_claims_phase().await);
     }
     if wants(&cli, Figure::Webhooks) {
         record(&mut results, "webhooks", phases.webhooks_phase().await);

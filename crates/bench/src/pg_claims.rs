@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use lmsp_domain::ports::{CreateOutcome, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::schedule::ServiceTier;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_postgres::{PostgresOptions, PostgresStore};
 
@@ -25,15 +26,26 @@ async fn open(url: &str) -> anyhow::Result<PostgresStore> {
     Ok(PostgresStore::connect_without_listener(url, PostgresOptions::default()).await?)
 }
 
-/// Queues `tasks` tasks on the database at `url`, `parallel` creates at a time.
-pub async fn prepare(url: &str, tasks: usize, parallel: usize) -> anyhow::Result<()> {
+/// Queues `tasks` tasks on the database at `url`, `parallel` creates at a time: with one client,
+/// every task its own in the `default` tier (a single queue); with more, task `i` of client
+/// `i mod clients` in tier `i mod 3` (priority, default, flex), so every client has a head in each
+/// tier.
+pub async fn prepare(
+    url: &str,
+    tasks: usize,
+    parallel: usize,
+    clients: usize,
+) -> anyhow::Result<()> {
     let store = open(url).await?;
     let owner = fixtures::register_instance(&store, fixtures::T0).await?;
-    let client = fixtures::client_id();
-    let store = &store;
+    let ids: Vec<_> = (0..clients.max(1)).map(|_| fixtures::client_id()).collect();
+    let (store, ids) = (&store, &ids);
     let mut created = futures::stream::iter(0..tasks)
-        .map(|_| async move {
-            let task = fixtures::task(owner, client, RestartPolicy::Retry)?;
+        .map(|i| async move {
+            let mut task = fixtures::task(owner, ids[i % ids.len()], RestartPolicy::Retry)?;
+            if ids.len() > 1 {
+                task.service_tier = ServiceTier::ALL[i % ServiceTier::ALL.len()];
+            }
             match store.create_task(task, None).await? {
                 CreateOutcome::Created(_) => Ok(()),
                 CreateOutcome::KeyAnswered(_) => {

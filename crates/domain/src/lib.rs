@@ -41,7 +41,8 @@ pub use model::{
 };
 pub use recovery::{plan, recover, Move, RestartPolicy};
 pub use schedule::{
-    next_claim, ClientLimits, ClientLoad, QueueFull, QueueHead, QueueLimits, ServiceTier, TierAging,
+    claim_window, next_claim, ClaimWindow, ClientLimits, ClientLoad, QueueFull, QueueHead,
+    QueueLimits, ServiceTier, TierAging,
 };
 pub use status::TaskStatus;
 pub use task::{

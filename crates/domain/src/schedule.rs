@@ -5,8 +5,13 @@
 //! is made over *queue heads*: for each client and tier, the oldest queued task. Within one
 //! client's queue of one tier, the oldest task has waited longest, so it is also the one aging
 //! has moved furthest; the heads are therefore enough to find the task the whole order puts
-//! first. A store reads the heads through an index (a few rows per client) and asks
-//! [`next_claim`].
+//! first.
+//!
+//! A store need not read every head either (there may be thousands of clients): it keeps one
+//! *queue front* per client and tier (the head, and a copy of the client's load) indexed in claim
+//! order within each tier, asks [`claim_window`] where the next claim is from the oldest open
+//! front of each tier (at most three index seeks), reads the first front in claim order of each
+//! tier the window names, and asks [`next_claim`] to choose among those (at most three).
 
 use strum::{EnumString, IntoStaticStr, VariantArray};
 
@@ -177,6 +182,55 @@ pub fn next_claim(
             )
         })
         .map(|(head, _)| head.task)
+}
+
+/// Where the next claim is among the queue fronts, found from the oldest open front of each tier
+/// (see [`claim_window`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimWindow {
+    /// The effective rank of the next claim: the least any open front has now.
+    pub rank: u8,
+    /// The tiers with fronts at that rank, most urgent first, each with the latest creation time
+    /// of a head that has aged down to it (`None`: any head, the tier's own rank is the window's).
+    pub tiers: Vec<(ServiceTier, Option<Timestamp>)>,
+}
+
+/// Where [`next_claim`] will find the next task, given for each tier with an *open* front (a
+/// head whose client may start another task, [`ClientLoad::may_start`]) the creation time of its
+/// oldest open head; `None` when there is none.
+///
+/// Every head is at least as urgent as its tier's oldest open one, so the rank of the next claim is
+/// the least of those three ranks; a tier reaches it only if its oldest open head does, and then
+/// exactly its heads created at or before the window's time for it. The next claim is the first of
+/// those heads in claim order (fewest running, least recently served, oldest task) across the
+/// window's tiers: a store reads, for each, the first open front in that order whose head was
+/// created by the tier's time, and hands the (at most three) fronts to [`next_claim`], which picks
+/// the one the whole order puts first.
+pub fn claim_window(
+    oldest: &[(ServiceTier, Timestamp)],
+    aging: TierAging,
+    now: Timestamp,
+) -> Option<ClaimWindow> {
+    let rank = oldest
+        .iter()
+        .map(|(tier, created)| aging.effective_rank(*tier, *created, now))
+        .min()?;
+    let mut tiers: Vec<(ServiceTier, Option<Timestamp>)> = oldest
+        .iter()
+        .filter(|(tier, created)| aging.effective_rank(*tier, *created, now) == rank)
+        .map(|(tier, _)| {
+            let periods = tier.rank().saturating_sub(rank);
+            let by = (periods > 0).then(|| {
+                let waited = u64::from(periods).saturating_mul(aging.as_millis());
+                let waited = i64::try_from(waited).unwrap_or(i64::MAX);
+                Timestamp::from_millis(now.as_millis().saturating_sub(waited))
+            });
+            (*tier, by)
+        })
+        .collect();
+    tiers.sort_by_key(|(tier, _)| *tier);
+    tiers.dedup_by_key(|(tier, _)| *tier);
+    Some(ClaimWindow { rank, tiers })
 }
 
 /// What an admin allows one client (`None`: no limit).
@@ -386,6 +440,156 @@ mod tests {
             ..ClientLoad::default()
         }
         .may_start());
+    }
+
+    /// What a store does with its queue fronts: the oldest open head of each tier, the window,
+    /// then the first open head in claim order of each tier the window names (created by its
+    /// time), and [`next_claim`] among those.
+    fn through_the_fronts(
+        heads: &[(QueueHead, ClientLoad)],
+        aging: TierAging,
+        now: Timestamp,
+    ) -> Option<TaskId> {
+        let open: Vec<&(QueueHead, ClientLoad)> =
+            heads.iter().filter(|(_, load)| load.may_start()).collect();
+        let oldest: Vec<(ServiceTier, Timestamp)> = ServiceTier::ALL
+            .iter()
+            .filter_map(|tier| {
+                open.iter()
+                    .filter(|(head, _)| head.tier == *tier)
+                    .map(|(head, _)| head.created_at)
+                    .min()
+                    .map(|created| (*tier, created))
+            })
+            .collect();
+        let window = claim_window(&oldest, aging, now)?;
+        let fronts: Vec<(QueueHead, ClientLoad)> = window
+            .tiers
+            .iter()
+            .filter_map(|(tier, by)| {
+                open.iter()
+                    .filter(|(head, _)| head.tier == *tier)
+                    .filter(|(head, _)| by.is_none_or(|by| head.created_at <= by))
+                    .min_by_key(|(head, load)| (load.running, load.last_served, head.task))
+                    .map(|front| **front)
+            })
+            .collect();
+        assert!(!fronts.is_empty(), "a window names a tier with a front");
+        next_claim(&fronts, aging, now)
+    }
+
+    #[test]
+    fn the_window_is_the_least_rank_of_the_oldest_heads_and_the_times_that_reach_it() {
+        let aging = TierAging::from_millis(5 * MINUTE).unwrap();
+        let at = |m: u64| Timestamp::from_millis((m * MINUTE) as i64);
+        assert_eq!(claim_window(&[], aging, at(0)), None);
+        // Nothing aged: the most urgent tier with work, all of its heads.
+        let oldest = [(ServiceTier::Default, at(15)), (ServiceTier::Flex, at(11))];
+        assert_eq!(
+            claim_window(&oldest, aging, at(15)),
+            Some(ClaimWindow {
+                rank: 1,
+                tiers: vec![(ServiceTier::Default, None)],
+            })
+        );
+        // At 17 minutes the flex head counts as default: flex heads created by minute 12 (one
+        // period before) join the window.
+        assert_eq!(
+            claim_window(&oldest, aging, at(17)),
+            Some(ClaimWindow {
+                rank: 1,
+                tiers: vec![
+                    (ServiceTier::Default, None),
+                    (ServiceTier::Flex, Some(at(12)))
+                ],
+            })
+        );
+        // At 22 both reach priority: default heads created by minute 17, flex by 12.
+        assert_eq!(
+            claim_window(&oldest, aging, at(22)),
+            Some(ClaimWindow {
+                rank: 0,
+                tiers: vec![
+                    (ServiceTier::Default, Some(at(17))),
+                    (ServiceTier::Flex, Some(at(12)))
+                ],
+            })
+        );
+    }
+
+    #[test]
+    fn through_the_window_a_claim_finds_what_next_claim_finds_over_every_head() {
+        let aging = TierAging::from_millis(5 * MINUTE).unwrap();
+        let idle = ClientLoad::default();
+        let busy = ClientLoad {
+            running: 3,
+            ..ClientLoad::default()
+        };
+        // An old flex head of a busy client and a young one of an idle client: at 11 minutes
+        // only the old one has aged to priority, and it beats the young priority head's client
+        // only on rank, not load.
+        let heads = [
+            (head(1, 1, ServiceTier::Flex, 0), busy),
+            (head(2, 2, ServiceTier::Flex, (10 * MINUTE) as i64), idle),
+            (
+                head(3, 3, ServiceTier::Priority, (10 * MINUTE) as i64),
+                busy,
+            ),
+            (
+                head(4, 4, ServiceTier::Priority, (10 * MINUTE) as i64),
+                idle,
+            ),
+        ];
+        let now = Timestamp::from_millis((11 * MINUTE) as i64);
+        assert_eq!(next_claim(&heads, aging, now), Some(task(4)));
+        assert_eq!(through_the_fronts(&heads, aging, now), Some(task(4)));
+        let heads = [heads[0], heads[1], heads[2]];
+        assert_eq!(next_claim(&heads, aging, now), Some(task(1)), "older");
+        assert_eq!(through_the_fronts(&heads, aging, now), Some(task(1)));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Reading the fronts the window names finds exactly the task [`next_claim`] finds over
+        /// every head (API §16: tiers with aging, then fewest running, least recently served,
+        /// oldest; clients at their `max_running` passed over).
+        #[test]
+        fn a_claim_through_the_window_is_next_claim_over_every_head(
+            fronts in proptest::collection::vec(
+                (0u64..6, 0usize..3, 0i64..40, 0u64..1000), 0..14),
+            loads in proptest::collection::vec(
+                (0u32..4, proptest::option::of(0u32..4), proptest::option::of(0i64..40)), 6),
+            now in 0i64..45,
+            period in 1u64..12,
+        ) {
+            let aging = TierAging::from_millis(period * MINUTE).unwrap();
+            let mut heads: Vec<(QueueHead, ClientLoad)> = Vec::new();
+            for (n, (client_n, tier, created, order)) in fronts.iter().enumerate() {
+                let tier = ServiceTier::ALL[*tier];
+                if heads.iter().any(|(h, _)| h.client == client(*client_n) && h.tier == tier) {
+                    continue;
+                }
+                let (running, max_running, served) = loads[*client_n as usize];
+                let load = ClientLoad {
+                    running,
+                    max_running,
+                    last_served: served.map(|m| Timestamp::from_millis(m * MINUTE as i64)),
+                };
+                let head = QueueHead {
+                    task: task(order * 100 + n as u64),
+                    client: client(*client_n),
+                    tier,
+                    created_at: Timestamp::from_millis(created * MINUTE as i64),
+                };
+                heads.push((head, load));
+            }
+            let now = Timestamp::from_millis(now * MINUTE as i64);
+            proptest::prop_assert_eq!(
+                through_the_fronts(&heads, aging, now),
+                next_claim(&heads, aging, now)
+            );
+        }
     }
 
     #[test]

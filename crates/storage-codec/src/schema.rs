@@ -94,6 +94,33 @@ impl Dialect {
         }
     }
 
+    /// `{a} IS DISTINCT FROM {b}` (NULL is a value like any other).
+    pub fn distinct(self, a: &str, b: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("{a} IS NOT {b}"),
+            Dialect::Postgres => format!("{a} IS DISTINCT FROM {b}"),
+        }
+    }
+
+    /// An ascending index or sort key whose NULLs come first (SQLite's order, not PostgreSQL's).
+    pub fn nulls_first(self, column: &str) -> String {
+        match self {
+            Dialect::Sqlite => column.to_owned(),
+            Dialect::Postgres => format!("{column} NULLS FIRST"),
+        }
+    }
+
+    /// A trigger body's statement that locks the rows `SELECT … FROM {rest}` reads, in its
+    /// order, until the transaction ends, so that its next statements read them (and what the
+    /// transactions that held them committed) afresh: in PostgreSQL `PERFORM … FOR UPDATE`; in
+    /// SQLite nothing (a single writer holds the whole database).
+    pub fn lock_rows(self, rest: &str) -> String {
+        match self {
+            Dialect::Sqlite => String::new(),
+            Dialect::Postgres => format!("    PERFORM 1 FROM {rest} FOR UPDATE;\n"),
+        }
+    }
+
     /// A row trigger `name` that runs `body` (statements indented by four spaces, each ending in
     /// `;`) `event` (`AFTER UPDATE OF … ON …`) when `when` holds: in SQLite a `BEGIN … END`
     /// trigger, in PostgreSQL a trigger function `function` and the trigger that executes it.
@@ -465,6 +492,203 @@ CREATE INDEX webhook_deliveries_recent ON webhook_deliveries (endpoint_id, creat
     )
 }
 
+/// The statuses of a claimed, unfinished task: a client's running tasks.
+const ACTIVE: &str = "('loading', 'running', 'cancelling')";
+
+/// The condition of an *open* queue front: one with a queued head whose client may start
+/// another task (`ClientLoad::may_start`). The claim indexes hold only these; a claim's queries
+/// repeat it word for word so that both SQLite and PostgreSQL use them.
+pub const OPEN_FRONT: &str =
+    "head_id IS NOT NULL AND (max_running IS NULL OR running < max_running)";
+
+/// Queue fronts: what a claim reads instead of every client's queue heads, so that its cost does
+/// not grow with the number of clients with queued work (issue 25).
+///
+/// `queue_fronts` has one row per client and tier, for every client that has had a queued or
+/// claimed task (or limits, or a claim): `head_id` and `head_created_at` are its oldest queued
+/// task of that tier (by id, as `tasks_queue` orders them; NULL when it has none), `running`,
+/// `served_at` and `max_running` a copy of the client's load (its `loading`, `running` and
+/// `cancelling` tasks; `client_queues`' columns). A client's rows are never deleted, so every
+/// write that moves one of its tasks finds them, whichever transaction created them.
+///
+/// Two partial indexes hold the open fronts (`OPEN_FRONT`): `queue_fronts_claim` in claim order
+/// within a tier (fewest running, least recently served with never first, oldest head; it also
+/// carries the head's creation time and `max_running`, so that a claim that walks past the heads
+/// too young for an aged tier reads only the index), and `queue_fronts_age` by the head's age
+/// within a tier (`lmsp_domain::schedule::claim_window`'s input).
+///
+/// Triggers keep them in the transaction of every write, on every write path (a create, a batch's
+/// bulk insert, a claim, a step that ends a task, a cancel, recovery's requeues and failures, a
+/// purge, a client's limits, a claim's `served_at`), so no caller needs to know of them:
+///
+/// - `queue_fronts_task_insert`: a queued or claimed task inserted (its client's rows first made
+///   if missing): its client's running count, or its tier's head if it is older than the head.
+/// - `queue_fronts_task_status`: a task's status moving into or out of `queued` or the claimed
+///   set: its client's running count; a head that left the queue is replaced by the next queued
+///   task of its client and tier (an index seek in `tasks_queue`); a task back in the queue
+///   (recovery) becomes the head if it is older.
+/// - `queue_fronts_task_delete`: a queued or claimed task deleted (a purge deletes only finished
+///   ones; kept for any other path).
+/// - `queue_fronts_load_insert` and `queue_fronts_load_update`: a client's `served_at` or
+///   `max_running` copied to its rows (made if missing).
+///
+/// In PostgreSQL each trigger first locks the client's rows it changes (in tier order), then
+/// reads what it writes in statements of its own: so a transaction that replaces a head sees
+/// the tasks that a concurrent one, committed meanwhile, queued or claimed, and a head never
+/// points at a task that is no longer queued.
+///
+/// The migration fills the rows from the tasks already there.
+pub fn queue_fronts(d: Dialect) -> String {
+    let (bytes, int64, int32, int16, no_rowid) = (
+        d.bytes(),
+        d.int64(),
+        d.int32(),
+        d.int16(),
+        d.without_rowid(),
+    );
+    let served_first = d.nulls_first("served_at");
+    let tiers = "(SELECT 0 AS tier UNION ALL SELECT 1 UNION ALL SELECT 2) AS r";
+    // The rows of client `{row}.client_id`, made if missing, with its load as `client_queues`
+    // keeps it (a client with no rows yet has no claimed task).
+    let ensure = |row: &str, served: &str, max: &str| {
+        let insert = d.insert_or_ignore(&format!(
+            "queue_fronts (client_id, tier, running, served_at, max_running)
+        SELECT {row}.client_id, r.tier, 0, {served}, {max}
+        FROM {tiers}
+        WHERE NOT EXISTS (SELECT 1 FROM queue_fronts f WHERE f.client_id = {row}.client_id)"
+        ));
+        format!("    {insert}\n")
+    };
+    let lock_client = |row: &str| {
+        d.lock_rows(&format!(
+            "queue_fronts WHERE client_id = {row}.client_id ORDER BY tier"
+        ))
+    };
+    let is_active = |row: &str| d.as_int(&format!("{row}.status IN {ACTIVE}"));
+    // The head of `{row}`'s client and tier again, when it was `{row}`.
+    let next_head = |row: &str| {
+        format!(
+            "    UPDATE queue_fronts SET (head_id, head_created_at) = (
+        SELECT t.id, t.created_at FROM tasks t
+        WHERE t.status = 'queued' AND t.client_id = {row}.client_id AND t.tier = {row}.tier
+        ORDER BY t.id LIMIT 1)
+    WHERE client_id = {row}.client_id AND tier = {row}.tier AND {row}.status = 'queued'
+        AND head_id = {row}.id;\n"
+        )
+    };
+    // `NEW` as its client and tier's head, when it is queued and older than the head.
+    let new_head = "    UPDATE queue_fronts SET head_id = NEW.id, head_created_at = NEW.created_at
+    WHERE client_id = NEW.client_id AND tier = NEW.tier AND NEW.status = 'queued'
+        AND (head_id IS NULL OR head_id > NEW.id);\n";
+    let task_insert = d.trigger(
+        "queue_fronts_task_insert",
+        "lmsp_queue_fronts_task_insert",
+        "AFTER INSERT ON tasks",
+        &format!("NEW.status = 'queued' OR NEW.status IN {ACTIVE}"),
+        format!(
+            "{ensure}{lock_client}    UPDATE queue_fronts SET running = running + 1
+    WHERE client_id = NEW.client_id AND NEW.status IN {ACTIVE};
+{new_head}",
+            ensure = ensure(
+                "NEW",
+                "(SELECT q.served_at FROM client_queues q WHERE q.client_id = NEW.client_id)",
+                "(SELECT q.max_running FROM client_queues q WHERE q.client_id = NEW.client_id)",
+            ),
+            lock_client = lock_client("NEW"),
+        )
+        .trim_end(),
+    );
+    let task_status = d.trigger(
+        "queue_fronts_task_status",
+        "lmsp_queue_fronts_task_status",
+        "AFTER UPDATE OF status ON tasks",
+        &format!(
+            "OLD.status <> NEW.status
+        AND (OLD.status = 'queued' OR NEW.status = 'queued'
+            OR OLD.status IN {ACTIVE} OR NEW.status IN {ACTIVE})"
+        ),
+        format!(
+            "{lock_client}    UPDATE queue_fronts SET running = running + {new_active} - {old_active}
+    WHERE client_id = NEW.client_id AND {new_active} <> {old_active};
+{next_head}{new_head}",
+            lock_client = lock_client("NEW"),
+            new_active = is_active("NEW"),
+            old_active = is_active("OLD"),
+            next_head = next_head("OLD"),
+        )
+        .trim_end(),
+    );
+    let task_delete = d.trigger(
+        "queue_fronts_task_delete",
+        "lmsp_queue_fronts_task_delete",
+        "AFTER DELETE ON tasks",
+        &format!("OLD.status = 'queued' OR OLD.status IN {ACTIVE}"),
+        format!(
+            "{lock_client}    UPDATE queue_fronts SET running = running - 1
+    WHERE client_id = OLD.client_id AND OLD.status IN {ACTIVE};
+{next_head}",
+            lock_client = lock_client("OLD"),
+            next_head = next_head("OLD"),
+        )
+        .trim_end(),
+    );
+    let load_body = format!(
+        "{ensure}{lock_client}    UPDATE queue_fronts SET served_at = NEW.served_at, max_running = NEW.max_running
+    WHERE client_id = NEW.client_id;",
+        ensure = ensure("NEW", "NEW.served_at", "NEW.max_running"),
+        lock_client = lock_client("NEW"),
+    );
+    let load_insert = d.trigger(
+        "queue_fronts_load_insert",
+        "lmsp_queue_fronts_load_insert",
+        "AFTER INSERT ON client_queues",
+        "NEW.served_at IS NOT NULL OR NEW.max_running IS NOT NULL",
+        &load_body,
+    );
+    let load_update = d.trigger(
+        "queue_fronts_load_update",
+        "lmsp_queue_fronts_load_update",
+        "AFTER UPDATE OF served_at, max_running ON client_queues",
+        &format!(
+            "{} OR {}",
+            d.distinct("OLD.served_at", "NEW.served_at"),
+            d.distinct("OLD.max_running", "NEW.max_running")
+        ),
+        &load_body,
+    );
+    format!(
+        r#"CREATE TABLE queue_fronts (
+    client_id       {bytes} NOT NULL,
+    tier            {int16} NOT NULL,
+    head_id         {bytes},
+    head_created_at {int64},
+    running         {int32} NOT NULL DEFAULT 0,
+    served_at       {int64},
+    max_running     {int32},
+    PRIMARY KEY (client_id, tier)
+){no_rowid};
+INSERT INTO queue_fronts (client_id, tier, running, served_at, max_running)
+    SELECT c.client_id, r.tier,
+        (SELECT count(*) FROM tasks a WHERE a.client_id = c.client_id AND a.status IN {ACTIVE}),
+        q.served_at, q.max_running
+    FROM (SELECT DISTINCT client_id FROM tasks
+          UNION SELECT client_id FROM client_queues) AS c
+    CROSS JOIN {tiers}
+    LEFT JOIN client_queues q ON q.client_id = c.client_id;
+UPDATE queue_fronts SET (head_id, head_created_at) = (
+    SELECT t.id, t.created_at FROM tasks t
+    WHERE t.status = 'queued' AND t.client_id = queue_fronts.client_id
+        AND t.tier = queue_fronts.tier
+    ORDER BY t.id LIMIT 1);
+CREATE INDEX queue_fronts_claim
+    ON queue_fronts (tier, running, {served_first}, head_id, head_created_at, max_running)
+    WHERE {OPEN_FRONT};
+CREATE INDEX queue_fronts_age ON queue_fronts (tier, head_created_at)
+    WHERE {OPEN_FRONT};
+{task_insert}{task_status}{task_delete}{load_insert}{load_update}"#
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -484,6 +708,7 @@ mod tests {
             tiers_and_fairness(d),
             files_and_batches(d),
             webhooks(d),
+            queue_fronts(d),
         ]
         .concat()
     }

@@ -332,3 +332,337 @@ pub async fn a_client_at_its_max_running_waits_while_others_run<F: StoreFactory>
     finish(&store, &running, worker, fail()).await;
     assert_eq!(claim(3).await.unwrap().unwrap().id, a2.id);
 }
+
+/// The tasks a store holds, as plain rows, and what it should claim next: `next_claim` over the
+/// heads computed from the list (for each client and tier, its queued task with the least id),
+/// each with its client's load (its `loading`, `running` and `cancelling` tasks, its last claim,
+/// its `max_running`). The oracle of the checks of the claim order through the queue fronts.
+#[derive(Default)]
+struct Model {
+    tasks: Vec<Task>,
+    served: std::collections::HashMap<ClientId, lmsp_domain::time::Timestamp>,
+    max_running: std::collections::HashMap<ClientId, u32>,
+}
+
+impl Model {
+    /// Records `task` as the store has it now.
+    fn put(&mut self, task: Task) {
+        match self.tasks.iter_mut().find(|known| known.id == task.id) {
+            Some(known) => *known = task,
+            None => self.tasks.push(task),
+        }
+    }
+
+    fn running(&self, client: ClientId) -> u32 {
+        self.tasks
+            .iter()
+            .filter(|task| task.client_id == client && is_claimed(task.status))
+            .count() as u32
+    }
+
+    /// What a claim at `now` takes, by `next_claim` over every head of the list.
+    fn expected(&self, now: lmsp_domain::time::Timestamp) -> Option<lmsp_domain::ids::TaskId> {
+        use lmsp_domain::schedule::{next_claim, ClientLoad, QueueHead};
+        let queued = self
+            .tasks
+            .iter()
+            .filter(|task| task.status == TaskStatus::Queued);
+        let heads: Vec<(QueueHead, ClientLoad)> = queued
+            .clone()
+            .filter(|task| {
+                !queued.clone().any(|other| {
+                    other.client_id == task.client_id
+                        && other.service_tier == task.service_tier
+                        && other.id < task.id
+                })
+            })
+            .map(|task| {
+                let head = QueueHead {
+                    task: task.id,
+                    client: task.client_id,
+                    tier: task.service_tier,
+                    created_at: task.created_at,
+                };
+                let load = ClientLoad {
+                    running: self.running(task.client_id),
+                    max_running: self.max_running.get(&task.client_id).copied(),
+                    last_served: self.served.get(&task.client_id).copied(),
+                };
+                (head, load)
+            })
+            .collect();
+        next_claim(&heads, aging(), now)
+    }
+
+    /// Claims at `now` through `store` and checks the claim against the list; the claimed task.
+    async fn claim<S: lmsp_domain::ports::Store + ?Sized>(
+        &mut self,
+        store: &S,
+        worker: lmsp_domain::ids::InstanceId,
+        now: lmsp_domain::time::Timestamp,
+        after: &str,
+    ) -> Option<Task> {
+        let expected = self.expected(now);
+        let claimed = store.claim(worker, now, aging()).await.unwrap();
+        assert_eq!(
+            claimed.as_ref().map(|task| task.id),
+            expected,
+            "the claim after {after} is next_claim's over the heads"
+        );
+        let claimed = claimed?;
+        self.served.insert(claimed.client_id, now);
+        self.put(claimed.clone());
+        Some(claimed)
+    }
+
+    /// Reads every task of the list back from `store` (after a write the list did not make).
+    async fn refresh<S: lmsp_domain::ports::Store + ?Sized>(&mut self, store: &S) {
+        for task in &mut self.tasks {
+            *task = store.task(task.id).await.unwrap().unwrap();
+        }
+    }
+}
+
+fn is_claimed(status: TaskStatus) -> bool {
+    matches!(
+        status,
+        TaskStatus::Loading | TaskStatus::Running | TaskStatus::Cancelling
+    )
+}
+
+/// A stored client without limits.
+async fn stored_client<S: lmsp_domain::ports::Store + ?Sized>(store: &S) -> ClientId {
+    let (client, _) = crate::fixtures::client(&[Scope::ResponsesWrite]);
+    store.insert_client(client.clone()).await.unwrap();
+    client.id
+}
+
+/// API §16 through the queue fronts a store keeps: after each write path has moved them — a
+/// create, a claim, the cancel of a queued head, a finish, recovery putting back a running task
+/// older than its queue's head, a client's `max_running` set and lifted — the next claim is
+/// still the one `next_claim` picks over every client's heads.
+pub async fn the_claim_order_holds_after_every_write_path_moved_the_fronts<F: StoreFactory>(
+    factory: &F,
+) {
+    let (store, _) = fresh_store(factory).await;
+    let mut model = Model::default();
+    let worker = instance_id();
+    let (a, b, c) = (client_id(), stored_client(&store).await, client_id());
+    let gone = register(&store, "gone", time(0)).await.id;
+    // Oldest of all: a's default task, running in an instance that will stop.
+    let lost = task_in(
+        &store,
+        of(a, ServiceTier::Default)
+            .policy(RestartPolicy::Retry)
+            .created(time(0))
+            .build(),
+        gone,
+        TaskStatus::Running,
+    )
+    .await;
+    model.put(lost.clone());
+    // Creates, one client's heads in two tiers.
+    for (client, tier, minute) in [
+        (a, ServiceTier::Default, 1),
+        (a, ServiceTier::Default, 2),
+        (b, ServiceTier::Default, 2),
+        (b, ServiceTier::Flex, 0),
+        (b, ServiceTier::Flex, 1),
+        (c, ServiceTier::Priority, 3),
+        (c, ServiceTier::Default, 3),
+    ] {
+        let task = of(client, tier).created(time(minute * MINUTE)).build();
+        model.put(create(&store, task).await);
+    }
+    let now = time(4 * MINUTE);
+    let first = model.claim(&store, worker, now, "creates").await.unwrap();
+    assert_eq!(
+        (first.client_id, first.service_tier),
+        (c, ServiceTier::Priority)
+    );
+    // Default tier: b has none running, a one (the lost task), c one.
+    let second = model.claim(&store, worker, now, "a claim").await.unwrap();
+    assert_eq!(second.client_id, b);
+    // b's default queue is empty; cancel a's default head: a's next task becomes its head.
+    let a_head = model
+        .tasks
+        .iter()
+        .filter(|task| task.client_id == a && task.status == TaskStatus::Queued)
+        .map(|task| task.id)
+        .min()
+        .unwrap();
+    store.cancel(a_head, None, now).await.unwrap();
+    model.refresh(&store).await;
+    let third = model
+        .claim(&store, worker, now, "the cancel of a queued head")
+        .await
+        .unwrap();
+    // A finish lowers a client's running count.
+    for task in [&first, &second, &third] {
+        model.put(finish(&store, task, worker, fail()).await);
+    }
+    model
+        .claim(&store, worker, time(5 * MINUTE), "finishes")
+        .await;
+    // Recovery puts the lost task back: older than a's head, it is a's head again.
+    store.retire_instance(gone, time(6 * MINUTE)).await.unwrap();
+    let rescuer = register(&store, "rescuer", time(6 * MINUTE)).await.id;
+    store
+        .recover_instance(gone, rescuer, time(6 * MINUTE))
+        .await
+        .unwrap();
+    model.refresh(&store).await;
+    assert_eq!(
+        store.task(lost.id).await.unwrap().unwrap().status,
+        TaskStatus::Queued
+    );
+    let mut after = Vec::new();
+    while let Some(claimed) = model
+        .claim(&store, worker, time(6 * MINUTE), "a recovery requeue")
+        .await
+    {
+        after.push(claimed.id);
+        if claimed.id == lost.id {
+            break;
+        }
+    }
+    assert!(after.contains(&lost.id), "the requeued task is claimed");
+    // b at its max_running is passed over; lifted, its head is claimable again.
+    let b_task = create(
+        &store,
+        of(b, ServiceTier::Priority)
+            .created(time(6 * MINUTE))
+            .build(),
+    )
+    .await;
+    model.put(b_task.clone());
+    let running_b = model.running(b);
+    let limits = ClientLimits {
+        max_running: Some(running_b),
+        max_queued: None,
+    };
+    assert!(store.set_client_limits(b, limits).await.unwrap());
+    model.max_running.insert(b, running_b);
+    let passed = model
+        .claim(&store, worker, time(7 * MINUTE), "a max_running set")
+        .await;
+    assert_ne!(passed.map(|task| task.id), Some(b_task.id));
+    assert!(store
+        .set_client_limits(b, ClientLimits::default())
+        .await
+        .unwrap());
+    model.max_running.remove(&b);
+    let lifted = model
+        .claim(&store, worker, time(7 * MINUTE), "a max_running lifted")
+        .await;
+    assert_eq!(lifted.map(|task| task.id), Some(b_task.id));
+    while model
+        .claim(&store, worker, time(8 * MINUTE), "the rest")
+        .await
+        .is_some()
+    {}
+}
+
+/// A small deterministic generator (xorshift), so that a failing sequence is the same every run.
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// API §16: through random creates (any of four clients, any tier, of any age), claims,
+/// finishes, cancels (of queued and claimed tasks) and changes of `max_running`, every claim is
+/// the one `next_claim` picks over the heads computed from the plain list of the tasks.
+pub async fn claims_follow_next_claim_over_the_heads_through_random_writes<F: StoreFactory>(
+    factory: &F,
+) {
+    for seed in [0x9e37_79b9_7f4a_7c15_u64, 0x0123_4567_89ab_cdef, 42] {
+        let (store, _) = fresh_store(factory).await;
+        let mut draw = Draw(seed);
+        let mut model = Model::default();
+        let worker = instance_id();
+        let mut clients = Vec::new();
+        for _ in 0..4 {
+            clients.push(stored_client(&store).await);
+        }
+        let mut now = 30 * MINUTE;
+        for op in 0..160 {
+            now += (draw.below(60) as i64) * 1_000;
+            let at = time(now);
+            let open: Vec<Task> = model
+                .tasks
+                .iter()
+                .filter(|task| task.status == TaskStatus::Queued || is_claimed(task.status))
+                .cloned()
+                .collect();
+            match draw.below(20) {
+                0..=7 => {
+                    let client = clients[draw.below(clients.len())];
+                    let tier = ServiceTier::ALL[draw.below(3)];
+                    let created = time(now - (draw.below(15) as i64) * MINUTE);
+                    let task = of(client, tier).created(created).build();
+                    model.put(create(&store, task).await);
+                }
+                8..=13 => {
+                    model
+                        .claim(&store, worker, at, &format!("op {op} (seed {seed:#x})"))
+                        .await;
+                }
+                14..=16 => {
+                    let loading: Vec<&Task> = open
+                        .iter()
+                        .filter(|task| task.status == TaskStatus::Loading)
+                        .collect();
+                    if !loading.is_empty() {
+                        let task = loading[draw.below(loading.len())];
+                        model.put(finish(&store, task, worker, fail()).await);
+                    }
+                }
+                17..=18 => {
+                    if !open.is_empty() {
+                        let task = &open[draw.below(open.len())];
+                        store.cancel(task.id, None, at).await.unwrap();
+                        model.put(store.task(task.id).await.unwrap().unwrap());
+                    }
+                }
+                _ => {
+                    let client = clients[draw.below(clients.len())];
+                    let max_running = [None, Some(0), Some(1), Some(2)][draw.below(4)];
+                    let limits = ClientLimits {
+                        max_running,
+                        max_queued: None,
+                    };
+                    assert!(store.set_client_limits(client, limits).await.unwrap());
+                    match max_running {
+                        Some(max) => model.max_running.insert(client, max),
+                        None => model.max_running.remove(&client),
+                    };
+                }
+            }
+        }
+        // Every limit lifted, the queue drains in the order of the list.
+        for client in &clients {
+            assert!(store
+                .set_client_limits(*client, ClientLimits::default())
+                .await
+                .unwrap());
+            model.max_running.remove(client);
+        }
+        now += MINUTE;
+        while model
+            .claim(
+                &store,
+                worker,
+                time(now),
+                &format!("the drain (seed {seed:#x})"),
+            )
+            .await
+            .is_some()
+        {}
+    }
+}

@@ -2,7 +2,8 @@
 //! `PRAGMA user_version`). Version 1 is the layout of the first release; version 2 adds instances
 //! and ownership, output items, upstream models, sticky model deletions, and idempotency records
 //! that hold a key across processes; version 3 adds service tiers, client limits and the state
-//! fair claims need; version 4 adds files and batches; version 5 webhooks. A migration that
+//! fair claims need; version 4 adds files and batches; version 5 webhooks; version 6 the queue
+//! fronts a claim reads (`schema::queue_fronts`), filled from the tasks there. A migration that
 //! moves data does so in Rust, in the same transaction as its SQL.
 
 use std::sync::LazyLock;
@@ -222,6 +223,10 @@ static V4: LazyLock<String> = LazyLock::new(|| schema::files_and_batches(SQLITE)
 /// Version 5: webhooks (`schema::webhooks`).
 static V5: LazyLock<String> = LazyLock::new(|| schema::webhooks(SQLITE));
 
+/// Version 6: queue fronts (`schema::queue_fronts`), filled from the tasks already queued and
+/// claimed.
+static V6: LazyLock<String> = LazyLock::new(|| schema::queue_fronts(SQLITE));
+
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(V1.as_str()),
@@ -229,11 +234,12 @@ fn migrations() -> Migrations<'static> {
         M::up(V3.as_str()),
         M::up(V4.as_str()),
         M::up(V5.as_str()),
+        M::up(V6.as_str()),
     ])
 }
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: usize = 5;
+pub const SCHEMA_VERSION: usize = 6;
 
 /// Applies every migration newer than the database's `user_version`, each in its own transaction,
 /// then checks that the layout is the one this build expects.
@@ -274,36 +280,166 @@ mod tests {
         assert!(migrations().validate().is_ok());
     }
 
-    /// The plan SQLite picks for each query of a claim.
+    /// The plan SQLite picks for a query.
     fn plan(conn: &Connection, sql: &str) -> String {
         let mut statement = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let count = statement.parameter_count();
+        let values: Vec<i64> = vec![1; count];
         let details: Vec<String> = statement
-            .query_map([Vec::<u8>::new()], |row| row.get::<_, String>(3))
+            .query_map(rusqlite::params_from_iter(values), |row| {
+                row.get::<_, String>(3)
+            })
             .unwrap()
             .map(Result::unwrap)
             .collect();
         details.join("; ")
     }
 
-    /// Issue 25: a claim stays O(log n) with a million queued tasks: each of its queries is an
-    /// index seek (the `tasks_queue` and `tasks_active` partial indexes), never a scan of the
-    /// queue.
+    /// Issue 25: a claim stays O(log n) with a million queued tasks over a thousand clients: each
+    /// of its reads is a seek in a partial index of the open queue fronts, never a scan of the
+    /// fronts or the queue, and never a sort.
     #[test]
-    fn the_claims_queries_seek_their_partial_indexes() {
-        use crate::ops::tasks::{CLIENT_RUNNING, NEXT_QUEUED_CLIENT, QUEUE_HEAD};
+    fn the_claims_queries_seek_the_open_fronts() {
+        use crate::ops::tasks::{FIRST_FRONT, OLDEST_FRONT};
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
-        let next = plan(&conn, NEXT_QUEUED_CLIENT);
-        assert!(next.contains("INDEX tasks_queue (client_id>?)"), "{next}");
-        let head = plan(&conn, &QUEUE_HEAD.replace("?2", "1"));
+        let oldest = plan(&conn, &OLDEST_FRONT);
         assert!(
-            head.contains("INDEX tasks_queue (client_id=? AND tier=?)"),
-            "{head}"
+            oldest.contains("INDEX queue_fronts_age (tier=?)") && !oldest.contains("TEMP B-TREE"),
+            "{oldest}"
         );
-        let running = plan(&conn, CLIENT_RUNNING);
+        let first = plan(&conn, &FIRST_FRONT);
         assert!(
-            running.contains("INDEX tasks_active (client_id=?)"),
-            "{running}"
+            first.contains("COVERING INDEX queue_fronts_claim (tier=?)")
+                && !first.contains("TEMP B-TREE"),
+            "{first}"
         );
+    }
+
+    /// The statements the fronts' triggers run on a claim seek their indexes too: the next head
+    /// of a client and tier is a seek in `tasks_queue`.
+    #[test]
+    fn a_fronts_next_head_is_a_seek_in_the_queue_index() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        let next = plan(
+            &conn,
+            "SELECT t.id, t.created_at FROM tasks t WHERE t.status = 'queued' \
+             AND t.client_id = ?1 AND t.tier = ?2 ORDER BY t.id LIMIT 1",
+        );
+        assert!(
+            next.contains("INDEX tasks_queue (client_id=? AND tier=?)"),
+            "{next}"
+        );
+    }
+
+    /// Version 6 upgrades a database that version 5 filled in place: the queue fronts are filled
+    /// from the tasks there (each client's heads, its running count, its `served_at` and
+    /// `max_running`), so the claims that follow are `next_claim`'s over the heads of the plain
+    /// list of tasks (API §16).
+    #[test]
+    fn version_6_fills_the_queue_fronts_of_a_database_version_5_filled() {
+        use lmsp_domain::schedule::{next_claim, ClientLoad, QueueHead, ServiceTier, TierAging};
+        use lmsp_domain::status::TaskStatus;
+        use lmsp_storage_contract::fixtures::{client_id, instance_id, time, TaskBuilder};
+
+        const MINUTE: i64 = 60_000;
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrations().to_version(&mut conn, 5).unwrap();
+        let owner = instance_id();
+        let clients = [client_id(), client_id(), client_id()];
+        let mut tasks = Vec::new();
+        for n in 0..30_i64 {
+            let client = clients[(n % 3) as usize];
+            let tier = ServiceTier::ALL[((n / 3) % 3) as usize];
+            let mut task = TaskBuilder::new(owner)
+                .client(client)
+                .tier(tier)
+                .created(time((n * 7 % 13) * MINUTE))
+                .build();
+            if n % 7 == 0 {
+                task.status = TaskStatus::Running;
+            }
+            crate::ops::insert_task_rows(&conn, &task).unwrap();
+            tasks.push(task);
+        }
+        // The second client was served, the third may run two tasks at once.
+        let mut served = std::collections::HashMap::new();
+        served.insert(clients[1], time(20 * MINUTE));
+        conn.execute(
+            "INSERT INTO client_queues (client_id, served_at) VALUES (?1, ?2)",
+            params![
+                clients[1].ulid().to_bytes().as_slice(),
+                time(20 * MINUTE).as_millis()
+            ],
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO client_queues (client_id, max_running) VALUES (?1, 2)",
+            params![clients[2].ulid().to_bytes().as_slice()],
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION as i64);
+        let fronts: i64 = conn
+            .query_row("SELECT count(*) FROM queue_fronts", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(fronts, 9, "a row per client and tier");
+
+        let aging = TierAging::from_millis(5 * MINUTE as u64).unwrap();
+        let by = instance_id();
+        let now = time(21 * MINUTE);
+        let claimed = |status: TaskStatus| {
+            matches!(
+                status,
+                TaskStatus::Loading | TaskStatus::Running | TaskStatus::Cancelling
+            )
+        };
+        loop {
+            let heads: Vec<(QueueHead, ClientLoad)> = tasks
+                .iter()
+                .filter(|task| task.status == TaskStatus::Queued)
+                .filter(|task| {
+                    !tasks.iter().any(|other| {
+                        other.status == TaskStatus::Queued
+                            && other.client_id == task.client_id
+                            && other.service_tier == task.service_tier
+                            && other.id < task.id
+                    })
+                })
+                .map(|task| {
+                    let load = ClientLoad {
+                        running: tasks
+                            .iter()
+                            .filter(|t| t.client_id == task.client_id && claimed(t.status))
+                            .count() as u32,
+                        max_running: (task.client_id == clients[2]).then_some(2),
+                        last_served: served.get(&task.client_id).copied(),
+                    };
+                    let head = QueueHead {
+                        task: task.id,
+                        client: task.client_id,
+                        tier: task.service_tier,
+                        created_at: task.created_at,
+                    };
+                    (head, load)
+                })
+                .collect();
+            let expected = next_claim(&heads, aging, now);
+            let (got, _) = crate::ops::tasks::claim_next(&conn, by, now, aging).unwrap();
+            assert_eq!(got.as_ref().map(|task| task.id), expected);
+            let Some(got) = got else { break };
+            served.insert(got.client_id, now);
+            let known = tasks.iter_mut().find(|task| task.id == got.id).unwrap();
+            *known = got;
+        }
+        let left = tasks
+            .iter()
+            .filter(|task| task.status == TaskStatus::Queued)
+            .count();
+        assert!(left > 0, "the third client's tasks wait at its max_running");
     }
 }

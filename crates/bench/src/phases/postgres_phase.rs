@@ -174,7 +174,7 @@ impl Phases<'_> {
     async fn pg_claims(&self, url: &str) -> anyhow::Result<(f64, f64)> {
         let plan = self.plan;
         // Enough for both runs: the second starts on the queue the first left.
-        pg_claims::prepare(url, plan.pg_claim_queue, 64).await?;
+        pg_claims::prepare(url, plan.pg_claim_queue, 64, 1).await?;
         let one = pg_claims::claims_per_s(url, 1, plan.pg_claimers, plan.pg_claim_duration).await?;
         let three = pg_claims::claims_per_s(
             url,
@@ -184,6 +184,66 @@ impl Phases<'_> {
         )
         .await?;
         Ok((one, three))
+    }
+
+    /// PostgreSQL claims alone (`--only pg-claims`, not part of the default run): with
+    /// `pg_claim_queue` tasks queued in one client's single queue, then the same number across
+    /// the three tiers and `claim_clients` clients, claims per second of one instance and then of
+    /// `pg_instances` instances on what is left, each on a fresh database. Printed only.
+    pub(crate) async fn pg_claims_phase(&self) -> anyhow::Result<Outcome> {
+        let plan = self.plan;
+        if let Some(why) = postgres::unavailable(self.postgres_bin, self.postgres_url) {
+            anyhow::bail!("--only pg-claims was asked for, but no PostgreSQL is available: {why}");
+        }
+        eprintln!("== PostgreSQL claims");
+        let pg = match self.postgres_url {
+            Some(url) => postgres::Postgres::external(url, self.postgres_bin)?,
+            None => postgres::Postgres::start_cluster(self.postgres_bin)?,
+        };
+        println!(
+            "\n[pg-claims] on {}; {} tasks queued through PostgresStore (create_task, 64 at a time); {} claim loops per instance, claim_next only (no task is ended), {:.1} s per run or until the queue runs dry",
+            pg.description,
+            plan.pg_claim_queue,
+            plan.pg_claimers,
+            plan.pg_claim_duration.as_secs_f64()
+        );
+        for rep in 0..plan.reps {
+            for clients in [1, plan.claim_clients] {
+                let name = postgres::database_name(&format!("claims{clients}"));
+                let url = pg.create_database(&name).await?;
+                let run = async {
+                    let started = std::time::Instant::now();
+                    pg_claims::prepare(&url, plan.pg_claim_queue, 64, clients).await?;
+                    let prepared = started.elapsed().as_secs_f64();
+                    let one =
+                        pg_claims::claims_per_s(&url, 1, plan.pg_claimers, plan.pg_claim_duration)
+                            .await?;
+                    let three = pg_claims::claims_per_s(
+                        &url,
+                        plan.pg_instances,
+                        plan.pg_claimers,
+                        plan.pg_claim_duration,
+                    )
+                    .await?;
+                    anyhow::Ok((prepared, one, three))
+                }
+                .await;
+                pg.drop_database(&name).await?;
+                let (prepared, one, three) = run?;
+                let shape = if clients == 1 {
+                    String::from("one client, default tier")
+                } else {
+                    format!("{clients} clients × 3 tiers")
+                };
+                println!(
+                    "  rep {rep}: {shape}: prepared in {prepared:.1} s; one instance {one:.0} claims/s, {} instances {three:.0} claims/s ({:.0} %)",
+                    plan.pg_instances,
+                    100.0 * three / one.max(1e-9)
+                );
+            }
+        }
+        drop(pg);
+        Ok(Outcome::Done(Box::new(|_: &mut Results| {})))
     }
 
     /// Persisted events with `stream_tasks` tasks streaming on one instance on `url`.

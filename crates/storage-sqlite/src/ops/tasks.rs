@@ -8,7 +8,7 @@ use lmsp_domain::ports::{
     CancelOutcome, CreateOutcome, DeleteOutcome, Page, Snapshot, StepOutcome, TaskFilter,
 };
 use lmsp_domain::schedule::{
-    next_claim, ClientLoad, QueueHead, QueueLimits, ServiceTier, TierAging,
+    claim_window, next_claim, ClientLoad, QueueHead, QueueLimits, ServiceTier, TierAging,
 };
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
@@ -16,6 +16,9 @@ use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::{
     decide_delete, plan_append, plan_claim, plan_create, CreatePlan, SnapshotChange, TaskWrite,
 };
+use std::sync::LazyLock;
+
+use lmsp_storage_codec::schema::OPEN_FRONT;
 use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -143,21 +146,30 @@ pub fn append(
     }
 }
 
-/// Claims the next queued task for `by`: the one [`next_claim`] picks from every client's queue
-/// heads (tiers with aging, then fairness between clients), and records when its client was
-/// served. Reads a few index entries per client with queued work (the `tasks_queue` and
-/// `tasks_active` partial indexes), never the queue itself.
+/// Claims the next queued task for `by`: the one [`next_claim`] puts first among every client's
+/// queue heads (tiers with aging, then fairness between clients), and records when its client
+/// was served. It reads the queue fronts (`schema::queue_fronts`), never every client's heads:
+/// the oldest open front of each tier (three seeks in `queue_fronts_age`), then, for each tier
+/// [`claim_window`] names, the first open front in claim order whose head has aged into the
+/// window (`queue_fronts_claim`), and hands those (at most three) to [`next_claim`]. Claiming
+/// the task moves its front (triggers), in this transaction.
+///
+/// The cost does not grow with the number of clients with queued work, with one bound: in a tier
+/// that aging brought down into the window (its oldest head waited a whole period more than the
+/// tier's rank allows), the read of its first front walks past the fronts, in claim order, whose
+/// heads have not waited that long. They are fronts of clients whose oldest queued task of that
+/// tier is younger than the aging period (or two): at most one per such client, and none once
+/// every head has aged (a long backlog) or none has (a short queue).
 pub fn claim_next(
     conn: &Connection,
     by: InstanceId,
     at: Timestamp,
     aging: TierAging,
 ) -> Res<(Option<Task>, Vec<Event>)> {
-    let heads = queue_heads(conn)?;
-    let Some(id) = next_claim(&heads, aging, at) else {
+    let Some(id) = next_front(conn, at, aging)? else {
         return Ok((None, Vec::new()));
     };
-    let old = load_task(conn, id)?.ok_or_else(|| corrupt("a queue head without its task"))?;
+    let old = load_task(conn, id)?.ok_or_else(|| corrupt("a queue front without its task"))?;
     let write = plan_claim(&old, by, at)
         .map_err(|refusal| corrupt(format!("a queued task refused a claim: {refusal}")))?;
     write_task(conn, &old, &write)?;
@@ -169,72 +181,78 @@ pub fn claim_next(
     Ok((Some(write.task), write.events))
 }
 
-// `INDEXED BY`: left to itself, the planner reads every queued task through `tasks_status`
-// and sorts them; these must stay seeks however long the queue grows.
+// `INDEXED BY`: the claim's reads must stay seeks in the partial indexes of the open fronts
+// however many clients have queued work; the conditions repeat `OPEN_FRONT` so that they apply.
 
-/// The next client after `?1` with a queued task (an index seek in `tasks_queue`).
-pub(crate) const NEXT_QUEUED_CLIENT: &str = "SELECT client_id FROM tasks INDEXED BY tasks_queue \
-     WHERE status = 'queued' AND client_id > ?1 ORDER BY client_id LIMIT 1";
+/// The creation time of the oldest open front's head in tier `?1` (a seek in `queue_fronts_age`).
+pub(crate) static OLDEST_FRONT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT head_created_at FROM queue_fronts INDEXED BY queue_fronts_age \
+         WHERE tier = ?1 AND {OPEN_FRONT} ORDER BY head_created_at LIMIT 1"
+    )
+});
 
-/// The oldest queued task of client `?1` in tier `?2` (an index seek in `tasks_queue`).
-pub(crate) const QUEUE_HEAD: &str = "SELECT id, created_at FROM tasks INDEXED BY tasks_queue \
-     WHERE status = 'queued' AND client_id = ?1 AND tier = ?2 ORDER BY id LIMIT 1";
+/// The first open front of tier `?1` in claim order whose head was created by `?2` (a seek in
+/// `queue_fronts_claim`, then a walk while heads are newer than `?2`).
+pub(crate) static FIRST_FRONT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT client_id, head_id, head_created_at, running, max_running, served_at \
+         FROM queue_fronts INDEXED BY queue_fronts_claim \
+         WHERE tier = ?1 AND {OPEN_FRONT} AND head_created_at <= ?2 \
+         ORDER BY running, served_at, head_id LIMIT 1"
+    )
+});
 
-/// How many tasks of client `?1` are claimed and unfinished (the entries of `tasks_active`).
-pub(crate) const CLIENT_RUNNING: &str = "SELECT count(*) FROM tasks INDEXED BY tasks_active \
-     WHERE client_id = ?1 AND status IN ('loading', 'running', 'cancelling')";
-
-/// For each client with queued tasks (found one by one through the `tasks_queue` index), the
-/// oldest queued task of each tier, with the client's load.
-fn queue_heads(conn: &Connection) -> Res<Vec<(QueueHead, ClientLoad)>> {
-    let mut heads = Vec::new();
-    let mut after: Vec<u8> = Vec::new();
-    loop {
-        let client: Option<Vec<u8>> = conn
-            .prepare_cached(NEXT_QUEUED_CLIENT)?
-            .query_row([&after], |row| row.get(0))
+/// The task the next claim takes, if any: [`claim_window`] over the oldest open front of each
+/// tier, then [`next_claim`] over the first front of each tier in the window.
+fn next_front(conn: &Connection, at: Timestamp, aging: TierAging) -> Res<Option<TaskId>> {
+    let mut oldest = Vec::new();
+    for tier in ServiceTier::ALL {
+        let created: Option<i64> = conn
+            .prepare_cached(&OLDEST_FRONT)?
+            .query_row([codec::tier_rank(*tier)], |row| row.get(0))
             .optional()?;
-        let Some(client) = client else {
-            return Ok(heads);
-        };
-        let client_id = ClientId::from_ulid(codec::ulid_of(&client)?);
-        let load = client_load(conn, &client)?;
-        for tier in ServiceTier::ALL {
-            let head: Option<(Vec<u8>, i64)> = conn
-                .prepare_cached(QUEUE_HEAD)?
-                .query_row(params![client, codec::tier_rank(*tier)], |row| {
-                    Ok((row.get(0)?, row.get(1)?))
-                })
-                .optional()?;
-            if let Some((task, created_at)) = head {
-                let head = QueueHead {
-                    task: TaskId::from_ulid(codec::ulid_of(&task)?),
-                    client: client_id,
-                    tier: *tier,
-                    created_at: Timestamp::from_millis(created_at),
-                };
-                heads.push((head, load));
-            }
+        if let Some(created) = created {
+            oldest.push((*tier, Timestamp::from_millis(created)));
         }
-        after = client;
     }
-}
-
-/// A client's claimed, unfinished tasks, its `max_running` and when it was last served.
-fn client_load(conn: &Connection, client: &[u8]) -> Res<ClientLoad> {
-    let running: i64 = conn
-        .prepare_cached(CLIENT_RUNNING)?
-        .query_row([client], |row| row.get(0))?;
-    let queue: Option<(Option<i64>, Option<i64>)> = conn
-        .prepare_cached("SELECT max_running, served_at FROM client_queues WHERE client_id = ?1")?
-        .query_row([client], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()?;
-    let (max_running, last_served) = queue.unwrap_or((None, None));
-    Ok(ClientLoad {
-        running: codec::u32_of(running)?,
-        max_running: max_running.map(codec::u32_of).transpose()?,
-        last_served: last_served.map(Timestamp::from_millis),
-    })
+    let Some(window) = claim_window(&oldest, aging, at) else {
+        return Ok(None);
+    };
+    let mut fronts = Vec::new();
+    for (tier, by) in window.tiers {
+        let by = by.map_or(i64::MAX, Timestamp::as_millis);
+        type Row = (Vec<u8>, Vec<u8>, i64, i64, Option<i64>, Option<i64>);
+        let row: Option<Row> = conn
+            .prepare_cached(&FIRST_FRONT)?
+            .query_row(params![codec::tier_rank(tier), by], |row| {
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                    row.get(5)?,
+                ))
+            })
+            .optional()?;
+        let Some((client, head, created, running, max_running, served)) = row else {
+            continue;
+        };
+        let head = QueueHead {
+            task: TaskId::from_ulid(codec::ulid_of(&head)?),
+            client: ClientId::from_ulid(codec::ulid_of(&client)?),
+            tier,
+            created_at: Timestamp::from_millis(created),
+        };
+        let load = ClientLoad {
+            running: codec::u32_of(running)?,
+            max_running: max_running.map(codec::u32_of).transpose()?,
+            last_served: served.map(Timestamp::from_millis),
+        };
+        fronts.push((head, load));
+    }
+    Ok(next_claim(&fronts, aging, at))
 }
 
 /// P-4, I-3: decides and applies a cancel.
