@@ -369,38 +369,26 @@ async fn transaction(
         let rest = &batch[from..];
         let mut overlay = read(conn, rest, begin).await?;
         begin = false;
-        let mut decided: Vec<Result<Decided, DbError>> = Vec::with_capacity(rest.len());
-        for command in rest {
-            let decision =
+        let decided: Vec<Result<Decided, DbError>> = rest
+            .iter()
+            .map(|command| {
                 catch_unwind(AssertUnwindSafe(|| decide(&command.request, &mut overlay)))
                     .unwrap_or_else(|_| {
                         Err(crate::ops::corrupt(String::from(
                             "deciding a write panicked (a bug)",
                         )))
-                    });
-            if matches!(&decision, Ok(decision) if decision.again) {
-                if decided.is_empty() {
-                    // The first command of a round always finds the tasks the round read; were
-                    // it not to, it gets none rather than a round without end.
-                    decided.push(Ok(Decided::nothing(Reply::Claimed(None))));
-                    continue;
-                }
-                // Another round of claims: the commands before it are written first.
-                break;
-            }
-            decided.push(decision);
-        }
-        let again = decided.len() < rest.len();
+                    })
+            })
+            .collect();
         match write(conn, &decided).await? {
             None => {
-                let done = decided.len();
-                for (slot, decision) in ended[from..from + done].iter_mut().zip(decided) {
+                for (slot, decision) in ended[from..].iter_mut().zip(decided) {
                     *slot = Some(match decision {
                         Ok(decided) => Ended::Done(decided.reply, decided.events, decided.cancel),
                         Err(error) => Ended::Failed(error.into()),
                     });
                 }
-                from = if again { from + done } else { batch.len() };
+                from = batch.len();
             }
             Some((failed, error)) => {
                 let mut decided = decided.into_iter();
@@ -445,9 +433,6 @@ fn key_id(record: &IdempotencyRecord) -> KeyId {
 struct Overlay {
     tasks: HashMap<TaskId, Task>,
     claimable: VecDeque<TaskId>,
-    /// Whether the round read any claimable task: then, once they are all taken, another round
-    /// may find more (the fronts have moved), and a claim left without one asks for it.
-    claim_more: bool,
     keys: HashMap<KeyId, Option<IdempotencyRecord>>,
     /// For each client of the batch's creates that has a `max_queued`: it, and how many of its
     /// tasks are queued (counted up to it, then followed through the batch).
@@ -536,7 +521,6 @@ async fn read(
                 Box::new(to_i64(claims)?),
                 Box::new(at.as_millis()),
                 Box::new(to_i64(aging.as_millis())?),
-                Box::new(to_i64(ops::tasks::claimable_depth(claims))?),
             ],
         ));
     }
@@ -591,7 +575,6 @@ async fn read(
             overlay.claimable.push_back(task.id);
             overlay.tasks.entry(task.id).or_insert(task);
         }
-        overlay.claim_more = !overlay.claimable.is_empty();
     }
     if !creators.is_empty() {
         for row in next()? {
@@ -630,9 +613,6 @@ struct Decided {
     reply: Reply,
     events: Vec<Event>,
     cancel: bool,
-    /// A claim that took every task its round read: the commands before it are written, then
-    /// it and those after it are read and decided again (another round of claims).
-    again: bool,
 }
 
 impl Decided {
@@ -642,7 +622,6 @@ impl Decided {
             reply,
             events: Vec::new(),
             cancel: false,
-            again: false,
         }
     }
 }
@@ -701,7 +680,6 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
                 events: write.events,
                 reply: Reply::Created(CreateOutcome::Created(write.task)),
                 cancel: false,
-                again: false,
             })
         }
         Request::Append {
@@ -731,7 +709,6 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
                         reply: Reply::Stepped(outcome),
                         events,
                         cancel: false,
-                        again: false,
                     })
                 }
                 Err(refusal) => Ok(Decided::nothing(Reply::Stepped(StepOutcome::Refused {
@@ -751,35 +728,26 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
                 let write = plan_claim(&old, *by, *at).map_err(|refusal| {
                     ops::corrupt(format!("a queued task refused a claim: {refusal}"))
                 })?;
-                // `client_queues` first, then the task: the order in which a change of the
-                // client's limits takes the client's rows (its row, then its queue fronts).
-                let mut statements = vec![Stmt::new(
-                    String::from(ops::tasks::SERVED_SQL),
-                    vec![
-                        Box::new(client_key(old.client_id)),
-                        Box::new(at.as_millis()),
-                    ],
-                )];
-                statements.extend(task_statements(
+                let mut statements = task_statements(
                     &old,
                     &write.task,
                     &write.events,
                     &write.responses,
                     write.snapshot,
-                )?);
+                )?;
+                statements.push(Stmt::new(
+                    String::from(ops::tasks::SERVED_SQL),
+                    vec![
+                        Box::new(client_key(old.client_id)),
+                        Box::new(at.as_millis()),
+                    ],
+                ));
                 overlay.tasks.insert(id, write.task.clone());
                 return Ok(Decided {
                     statements,
                     reply: Reply::Claimed(Some(write.task)),
                     events: write.events,
                     cancel: false,
-                    again: false,
-                });
-            }
-            if overlay.claim_more {
-                return Ok(Decided {
-                    again: true,
-                    ..Decided::nothing(Reply::Claimed(None))
                 });
             }
             Ok(Decided::nothing(Reply::Claimed(None)))
@@ -810,7 +778,6 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
                 reply: Reply::Cancelled(plan.outcome),
                 events: write.events,
                 cancel: true,
-                again: false,
             })
         }
     }

@@ -9,10 +9,8 @@
 //! - The hot writes (creates, steps, claims, cancels) are group-committed (`batch.rs`): what
 //!   has gathered is written in one transaction, each command in a savepoint of its own, with
 //!   one pipelined round trip for the batch's reads and one for its writes.
-//! - `claim_next` takes the next queued task in `next_claim`'s order, read from the queue fronts
-//!   (`schema::queue_fronts`), with `FOR UPDATE SKIP LOCKED`: each task is claimed once across
-//!   processes, and claimers never wait on each other for a task (they do wait, until the first
-//!   commits, to move the same client's fronts).
+//! - `claim_next` takes the oldest queued task with `FOR UPDATE SKIP LOCKED`: each task is
+//!   claimed once across processes, and claimers never wait on each other.
 //! - The maintenance leader holds a session-level advisory lock on a connection of its own.
 //! - Committed events and cancels reach the other stores by `NOTIFY` (sent right after commit) and a
 //!   `LISTEN` connection per store ([`StoreListener::advanced_elsewhere`],

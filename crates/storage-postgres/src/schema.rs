@@ -116,12 +116,11 @@ CREATE TABLE file_chunks (
 }
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The migrations, in order: version `n` is `MIGRATIONS[n - 1]`. Never change what a released
-/// one creates; append a new version. Versions 3 (service tiers and fairness between clients),
-/// 5 (webhooks) and 6 (the queue fronts a claim reads, filled from the tasks there) are the
-/// SQLite adapter's, in this dialect.
+/// one creates; append a new version. Versions 3 (service tiers and fairness between clients)
+/// and 5 (webhooks) are the SQLite adapter's, in this dialect.
 static MIGRATIONS: LazyLock<[String; SCHEMA_VERSION as usize]> = LazyLock::new(|| {
     [
         v1(),
@@ -129,7 +128,6 @@ static MIGRATIONS: LazyLock<[String; SCHEMA_VERSION as usize]> = LazyLock::new(|
         schema::tiers_and_fairness(POSTGRES),
         v4(),
         schema::webhooks(POSTGRES),
-        schema::queue_fronts(POSTGRES),
     ]
 });
 

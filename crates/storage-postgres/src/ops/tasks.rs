@@ -5,7 +5,6 @@ use lmsp_domain::ports::{DeleteOutcome, Page, Snapshot, TaskFilter};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::writes::{decide_delete, SnapshotChange, TaskWrite};
-use lmsp_storage_codec::schema;
 use tokio_postgres::types::ToSql;
 
 use crate::codec;
@@ -57,59 +56,48 @@ pub async fn write_task<C: Db>(db: &C, old: &Task, write: &TaskWrite<'_>) -> Res
     }
 }
 
-/// The queued tasks a round of claims takes, at most `$1`, in the order they are taken, each row
+/// The queued tasks a batch of claims takes, at most `$1`, in the order they are taken, each row
 /// locked with `SKIP LOCKED`: concurrent claimers (in any process) each take different tasks and
-/// never wait on each other. The order is `lmsp_domain::schedule::next_claim`'s, read from the
-/// queue fronts (`schema::queue_fronts`) as `claim_window` says: the oldest open front of each
-/// tier (one seek each in `queue_fronts_age`) gives the most urgent effective tier (a tier's
-/// rank less one per `$3` milliseconds waited at `$2`); then, for each tier at that rank, the
-/// first `$4` open fronts in claim order whose heads have aged that far (`queue_fronts_claim`);
-/// then each of those fronts' first `$4` queued tasks (`tasks_queue`), so that a task another
-/// claimer holds is passed over for the next one. They are taken by the least loaded client (its
-/// running tasks, plus the ones this round gives it before), then the client served least
-/// recently, then the oldest; a client at its `max_running` is passed over. A round reads
-/// at most 3 × `$4` fronts and 3 × `$4`² tasks, however many clients have queued work; when its
-/// tasks run out before the batch's claims do, the batch reads another round.
+/// never wait on each other. The order is `lmsp_domain::schedule::next_claim`'s, applied to a
+/// batch: the most urgent tier (a task's tier's rank less one per `$3` milliseconds waited at
+/// `$2`), then the least loaded client (its running tasks, plus the ones this batch gives it
+/// before), then the client served least recently, then the oldest; a client at its
+/// `max_running` is passed over. It reads only queue heads: the clients with queued tasks one
+/// index seek each (a loose scan of `tasks_queue`), then each client's first `$1` queued tasks
+/// of each tier and its running count (`tasks_active`).
 pub fn claimable_sql() -> String {
-    let open = schema::OPEN_FRONT;
     format!(
-        "WITH oldest AS ( \
-            SELECT r.tier, (SELECT f.head_created_at FROM queue_fronts f \
-                WHERE f.tier = r.tier AND {open} ORDER BY f.head_created_at LIMIT 1) AS created \
-            FROM (VALUES (0::smallint), (1::smallint), (2::smallint)) AS r(tier)), \
-         ranks AS ( \
-            SELECT o.tier, GREATEST(o.tier - GREATEST($2::bigint - o.created, 0) / $3::bigint, 0) \
-                AS urgency \
-            FROM oldest o WHERE o.created IS NOT NULL), \
-         best AS (SELECT min(urgency) AS urgency FROM ranks), \
-         fronts AS ( \
-            SELECT f.client_id, f.tier, f.running, f.served_at, f.max_running \
-            FROM ranks r CROSS JOIN best b CROSS JOIN LATERAL ( \
-                SELECT f.client_id, f.tier, f.running, f.served_at, f.max_running \
-                FROM queue_fronts f \
-                WHERE f.tier = r.tier AND {open} AND (r.tier = b.urgency \
-                    OR f.head_created_at <= $2::bigint - (r.tier - b.urgency) * $3::bigint) \
-                ORDER BY f.running, f.served_at NULLS FIRST, f.head_id LIMIT $4) f \
-            WHERE r.urgency = b.urgency), \
+        "WITH RECURSIVE queued(client_id) AS ( \
+            (SELECT client_id FROM tasks WHERE status = 'queued' ORDER BY client_id LIMIT 1) \
+            UNION ALL \
+            SELECT (SELECT t.client_id FROM tasks t WHERE t.status = 'queued' \
+                    AND t.client_id > q.client_id ORDER BY t.client_id LIMIT 1) \
+            FROM queued q WHERE q.client_id IS NOT NULL), \
+         loads AS ( \
+            SELECT q.client_id, cq.max_running, cq.served_at, \
+                   (SELECT count(*) FROM tasks a WHERE a.client_id = q.client_id \
+                    AND a.status IN ('loading', 'running', 'cancelling')) AS running \
+            FROM queued q LEFT JOIN client_queues cq ON cq.client_id = q.client_id \
+            WHERE q.client_id IS NOT NULL), \
          heads AS ( \
-            SELECT h.id, fr.running, fr.served_at, fr.max_running, \
-                   fr.running + row_number() OVER ( \
-                       PARTITION BY fr.client_id ORDER BY h.id) - 1 AS load \
-            FROM fronts fr CROSS JOIN LATERAL (SELECT t.id FROM tasks t \
-                WHERE t.status = 'queued' AND t.client_id = fr.client_id AND t.tier = fr.tier \
-                ORDER BY t.id LIMIT $4) h) \
-         SELECT {TASK_COLUMNS} FROM heads h JOIN tasks t ON t.id = h.id \
+            SELECT h.id, h.client_id, \
+                   GREATEST(h.tier - GREATEST($2::bigint - h.created_at, 0) / $3::bigint, 0) \
+                       AS urgency \
+            FROM loads l CROSS JOIN (VALUES (0::smallint), (1::smallint), (2::smallint)) AS r(tier) \
+            CROSS JOIN LATERAL (SELECT t.id, t.client_id, t.tier, t.created_at FROM tasks t \
+                WHERE t.status = 'queued' AND t.client_id = l.client_id AND t.tier = r.tier \
+                ORDER BY t.id LIMIT $1) h), \
+         ranked AS ( \
+            SELECT h.id, h.urgency, l.max_running, l.served_at, \
+                   l.running + row_number() OVER ( \
+                       PARTITION BY h.client_id ORDER BY h.urgency, h.id) - 1 AS load \
+            FROM heads h JOIN loads l ON l.client_id = h.client_id) \
+         SELECT {TASK_COLUMNS} FROM ranked r JOIN tasks t ON t.id = r.id \
          JOIN task_specs s ON s.task_id = t.id \
-         WHERE t.status = 'queued' AND (h.max_running IS NULL OR h.load < h.max_running) \
-         ORDER BY h.load, h.served_at NULLS FIRST, t.id \
+         WHERE t.status = 'queued' AND (r.max_running IS NULL OR r.load < r.max_running) \
+         ORDER BY r.urgency, r.load, r.served_at NULLS FIRST, t.id \
          LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
     )
-}
-
-/// How many fronts of each tier, and tasks of each front, a round of `claims` claims reads: a
-/// few more than it takes, so that the tasks other claimers hold do not leave it short.
-pub fn claimable_depth(claims: u64) -> u64 {
-    claims.saturating_add(8)
 }
 
 /// Records when a claim served client `$1` (at `$2`), for fairness between clients.
