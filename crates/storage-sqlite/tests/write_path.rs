@@ -161,7 +161,7 @@ fn a_pre_release_database_is_refused_with_a_clear_message() {
     assert_eq!(tables, 1, "nothing was added to it");
 }
 
-/// A batch's kept-aside lines are gone once it starts or is refused, removed a chunk per write
+/// P-2: a batch's kept-aside lines are gone once it starts or is refused, removed a chunk per write
 /// after the write that starts it (never inside its savepoint, whose journal would hold every
 /// page of them in memory), so nothing of them stays behind in the database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
