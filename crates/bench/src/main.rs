@@ -27,6 +27,7 @@ mod client;
 mod events;
 mod peer;
 mod pg_claims;
+mod pg_streams;
 mod phases;
 mod plan;
 mod postgres;

@@ -40,6 +40,12 @@ pub struct Plan {
     pub(crate) pg_claimers: usize,
     /// How long each claims run lasts.
     pub(crate) pg_claim_duration: Duration,
+    /// Streams of the streams figure, spread over `pg_instances` instances, each following a
+    /// task posted to another instance.
+    pub(crate) pg_streams: usize,
+    /// The model load every instance of the streams figure waits through first, so that every
+    /// stream is open before the tokens flow.
+    pub(crate) pg_streams_load_delay: &'static str,
     /// Lines of the batch of the batch figures.
     pub(crate) batch_lines: usize,
     /// How often the batch figures' interactive client sends a request.
@@ -97,6 +103,8 @@ impl Plan {
                 pg_claim_queue: 3_000,
                 pg_claimers: 16,
                 pg_claim_duration: Duration::from_millis(300),
+                pg_streams: 30,
+                pg_streams_load_delay: "1s",
                 batch_lines: 500,
                 batch_interactive_every: Duration::from_millis(50),
                 batch_idle: Duration::from_millis(500),
@@ -138,6 +146,8 @@ impl Plan {
                 pg_claim_queue: 100_000,
                 pg_claimers: 16,
                 pg_claim_duration: Duration::from_secs(3),
+                pg_streams: 1_000,
+                pg_streams_load_delay: "4s",
                 batch_lines: 50_000,
                 batch_interactive_every: Duration::from_millis(50),
                 batch_idle: Duration::from_secs(10),

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{anyhow, bail, Context};
 use lmsp_bench::ceilings;
+use lmsp_bench::stats::Latencies;
 use tempfile::TempDir;
 
 /// Where PostgreSQL 15's binaries are by default (Debian and Ubuntu's packages; CI has them).
@@ -341,16 +342,70 @@ impl Postgres {
         threads: usize,
         seconds: u64,
     ) -> anyhow::Result<f64> {
+        let (stdout, _) = self
+            .run_pgbench(work_dir, clients, threads, seconds, None)
+            .await?;
+        parse_tps(&stdout).ok_or_else(|| {
+            anyhow!(
+                "no \"tps = … (without initial connection time)\" in pgbench's output: {stdout}"
+            )
+        })
+    }
+
+    /// The same script paced at `rate` transactions per second (`-R`, with per-transaction logs,
+    /// `-l`): the p99 of each transaction from its start to its end (the schedule lag left out,
+    /// as the service's paced submits are timed from their send), in ms, and the rate achieved.
+    pub async fn pgbench_paced(
+        &self,
+        work_dir: &Path,
+        clients: usize,
+        threads: usize,
+        seconds: u64,
+        rate: f64,
+    ) -> anyhow::Result<PacedPgbench> {
+        let (stdout, mut latencies) = self
+            .run_pgbench(work_dir, clients, threads, seconds, Some(rate))
+            .await?;
+        if latencies.is_empty() {
+            bail!("pgbench -R logged no transaction: {stdout}");
+        }
+        Ok(PacedPgbench {
+            per_s: parse_tps(&stdout).unwrap_or_default(),
+            p50_ms: latencies.quantile_ms(0.5),
+            p99_ms: latencies.quantile_ms(0.99),
+        })
+    }
+
+    /// Runs pgbench's insert script on a fresh database (dropped after); its stdout, and with
+    /// `rate` each transaction's latency from its logs (start → end).
+    async fn run_pgbench(
+        &self,
+        work_dir: &Path,
+        clients: usize,
+        threads: usize,
+        seconds: u64,
+        rate: Option<f64>,
+    ) -> anyhow::Result<(String, Latencies)> {
         let name = database_name("ceiling");
         let url = self.create_database(&name).await?;
+        let logs = work_dir.join(format!("pgbench-logs-{name}"));
         let outcome = async {
             self.execute(&url, ceilings::PG_INSERT_TABLE).await?;
             let script = work_dir.join("pgbench-insert.sql");
             std::fs::write(&script, ceilings::PG_INSERT_SCRIPT)?;
-            let output = tokio::process::Command::new(&self.pgbench)
+            let mut command = tokio::process::Command::new(&self.pgbench);
+            command
                 .arg("-n")
                 .args(["-c", &clients.to_string(), "-j", &threads.to_string()])
-                .args(["-T", &seconds.max(1).to_string()])
+                .args(["-T", &seconds.max(1).to_string()]);
+            if let Some(rate) = rate {
+                std::fs::create_dir_all(&logs)?;
+                command
+                    .args(["-R", &format!("{:.0}", rate.max(1.0))])
+                    .arg("-l")
+                    .arg(format!("--log-prefix={}", logs.join("tx").display()));
+            }
+            let output = command
                 .arg("-f")
                 .arg(&script)
                 .arg(&url)
@@ -358,7 +413,7 @@ impl Postgres {
                 .output()
                 .await
                 .with_context(|| format!("cannot run {}", self.pgbench.display()))?;
-            let stdout = String::from_utf8_lossy(&output.stdout);
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
             if !output.status.success() {
                 bail!(
                     "pgbench failed ({}): {} {}",
@@ -367,15 +422,51 @@ impl Postgres {
                     String::from_utf8_lossy(&output.stderr).trim()
                 );
             }
-            parse_tps(&stdout)
-                .ok_or_else(|| anyhow!("no \"tps = … (without initial connection time)\" in pgbench's output: {stdout}"))
+            let mut latencies = Latencies::new();
+            if rate.is_some() {
+                for entry in std::fs::read_dir(&logs)? {
+                    let text = std::fs::read_to_string(entry?.path())?;
+                    for line in text.lines() {
+                        if let Some(micros) = started_to_end_micros(line) {
+                            latencies.push_millis(micros / 1000.0);
+                        }
+                    }
+                }
+            }
+            Ok((stdout, latencies))
         }
         .await;
+        let _ = std::fs::remove_dir_all(&logs);
         let dropped = self.drop_database(&name).await;
-        let tps = outcome?;
+        let outcome = outcome?;
         dropped?;
-        Ok(tps)
+        Ok(outcome)
     }
+}
+
+/// What pgbench paced at a fixed rate measured.
+#[derive(Debug, Clone, Copy)]
+pub struct PacedPgbench {
+    /// Transactions per second achieved.
+    pub per_s: f64,
+    /// p50 start → end, ms.
+    pub p50_ms: f64,
+    /// p99 start → end, ms.
+    pub p99_ms: f64,
+}
+
+/// One line of pgbench's per-transaction log under `-R` (`client_id transaction_no time
+/// script_no time_epoch time_us schedule_lag`): `time` runs from the scheduled start, so the
+/// transaction's own time is `time − schedule_lag`, in µs. `None` for a skipped or unreadable
+/// line.
+fn started_to_end_micros(line: &str) -> Option<f64> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let time: f64 = fields.get(2)?.parse().ok()?;
+    let lag: f64 = fields
+        .get(6)
+        .and_then(|lag| lag.parse().ok())
+        .unwrap_or(0.0);
+    Some((time - lag).max(0.0))
 }
 
 /// A fresh database name: this process's id and a counter (never a name someone else made).
@@ -428,5 +519,17 @@ mod tests {
             None
         );
         assert!(database_name("one").starts_with("lmsp_bench_"));
+        assert_eq!(
+            started_to_end_micros("3 17 2500 0 1700000000 123 400"),
+            Some(2100.0)
+        );
+        assert_eq!(
+            started_to_end_micros("3 17 2500 0 1700000000 123"),
+            Some(2500.0)
+        );
+        assert_eq!(
+            started_to_end_micros("3 17 skipped 0 1700000000 123 9"),
+            None
+        );
     }
 }

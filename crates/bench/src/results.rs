@@ -80,10 +80,26 @@ pub struct PgFigures {
     pub(crate) one: Level,
     /// Submits at `pg_clients` clients spread over `pg_instances` instances (summed).
     pub(crate) three: Level,
+    /// The rate of the paced run on one instance: half its peak (`one`) of the same repetition.
+    pub(crate) half_peak_rate: Spread,
+    /// That paced run's p99, send → reply, ms.
+    pub(crate) half_peak_p99: Spread,
+    /// Its replies other than 202.
+    pub(crate) half_peak_errors: u64,
+    /// pgbench's p99 (start → end of each transaction, its schedule lag left out) paced at the
+    /// same rate (`-R`), ms.
+    pub(crate) pgbench_paced_p99: Spread,
     /// Persisted events per second with `stream_tasks` tasks streaming on one instance.
     pub(crate) events_per_s: Spread,
     pub(crate) events_delay_p50: Spread,
     pub(crate) events_delay_p99: Spread,
+    /// SQLite's persisted events per second on the same workload, same repetition.
+    pub(crate) sqlite_events_per_s: Spread,
+    /// Persisted events per second with `pg_streams` streams over `pg_instances` instances,
+    /// each following a task posted to another instance.
+    pub(crate) streams_per_s: Spread,
+    pub(crate) streams_delay_p50: Spread,
+    pub(crate) streams_delay_p99: Spread,
     /// Claims per second with `pg_claim_queue` tasks queued, one instance.
     pub(crate) claims_one: Spread,
     /// Claims per second, `pg_instances` instances on the same queue (summed).

@@ -66,6 +66,13 @@ fn quick_mode_runs_end_to_end_and_prints_every_figure() {
         "| PostgreSQL: submits per second, one instance, 64 clients, vs SQLite |",
         "| PostgreSQL: persisted events per second, 32 tasks × 16 tokens streaming, one instance |",
         "| PostgreSQL: event created_at → SSE arrival",
+        "| p99 submit latency on PostgreSQL at half the peak rate",
+        "| persisted events per second on PostgreSQL, 32 tasks × 16 tokens streaming, one instance |",
+        "| PostgreSQL: persisted events per second, 32 tasks × 16 tokens streaming, vs SQLite (same workload) |",
+        "| PostgreSQL: submit latency p99 paced at half the peak",
+        "| pgbench: single-row insert p99 paced at the same rate",
+        "| PostgreSQL: persisted events per second, 30 streams over 3 instances",
+        "| PostgreSQL: event created_at → SSE arrival, p50 / p99, 30 streams over 3 instances |",
         "PostgreSQL ceiling (min / median / max): pgbench single-row insert commits/s",
         // The Batch API (a 500-line batch in quick mode).
         "| batch: upload of a 500-line file (",

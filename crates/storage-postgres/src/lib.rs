@@ -7,15 +7,23 @@
 //!   returns as a compare-and-set on what it read. A transaction that loses a race it cannot
 //!   decide (a deadlock, a row inserted under it) is rolled back and run again.
 //! - The hot writes (creates, steps, claims, cancels) are group-committed (`batch.rs`): what
-//!   has gathered is written in one transaction, each command in a savepoint of its own, with
-//!   one pipelined round trip for the batch's reads and one for its writes.
+//!   has gathered is written in one transaction. A create without a key, and a step of a task
+//!   whose row this store last committed, is one statement decided without a read (its premise
+//!   checked inside it: the queue limits, the row's compare-and-set), so a batch of them is one
+//!   round trip, `BEGIN` to `COMMIT` (`batch/fast.rs`); the others take one pipelined round
+//!   trip for the batch's reads and one for its writes, each command in a savepoint of its own.
+//! - The hot reads (a token's client, a model, a task, a stream's events) run on a few
+//!   connections of their own, each shared by every caller at once (their requests pipelined);
+//!   the event reads that gather while one is answered are one statement (`reader.rs`).
 //! - `claim_next` takes the oldest queued task with `FOR UPDATE SKIP LOCKED`: each task is
 //!   claimed once across processes, and claimers never wait on each other.
 //! - The maintenance leader holds a session-level advisory lock on a connection of its own.
-//! - Committed events and cancels reach the other stores by `NOTIFY` (sent right after commit) and a
-//!   `LISTEN` connection per store ([`StoreListener::advanced_elsewhere`],
-//!   [`StoreListener::cancel_requested`]); a store's own commits reach its listener through
-//!   [`StoreListener::committed`] before the write returns.
+//! - Committed events and cancels reach the other stores by `NOTIFY` (sent right after commit,
+//!   gathered, one statement on a connection of the notifier's own) and a `LISTEN` connection per
+//!   store ([`StoreListener::advanced_elsewhere`], [`StoreListener::cancel_requested`]); the
+//!   streams an instance wakes for them read the events with one gathered statement; a store's
+//!   own commits reach its listener through [`StoreListener::committed`] before the write
+//!   returns.
 //! - The schema is versioned (`schema_migrations`), migrated at [`PostgresStore::connect`] under
 //!   an advisory lock.
 //! - Files' bytes are rows of the shared database ([`PostgresStore::file_contents`]), so every
@@ -34,6 +42,7 @@ mod error;
 mod notify;
 mod ops;
 mod ports;
+mod reader;
 pub mod schema;
 
 use std::sync::Arc;
@@ -76,6 +85,9 @@ pub struct PostgresOptions {
     /// writes what has gathered in one transaction on a pooled connection while the others
     /// gather.
     pub write_lanes: usize,
+    /// Connections of the hot reads (a token's client, a model, a task, a stream's events),
+    /// each shared by every caller at once (their reads pipelined), besides the pool.
+    pub read_connections: usize,
 }
 
 impl Default for PostgresOptions {
@@ -88,6 +100,7 @@ impl Default for PostgresOptions {
             max_attempts: 8,
             listen_retry: Duration::from_secs(1),
             write_lanes: 3,
+            read_connections: 2,
         }
     }
 }
@@ -128,6 +141,8 @@ pub struct PostgresStore {
     listening: JoinHandle<()>,
     notifier: notify::Notifier,
     writer: batch::Writer,
+    readers: Arc<reader::Readers>,
+    events: reader::Events,
     leadership: tokio::sync::Mutex<Leadership>,
     options: PostgresOptions,
 }
@@ -198,7 +213,13 @@ impl PostgresStore {
             Arc::clone(&origin),
             options.listen_retry,
         );
-        let notifier = notify::Notifier::start(pool.clone());
+        let notifier = notify::Notifier::start(config.clone(), options.connection_timeout);
+        let readers = Arc::new(reader::Readers::new(
+            config.clone(),
+            options.read_connections,
+            options.connection_timeout,
+        ));
+        let events = reader::Events::start(Arc::clone(&readers));
         let writer = batch::Writer::start(
             batch::Shared {
                 pool: pool.clone(),
@@ -206,12 +227,15 @@ impl PostgresStore {
                 notifier: notifier.clone(),
                 origin: Arc::clone(&origin),
                 max_attempts: options.max_attempts.max(1),
+                rows: batch::Rows::default(),
             },
             options.write_lanes,
         );
         Ok(PostgresStore {
             writer,
             notifier,
+            readers,
+            events,
             pool,
             config,
             listener,
@@ -234,6 +258,8 @@ impl PostgresStore {
     /// unavailable. Dropping the store does the same.
     pub async fn close(&self) {
         self.writer.stop();
+        self.events.stop();
+        self.readers.close();
         self.listening.abort();
         self.leadership.lock().await.give_up();
         self.pool.close();
@@ -327,6 +353,8 @@ impl PostgresStore {
 impl Drop for PostgresStore {
     fn drop(&mut self) {
         self.writer.stop();
+        self.events.stop();
+        self.readers.close();
         self.listening.abort();
         if let Ok(mut leadership) = self.leadership.try_lock() {
             leadership.give_up();

@@ -41,31 +41,35 @@ fn payloads(origin: &str, events: &[Event], cancel: bool) -> Vec<String> {
 }
 
 /// The sending side: committed writes hand their notifications to [`Notifier::send`], which
-/// never waits; one task sends whatever has gathered in one transaction at a time.
+/// never waits; one task sends whatever has gathered as one statement at a time, on a
+/// connection of its own: one round trip (`SELECT pg_notify(…) FROM unnest(…)`, prepared once,
+/// its own transaction).
 ///
 /// PostgreSQL serializes notifying transactions (a global lock held through their commit), so a
 /// notification sent by each write on its own connection would cap the whole service at one
 /// notifying commit at a time, and hold each caller through it. Gathered, a busy service sends
 /// one notifying transaction per round trip instead of one per write, and nobody waits for it.
-/// The sending transaction commits with `synchronous_commit` off: it writes nothing that must
-/// survive a crash (notifications are not kept across one anyway).
+/// The sending connection commits with `synchronous_commit` off (set for its session): it
+/// writes nothing that must survive a crash (notifications are not kept across one anyway).
 #[derive(Debug, Clone)]
 pub struct Notifier {
     queue: tokio::sync::mpsc::UnboundedSender<Vec<String>>,
 }
 
 impl Notifier {
-    /// Starts the sending task on `pool`; it ends once every [`Notifier`] is dropped and what
-    /// was queued is sent.
-    pub fn start(pool: deadpool_postgres::Pool) -> Notifier {
+    /// Starts the sending task, which connects to the database of `config` (waiting at most
+    /// `timeout`) when it first has something to send, and again after its connection failed;
+    /// it ends once every [`Notifier`] is dropped and what was queued is sent.
+    pub fn start(config: Config, timeout: Duration) -> Notifier {
         let (queue, mut pending) = tokio::sync::mpsc::unbounded_channel::<Vec<String>>();
         tokio::spawn(async move {
+            let mut sender: Option<Sender> = None;
             while let Some(first) = pending.recv().await {
                 let mut batch = first;
                 while let Ok(more) = pending.try_recv() {
                     batch.extend(more);
                 }
-                if let Err(error) = send_batch(&pool, &batch).await {
+                if let Err(error) = send_batch(&mut sender, &config, timeout, &batch).await {
                     // The writes it reports are committed (reporting an error would have them
                     // written twice); the other instances' polling finds them.
                     tracing::warn!(%error, lost = batch.len(), "notifications to the other instances were lost");
@@ -97,18 +101,53 @@ impl Notifier {
     }
 }
 
-/// Sends `payloads` in one transaction.
-async fn send_batch(pool: &deadpool_postgres::Pool, payloads: &[String]) -> Result<(), DbError> {
-    let mut conn = pool.get().await?;
-    let tx = crate::pg_mut(&mut conn).transaction().await?;
-    tx.batch_execute("SET LOCAL synchronous_commit TO OFF")
+/// The notifier's connection: its client, the task driving it, and its statement.
+struct Sender {
+    client: Client,
+    driver: JoinHandle<()>,
+    notify: tokio_postgres::Statement,
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// Sends `payloads` as one statement (its own transaction) on the notifier's connection,
+/// opening it first when there is none.
+async fn send_batch(
+    sender: &mut Option<Sender>,
+    config: &Config,
+    timeout: Duration,
+    payloads: &[String],
+) -> Result<(), DbError> {
+    let open = match sender.take() {
+        Some(open) if !open.client.is_closed() => open,
+        _ => {
+            let (client, connection) = tokio::time::timeout(timeout, config.connect(NoTls))
+                .await
+                .map_err(|_| DbError::Pool(String::from("timed out connecting to PostgreSQL")))??;
+            let driver = tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client
+                .batch_execute("SET synchronous_commit TO OFF")
+                .await?;
+            let notify = client
+                .prepare("SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload")
+                .await?;
+            Sender {
+                client,
+                driver,
+                notify,
+            }
+        }
+    };
+    open.client
+        .execute(&open.notify, &[&CHANNEL, &payloads])
         .await?;
-    tx.execute(
-        "SELECT pg_notify($1, payload) FROM unnest($2::text[]) AS payload",
-        &[&CHANNEL, &payloads],
-    )
-    .await?;
-    tx.commit().await?;
+    *sender = Some(open);
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 
 use crate::batch::{Reply, Request};
 use crate::error::DbError;
-use crate::{no_events, ops, pg, pg_mut, PostgresStore, LEADER_LOCK};
+use crate::{no_events, ops, pg, PostgresStore, LEADER_LOCK};
 use async_trait::async_trait;
 use lmsp_domain::auth::{Client, Pairing, SecretHash};
 use lmsp_domain::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
@@ -27,7 +27,7 @@ use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
-use tokio_postgres::{IsolationLevel, NoTls};
+use tokio_postgres::NoTls;
 
 /// A reply of another kind than its request's (a bug of the writer, never a caller's).
 fn mismatched(reply: &Reply) -> StoreError {
@@ -161,8 +161,8 @@ impl TaskStore for PostgresStore {
     }
 
     async fn task(&self, task_id: TaskId) -> Result<Option<Task>, StoreError> {
-        let conn = self.conn().await?;
-        Ok(ops::load_task(pg(&conn), task_id).await?)
+        let conn = self.readers.conn().await?;
+        Ok(ops::load_task(conn.as_ref(), task_id).await?)
     }
 
     async fn task_by_response(&self, response_id: ResponseId) -> Result<Option<Task>, StoreError> {
@@ -181,19 +181,8 @@ impl TaskStore for PostgresStore {
         after: u64,
         limit: usize,
     ) -> Result<Page<Event>, StoreError> {
-        let mut conn = self.conn().await?;
-        // One snapshot: the events and the task and response they are rebuilt from agree even
-        // while a purge or a writer runs.
-        let tx = pg_mut(&mut conn)
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await
-            .map_err(DbError::from)?;
-        let page = ops::events::events_in(&tx, task_id, after, limit).await?;
-        tx.commit().await.map_err(DbError::from)?;
-        Ok(page)
+        // Gathered with the other streams' reads, in one statement (one snapshot).
+        Ok(self.events.page(task_id, after, limit).await?)
     }
 
     async fn response(&self, task_id: TaskId) -> Result<Option<Response>, StoreError> {
@@ -232,8 +221,8 @@ impl ClientStore for PostgresStore {
     }
 
     async fn client_by_token_hash(&self, hash: SecretHash) -> Result<Option<Client>, StoreError> {
-        let conn = self.conn().await?;
-        Ok(ops::clients::client_by_token_hash(pg(&conn), &hash).await?)
+        let conn = self.readers.conn().await?;
+        Ok(ops::clients::client_by_token_hash(conn.as_ref(), &hash).await?)
     }
 
     async fn client(&self, client_id: ClientId) -> Result<Option<Client>, StoreError> {
@@ -330,8 +319,8 @@ impl ModelStore for PostgresStore {
     }
 
     async fn model(&self, model_id: &ModelId) -> Result<Option<ModelRecord>, StoreError> {
-        let conn = self.conn().await?;
-        Ok(ops::models::model(pg(&conn), model_id).await?)
+        let conn = self.readers.conn().await?;
+        Ok(ops::models::model(conn.as_ref(), model_id).await?)
     }
 
     async fn list_models(&self) -> Result<Vec<ModelRecord>, StoreError> {

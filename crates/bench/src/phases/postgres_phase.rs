@@ -1,6 +1,8 @@
 //! The PostgreSQL phase: `pgbench`'s insert-commit ceiling of the cluster, then per repetition
-//! background submits on one instance and on several sharing one database, and persisted events
-//! on one instance, each on a fresh database.
+//! background submits on one instance (closed loop, then paced at half its peak beside pgbench
+//! paced at the same rate) and on several sharing one database, persisted events on one instance
+//! beside SQLite's on the same workload, streams spread over several instances, and claims, each
+//! on a fresh database.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +11,7 @@ use super::{ulid_like, Outcome, Phases};
 use crate::results::{push_level, PgFigures, Results};
 use crate::server::{CpuMeter, Server};
 use crate::submit::{self, Request};
-use crate::{client, events, pg_claims, postgres};
+use crate::{client, events, pg_claims, pg_streams, postgres};
 
 impl Phases<'_> {
     /// Submits on PostgreSQL: `pgbench`'s insert-commit ceiling, then per repetition one
@@ -39,7 +41,7 @@ impl Phases<'_> {
         let mut serve: Vec<&str> = submit::SERVE_FLAGS.to_vec();
         serve.extend(PG_FLAGS);
         println!(
-            "\n[postgres] on {}; ceiling: pgbench -n -c {} -j {} -T {} -f (one single-row INSERT per transaction); figures: lmsp serve --database URL --instance NAME {} on a fresh database per repetition, {} closed-loop clients (round-robin over the instances); events: lmsp serve --database URL --workers {}, {} tasks × max_output_tokens {} posted with stream: true",
+            "\n[postgres] on {}; ceiling: pgbench -n -c {} -j {} -T {} -f (one single-row INSERT per transaction); figures: lmsp serve --database URL --instance NAME {} on a fresh database per repetition, {} closed-loop clients (round-robin over the instances), then (one instance) paced at half the peak beside pgbench -R at the same rate; events: lmsp serve --database URL --workers {}, {} tasks × max_output_tokens {} posted with stream: true, and the same on SQLite; streams: {} instances with --workers {} --reference-load-delay {}, {} tasks posted round-robin, each streamed (GET /v1/tasks/ID/events) from the next instance",
             pg.description,
             plan.pg_clients,
             plan.pgbench_threads,
@@ -49,6 +51,10 @@ impl Phases<'_> {
             plan.stream_tasks,
             plan.stream_tasks,
             plan.pg_stream_tokens,
+            plan.pg_instances,
+            plan.pg_streams.div_ceil(plan.pg_instances.max(1)),
+            plan.pg_streams_load_delay,
+            plan.pg_streams,
         );
         let mut figures = PgFigures {
             described: pg.description.clone(),
@@ -74,7 +80,7 @@ impl Phases<'_> {
                 let url = pg.create_database(&name).await?;
                 let run = self.pg_submits(lmsp, &url, instances, &serve).await;
                 pg.drop_database(&name).await?;
-                let (run, cpu) = run?;
+                let (run, paced, cpu) = run?;
                 println!(
                     "  rep {rep}: {instances} instance(s), {} clients: {:>8.0} submits/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {cpu}",
                     plan.pg_clients, run.per_s, run.p50_ms, run.p99_ms, run.errors
@@ -85,6 +91,26 @@ impl Phases<'_> {
                     &mut figures.three
                 };
                 push_level(level, &run);
+                if let Some(paced) = paced {
+                    let bench = pg
+                        .pgbench_paced(
+                            self.work_dir,
+                            plan.pg_clients,
+                            plan.pgbench_threads,
+                            plan.pgbench_seconds,
+                            paced.target_per_s,
+                        )
+                        .await?;
+                    println!(
+                        "  rep {rep}: paced at {:.0}/s (half the peak): achieved {:.0}/s, p50 {:.2} ms, p99 {:.2} ms, errors {}; pgbench -R {:.0} ({} clients): {:.0}/s, p50 {:.2} ms, p99 {:.2} ms (start → end)",
+                        paced.target_per_s, paced.per_s, paced.p50_ms, paced.p99_ms, paced.errors,
+                        paced.target_per_s, plan.pg_clients, bench.per_s, bench.p50_ms, bench.p99_ms
+                    );
+                    figures.half_peak_rate.push(paced.target_per_s);
+                    figures.half_peak_p99.push(paced.p99_ms);
+                    figures.half_peak_errors += paced.errors;
+                    figures.pgbench_paced_p99.push(bench.p99_ms);
+                }
             }
 
             let name = postgres::database_name("events");
@@ -99,6 +125,26 @@ impl Phases<'_> {
             figures.events_per_s.push(run.per_s);
             figures.events_delay_p50.push(run.delay_p50_ms);
             figures.events_delay_p99.push(run.delay_p99_ms);
+
+            let (run, cpu) = self.sqlite_events().await?;
+            println!(
+                "  rep {rep}: events on SQLite, same workload: {} events in {:.2} s = {:.0} events/s; created_at → arrival p50 {:.1} ms, p99 {:.1} ms; {cpu}",
+                run.events, run.seconds, run.per_s, run.delay_p50_ms, run.delay_p99_ms
+            );
+            figures.sqlite_events_per_s.push(run.per_s);
+
+            let name = postgres::database_name("streams");
+            let url = pg.create_database(&name).await?;
+            let run = self.pg_streams(lmsp, &url).await;
+            pg.drop_database(&name).await?;
+            let (run, cpu) = run?;
+            println!(
+                "  rep {rep}: {} streams over {} instances (each on another instance than its task's POST), {} tokens: {} events = {:.0} events/s; created_at → arrival p50 {:.1} ms, p99 {:.1} ms; {cpu}",
+                run.streams, plan.pg_instances, plan.pg_stream_tokens, run.events, run.per_s, run.delay_p50_ms, run.delay_p99_ms
+            );
+            figures.streams_per_s.push(run.per_s);
+            figures.streams_delay_p50.push(run.delay_p50_ms);
+            figures.streams_delay_p99.push(run.delay_p99_ms);
 
             let name = postgres::database_name("claims");
             let url = pg.create_database(&name).await?;
@@ -123,14 +169,14 @@ impl Phases<'_> {
 
     /// Starts `instances` instances on the database at `url` (the first alone: it creates the
     /// schema and prints the admin token; then the others) and runs the closed-loop submits
-    /// across them.
+    /// across them; on one instance, then a run paced at half the peak just measured.
     async fn pg_submits(
         &self,
         lmsp: &Path,
         url: &str,
         instances: usize,
         serve: &[&str],
-    ) -> anyhow::Result<(submit::LevelRun, String)> {
+    ) -> anyhow::Result<(submit::LevelRun, Option<submit::PacedRun>, String)> {
         let plan = self.plan;
         let mut servers: Vec<Arc<Server>> = Vec::with_capacity(instances);
         let mut token = String::new();
@@ -166,7 +212,13 @@ impl Phases<'_> {
             .zip(&servers)
             .map(|(meter, server)| meter.report(server))
             .collect();
-        Ok((run, cpu.join("; ")))
+        let paced = match servers.as_slice() {
+            [one] => {
+                Some(submit::paced(&http, one, run.per_s / 2.0, plan.submit_duration, 256).await?)
+            }
+            _ => None,
+        };
+        Ok((run, paced, cpu.join("; ")))
     }
 
     /// Claims per second on `url` with `pg_claim_queue` tasks queued: one instance, then
@@ -263,6 +315,60 @@ impl Phases<'_> {
         let cpu = CpuMeter::start(&server);
         let run = events::run(&http, &server, plan.stream_tasks, plan.pg_stream_tokens).await?;
         Ok((run, cpu.report(&server)))
+    }
+
+    /// SQLite's persisted events on the workload of the PostgreSQL events figure (the same tasks
+    /// and tokens), on a fresh data directory: the comparison of the same run.
+    async fn sqlite_events(&self) -> anyhow::Result<(events::EventsRun, String)> {
+        let plan = self.plan;
+        let flags = events::serve_flags(plan.stream_tasks);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let server = self.server("pg-sqlite-events", &flags)?;
+        let http = client::http_client()?;
+        let cpu = CpuMeter::start(&server);
+        let run = events::run(&http, &server, plan.stream_tasks, plan.pg_stream_tokens).await?;
+        Ok((run, cpu.report(&server)))
+    }
+
+    /// `pg_streams` streams over `pg_instances` instances on `url`, each following a task posted
+    /// to another instance; every instance has a worker per stream it may run and a model load
+    /// of `pg_streams_load_delay` first.
+    async fn pg_streams(
+        &self,
+        lmsp: &Path,
+        url: &str,
+    ) -> anyhow::Result<(pg_streams::StreamsRun, String)> {
+        let plan = self.plan;
+        let workers = plan
+            .pg_streams
+            .div_ceil(plan.pg_instances.max(1))
+            .to_string();
+        let mut servers: Vec<Arc<Server>> = Vec::with_capacity(plan.pg_instances);
+        let mut token = String::new();
+        for i in 1..=plan.pg_instances.max(2) {
+            let name = format!("streams-{i}");
+            let mut flags = vec!["--workers", &workers];
+            flags.extend(["--reference-load-delay", plan.pg_streams_load_delay]);
+            flags.extend(["--database", url, "--instance", &name]);
+            flags.extend(PG_FLAGS);
+            let dir = self.work_dir.join(format!("pg-streams-{}", ulid_like()));
+            let mut server = Server::start(lmsp, &dir, &flags)?;
+            if server.token.is_empty() {
+                server.token.clone_from(&token);
+            } else {
+                token.clone_from(&server.token);
+            }
+            servers.push(Arc::new(server));
+        }
+        let http = client::http_client()?;
+        let cpus: Vec<CpuMeter> = servers.iter().map(|s| CpuMeter::start(s)).collect();
+        let run = pg_streams::run(&http, &servers, plan.pg_streams, plan.pg_stream_tokens).await?;
+        let cpu: Vec<String> = cpus
+            .iter()
+            .zip(&servers)
+            .map(|(meter, server)| meter.report(server))
+            .collect();
+        Ok((run, cpu.join("; ")))
     }
 }
 

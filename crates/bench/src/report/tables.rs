@@ -198,6 +198,39 @@ fn target_rows(plan: &Plan, r: &Results, medians: &Medians) -> Vec<Row> {
         Some(90.0),
         problem("postgres"),
     ));
+    let pgbench_p99 = pg.pgbench_paced_p99.median();
+    main.push(times_row(
+        format!(
+            "p99 submit latency on PostgreSQL at half the peak rate (≈ {}/s), one instance",
+            n(pg.half_peak_rate.median())
+        ),
+        &pg.half_peak_p99,
+        "ms",
+        pgbench_p99,
+        format!(
+            "pgbench's p99 paced at the same rate ({} clients, -R): {} ms",
+            plan.pg_clients,
+            fmt_num(pgbench_p99, 2)
+        ),
+        Some(3.0),
+        problem("postgres"),
+    ));
+    let sqlite_events = pg.sqlite_events_per_s.median();
+    main.push(percent_row(
+        format!(
+            "persisted events per second on PostgreSQL, {} tasks × {} tokens streaming, one instance",
+            plan.stream_tasks, plan.pg_stream_tokens
+        ),
+        &pg.events_per_s,
+        "/s",
+        sqlite_events,
+        format!(
+            "SQLite on the same workload, same run: {}/s",
+            n(sqlite_events)
+        ),
+        Some(50.0),
+        problem("postgres"),
+    ));
     main
 }
 
@@ -454,14 +487,59 @@ fn postgres_table(plan: &Plan, r: &Results) {
     ));
     rows.push(percent_row(
         format!(
-            "PostgreSQL: persisted events per second, {} tasks × {} tokens streaming, vs SQLite ({} tokens)",
-            plan.stream_tasks, plan.pg_stream_tokens, plan.stream_tokens
+            "PostgreSQL: persisted events per second, {} tasks × {} tokens streaming, vs SQLite (same workload)",
+            plan.stream_tasks, plan.pg_stream_tokens
         ),
         &pg.events_per_s,
         "/s",
-        r.events_per_s.median(),
-        format!("SQLite events/s, same run: {}", n(r.events_per_s.median())),
+        pg.sqlite_events_per_s.median(),
+        format!(
+            "SQLite events/s, same run: {}",
+            n(pg.sqlite_events_per_s.median())
+        ),
         None,
+        problem,
+    ));
+    let errors = if pg.half_peak_errors > 0 {
+        format!(" ({} errors)", pg.half_peak_errors)
+    } else {
+        String::new()
+    };
+    rows.push(plain_row_digits(
+        format!(
+            "PostgreSQL: submit latency p99 paced at half the peak (≈ {}/s), one instance{errors}",
+            n(pg.half_peak_rate.median())
+        ),
+        &[&pg.half_peak_p99],
+        "ms",
+        2,
+        problem,
+    ));
+    rows.push(plain_row_digits(
+        format!(
+            "pgbench: single-row insert p99 paced at the same rate ({clients} clients, -R; start → end)"
+        ),
+        &[&pg.pgbench_paced_p99],
+        "ms",
+        2,
+        problem,
+    ));
+    rows.push(plain_row(
+        format!(
+            "PostgreSQL: persisted events per second, {} streams over {} instances (each stream on another instance than its task's POST), {} tokens",
+            plan.pg_streams, plan.pg_instances, plan.pg_stream_tokens
+        ),
+        &[&pg.streams_per_s],
+        "/s",
+        problem,
+    ));
+    rows.push(plain_row(
+        format!(
+            "PostgreSQL: event created_at → SSE arrival, p50 / p99, {} streams over {} instances",
+            plan.pg_streams, plan.pg_instances
+        ),
+        &[&pg.streams_delay_p50, &pg.streams_delay_p99],
+        "ms",
         problem,
     ));
     rows.push(plain_row(

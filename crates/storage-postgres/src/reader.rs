@@ -1,0 +1,360 @@
+//! The hot reads on connections of their own, shared: a submit's token and model lookups, a
+//! task's point read, and the event reads of streams.
+//!
+//! Each of a few connections is shared by every caller at once: tokio-postgres pipelines the
+//! requests of concurrent callers on one connection (sent as they come, answered in order), so a
+//! burst of reads is a few writes to one backend, which answers them back to back, instead of a
+//! pooled connection, a backend woken and a round trip each. Each statement is prepared once per
+//! connection. Every read still reads the database after its call began: nothing is cached.
+//!
+//! Event reads are gathered ([`Events`]): the reads that queue while one is answered are one
+//! statement (`unnest` of the tasks, a `LATERAL` page of each), so a notification that wakes
+//! the streams of many tasks on an instance costs one query there, not one per stream. The rows
+//! an event is rebuilt from (the task of `response.created`, the response of
+//! `response.completed` and of a completed item's end) come in the same statement, beside the
+//! events that need them: one statement, so one snapshot of the events and those rows.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lmsp_domain::event::{Event, EventKind};
+use lmsp_domain::ids::TaskId;
+use lmsp_domain::ports::Page;
+use lmsp_domain::task::{Response, Task};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Config, NoTls, Row, Statement};
+
+use crate::codec::{self, EventCode, EventRow, Sources};
+use crate::error::DbError;
+use crate::ops::{self, decode_task, key, to_i64, Db, Res, TASK_COLUMNS, TASK_COLUMN_COUNT};
+
+/// One shared connection: its client, the task driving it, and its prepared statements.
+pub struct Conn {
+    client: Client,
+    driver: JoinHandle<()>,
+    statements: Mutex<HashMap<String, Statement>>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl Conn {
+    async fn statement(&self, sql: &str) -> Result<Statement, tokio_postgres::Error> {
+        let known = self
+            .statements
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(sql)
+            .cloned();
+        if let Some(statement) = known {
+            return Ok(statement);
+        }
+        let statement = self.client.prepare(sql).await?;
+        self.statements
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+}
+
+#[async_trait]
+impl Db for Conn {
+    async fn execute(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let statement = self.statement(sql).await?;
+        self.client.execute(&statement, params).await
+    }
+
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let statement = self.statement(sql).await?;
+        self.client.query(&statement, params).await
+    }
+
+    async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        let statement = self.statement(sql).await?;
+        self.client.query_opt(&statement, params).await
+    }
+}
+
+/// A few shared connections, opened when first needed and again after one closed.
+pub struct Readers {
+    config: Config,
+    timeout: Duration,
+    slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    next: AtomicUsize,
+}
+
+impl Readers {
+    /// `count` shared connections (at least one) to the database of `config`; opening one
+    /// waits at most `timeout`.
+    pub fn new(config: Config, count: usize, timeout: Duration) -> Readers {
+        Readers {
+            config,
+            timeout,
+            slots: (0..count.max(1))
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The next shared connection, round-robin (opened now if it is not open).
+    pub async fn conn(&self) -> Result<Arc<Conn>, DbError> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let mut slot = self.slots[index].lock().await;
+        if let Some(conn) = slot.as_ref() {
+            if !conn.client.is_closed() {
+                return Ok(Arc::clone(conn));
+            }
+        }
+        *slot = None;
+        let (client, connection) = tokio::time::timeout(self.timeout, self.config.connect(NoTls))
+            .await
+            .map_err(|_| DbError::Pool(String::from("timed out connecting to PostgreSQL")))??;
+        let driver = tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "a shared PostgreSQL read connection ended");
+            }
+        });
+        let conn = Arc::new(Conn {
+            client,
+            driver,
+            statements: Mutex::new(HashMap::new()),
+        });
+        *slot = Some(Arc::clone(&conn));
+        Ok(conn)
+    }
+
+    /// Closes every shared connection.
+    pub fn close(&self) {
+        for slot in &self.slots {
+            if let Ok(mut slot) = slot.try_lock() {
+                *slot = None;
+            }
+        }
+    }
+}
+
+/// A read of a task's events after `after`, at most `limit`, and who waits for it.
+struct Wanted {
+    task_id: TaskId,
+    after: u64,
+    limit: usize,
+    answer: oneshot::Sender<Res<Page<Event>>>,
+}
+
+/// The reads of events gathered (see the module's documentation).
+pub struct Events {
+    queue: mpsc::UnboundedSender<Wanted>,
+    gatherers: Vec<JoinHandle<()>>,
+}
+
+/// Reads gathered into one statement at most.
+const MAX_GATHERED: usize = 256;
+
+/// Every wanted page's rows, ordered by wanted page then sequence number: the task's columns
+/// ([`TASK_COLUMNS`], only beside a `response.created`), `r.i` the page's place in the arrays
+/// (from 1), the event's columns, and the task's response (only beside an event rebuilt from
+/// it, as [`EventRow::needs`] says). `OFFSET 0` keeps those two subqueries per row (index
+/// probes behind a one-time filter on the event's kind); pulled up, the planner would join
+/// whole tables.
+static GATHERED_SQL: LazyLock<String> = LazyLock::new(|| {
+    let created = EventCode::of(EventKind::Created);
+    let completed = EventCode::of(EventKind::Completed);
+    let closed = [
+        EventKind::OutputTextDone,
+        EventKind::ContentPartDone,
+        EventKind::OutputItemDone,
+    ]
+    .map(|kind| EventCode::of(kind).to_string())
+    .join(", ");
+    format!(
+        "SELECT tk.*, r.i, e.sequence_number, e.kind, e.created_at, e.data, e.item, rs.doc \
+         FROM unnest($1::bytea[], $2::bigint[], $3::bigint[]) WITH ORDINALITY \
+            AS r(task_id, after, lim, i) \
+         CROSS JOIN LATERAL (SELECT sequence_number, kind, created_at, data, item \
+            FROM task_events WHERE task_id = r.task_id AND sequence_number > r.after \
+            ORDER BY sequence_number LIMIT r.lim) e \
+         LEFT JOIN LATERAL (SELECT {TASK_COLUMNS} FROM tasks t \
+            JOIN task_specs s ON s.task_id = t.id \
+            WHERE t.id = r.task_id AND e.kind = {created} OFFSET 0) tk ON TRUE \
+         LEFT JOIN LATERAL (SELECT doc FROM responses WHERE task_id = r.task_id \
+            AND (e.kind = {completed} OR (e.kind IN ({closed}) AND e.data = '')) OFFSET 0) rs \
+            ON TRUE \
+         ORDER BY r.i, e.sequence_number"
+    )
+});
+
+impl Events {
+    /// Starts a gatherer per shared connection of `readers`.
+    pub fn start(readers: Arc<Readers>) -> Events {
+        let (queue, pending) = mpsc::unbounded_channel::<Wanted>();
+        let pending = Arc::new(tokio::sync::Mutex::new(pending));
+        let gatherers = (0..readers.slots.len())
+            .map(|_| {
+                let (readers, pending) = (Arc::clone(&readers), Arc::clone(&pending));
+                tokio::spawn(async move {
+                    loop {
+                        let mut wanted = Vec::new();
+                        {
+                            let mut pending = pending.lock().await;
+                            match pending.recv().await {
+                                Some(first) => wanted.push(first),
+                                None => return,
+                            }
+                            while wanted.len() < MAX_GATHERED {
+                                match pending.try_recv() {
+                                    Ok(next) => wanted.push(next),
+                                    Err(_) => break,
+                                }
+                            }
+                        }
+                        gathered(&readers, wanted).await;
+                    }
+                })
+            })
+            .collect();
+        Events { queue, gatherers }
+    }
+
+    /// The page of `task_id`'s events after `after` (at most `limit`), read with the reads
+    /// gathered meanwhile.
+    pub async fn page(&self, task_id: TaskId, after: u64, limit: usize) -> Res<Page<Event>> {
+        let (answer, answered) = oneshot::channel();
+        self.queue
+            .send(Wanted {
+                task_id,
+                after,
+                limit,
+                answer,
+            })
+            .map_err(|_| DbError::Pool(String::from("the store is closed")))?;
+        answered
+            .await
+            .unwrap_or_else(|_| Err(DbError::Pool(String::from("the event read was lost"))))
+    }
+
+    /// Stops the gatherers.
+    pub fn stop(&self) {
+        for gatherer in &self.gatherers {
+            gatherer.abort();
+        }
+    }
+}
+
+/// Reads `wanted` in one statement and answers each.
+async fn gathered(readers: &Readers, wanted: Vec<Wanted>) {
+    let read = async {
+        let conn = readers.conn().await?;
+        let mut tasks = Vec::with_capacity(wanted.len());
+        let mut afters = Vec::with_capacity(wanted.len());
+        let mut limits = Vec::with_capacity(wanted.len());
+        for one in &wanted {
+            tasks.push(key(one.task_id));
+            // Sequence numbers fit in i64; an `after` past that has nothing after it.
+            afters.push(i64::try_from(one.after).unwrap_or(i64::MAX));
+            limits.push(to_i64(one.limit as u64 + 1)?);
+        }
+        let rows = conn
+            .query(GATHERED_SQL.as_str(), &[&tasks, &afters, &limits])
+            .await?;
+        Ok::<_, DbError>(rows)
+    };
+    let rows = match read.await {
+        Ok(rows) => rows,
+        Err(error) => {
+            let text = error.to_string();
+            let mut first = Some(error);
+            for one in wanted {
+                let error = first.take().unwrap_or_else(|| DbError::Pool(text.clone()));
+                let _ = one.answer.send(Err(error));
+            }
+            return;
+        }
+    };
+    let mut pages: Vec<Gathered> = wanted.iter().map(|_| Gathered::default()).collect();
+    let mut bad: Option<String> = None;
+    for row in &rows {
+        match gather_row(row, &mut pages) {
+            Ok(()) => {}
+            Err(error) => bad = Some(error.to_string()),
+        }
+    }
+    for (one, page) in wanted.into_iter().zip(pages) {
+        if let Some(bad) = &bad {
+            let _ = one.answer.send(Err(ops::corrupt(bad.clone())));
+            continue;
+        }
+        let _ = one.answer.send(page.into_page(one.task_id, one.limit));
+    }
+}
+
+/// One wanted page as read: its event rows, and the rows they are rebuilt from.
+#[derive(Default)]
+struct Gathered {
+    rows: Vec<EventRow<'static>>,
+    task: Option<Task>,
+    response: Option<Response>,
+}
+
+/// Adds one row of [`GATHERED_SQL`] to its page.
+fn gather_row(row: &Row, pages: &mut [Gathered]) -> Res<()> {
+    let at = TASK_COLUMN_COUNT;
+    let index: i64 = row.try_get(at)?;
+    let page = usize::try_from(index - 1)
+        .ok()
+        .and_then(|index| pages.get_mut(index))
+        .ok_or_else(|| ops::corrupt(format!("a gathered read's index {index}")))?;
+    if row.try_get::<_, Option<Vec<u8>>>(0)?.is_some() {
+        page.task = Some(decode_task(row)?);
+    }
+    if let Some(doc) = row.try_get::<_, Option<String>>(at + 6)? {
+        page.response = Some(codec::response_from_text(&doc)?);
+    }
+    page.rows.push(EventRow {
+        sequence_number: row.try_get(at + 1)?,
+        code: row.try_get(at + 2)?,
+        created_at: row.try_get(at + 3)?,
+        data: row.try_get::<_, String>(at + 4)?.into(),
+        item: row.try_get(at + 5)?,
+    });
+    Ok(())
+}
+
+impl Gathered {
+    /// The page (at most `limit` of the rows, `limit` + 1 read), rebuilt with its rows.
+    fn into_page(self, task_id: TaskId, limit: usize) -> Res<Page<Event>> {
+        let has_more = self.rows.len() > limit;
+        let sources = Sources {
+            task: self.task.as_ref(),
+            response: self.response.as_ref(),
+        };
+        let items = self
+            .rows
+            .into_iter()
+            .take(limit)
+            .map(|row| Ok(row.decode(task_id, sources)?))
+            .collect::<Res<Vec<_>>>()?;
+        Ok(Page { items, has_more })
+    }
+}
