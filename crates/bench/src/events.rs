@@ -118,18 +118,35 @@ async fn delays_of(
     arrivals: &BTreeMap<u64, f64>,
     delays: &mut Latencies,
 ) -> anyhow::Result<u64> {
+    let log = stored_log(http, server, task_id).await?;
+    for (seq, event) in &log {
+        if let Some(arrived) = arrivals.get(seq) {
+            delays.push_millis(arrived - event_created_at_millis(event)?);
+        }
+    }
+    Ok(log.len() as u64)
+}
+
+/// A task's stored log, page by page, each event with its sequence number; an error when the
+/// numbers are not 1, 2, 3, … without a gap.
+pub(crate) async fn stored_log(
+    http: &reqwest::Client,
+    server: &Server,
+    task_id: &str,
+) -> anyhow::Result<Vec<(u64, serde_json::Value)>> {
     let mut after = 0u64;
-    let mut stored = 0u64;
+    let mut log = Vec::new();
     loop {
-        let page = get_json(
+        let mut page = get_json(
             http,
             server,
             &format!("/v1/tasks/{task_id}/events?after={after}&limit={PAGE}"),
         )
         .await?;
-        let events = page["data"]
-            .as_array()
-            .ok_or_else(|| anyhow!("the events of {task_id} are not a list: {page}"))?;
+        let has_more = page["has_more"].as_bool().unwrap_or(false);
+        let serde_json::Value::Array(events) = page["data"].take() else {
+            bail!("the events of {task_id} are not a list: {page}");
+        };
         for event in events {
             let seq = event["sequence_number"]
                 .as_u64()
@@ -138,13 +155,10 @@ async fn delays_of(
                 bail!("the log of {task_id} jumps from {after} to {seq}");
             }
             after = seq;
-            stored += 1;
-            if let Some(arrived) = arrivals.get(&seq) {
-                delays.push_millis(arrived - event_created_at_millis(event)?);
-            }
+            log.push((seq, event));
         }
-        if !page["has_more"].as_bool().unwrap_or(false) {
-            return Ok(stored);
+        if !has_more {
+            return Ok(log);
         }
     }
 }

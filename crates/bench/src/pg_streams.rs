@@ -22,12 +22,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 use serde_json::json;
 
-use crate::client::{event_created_at_millis, get_json, is_terminal, SseReader};
+use crate::client::{event_created_at_millis, is_terminal, SseReader};
+use crate::events::stored_log;
 use crate::server::Server;
 use crate::stats::Latencies;
-
-/// Events asked for per page when reading a log back.
-const PAGE: usize = 1000;
 
 /// One run.
 #[derive(Debug, Clone)]
@@ -131,43 +129,21 @@ pub async fn run(
     let mut events = 0u64;
     let (mut first, mut last) = (f64::MAX, f64::MIN);
     for (task_id, arrivals) in &streamed {
-        let mut after = 0u64;
-        loop {
-            let page = get_json(
-                http,
-                reader,
-                &format!("/v1/tasks/{task_id}/events?after={after}&limit={PAGE}"),
-            )
-            .await?;
-            let stored = page["data"]
-                .as_array()
-                .ok_or_else(|| anyhow!("the events of {task_id} are not a list: {page}"))?;
-            for event in stored {
-                let seq = event["sequence_number"]
-                    .as_u64()
-                    .ok_or_else(|| anyhow!("an event of {task_id} has no sequence_number"))?;
-                if seq != after + 1 {
-                    bail!("the log of {task_id} jumps from {after} to {seq}");
-                }
-                after = seq;
-                events += 1;
-                let created = event_created_at_millis(event)?;
-                let kind = event["type"].as_str().unwrap_or_default();
-                if kind == "response.in_progress" {
-                    first = first.min(created);
-                }
-                if is_terminal(kind) {
-                    if kind != "response.completed" {
-                        bail!("task {task_id} ended with {kind}");
-                    }
-                    last = last.max(created);
-                }
-                if let Some(arrived) = arrivals.get(&seq) {
-                    delays.push_millis(arrived - created);
-                }
+        for (seq, event) in stored_log(http, reader, task_id).await? {
+            events += 1;
+            let created = event_created_at_millis(&event)?;
+            let kind = event["type"].as_str().unwrap_or_default();
+            if kind == "response.in_progress" {
+                first = first.min(created);
             }
-            if !page["has_more"].as_bool().unwrap_or(false) {
-                break;
+            if is_terminal(kind) {
+                if kind != "response.completed" {
+                    bail!("task {task_id} ended with {kind}");
+                }
+                last = last.max(created);
+            }
+            if let Some(arrived) = arrivals.get(&seq) {
+                delays.push_millis(arrived - created);
             }
         }
     }

@@ -333,6 +333,20 @@ impl Postgres {
             .await
     }
 
+    /// Runs `run` on a fresh database named after `what`, then drops the database whatever
+    /// `run` gave; `run`'s outcome.
+    pub async fn in_fresh_database<T, F, Fut>(&self, what: &str, run: F) -> anyhow::Result<T>
+    where
+        F: FnOnce(String) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<T>>,
+    {
+        let name = database_name(what);
+        let url = self.create_database(&name).await?;
+        let outcome = run(url).await;
+        self.drop_database(&name).await?;
+        outcome
+    }
+
     /// The insert-commit ceiling: `pgbench -n -c CLIENTS -j THREADS -T SECONDS -f script` on a
     /// fresh database; returns its tps without the initial connection time.
     pub async fn pgbench(

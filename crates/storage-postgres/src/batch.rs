@@ -1053,14 +1053,10 @@ const SNAPSHOT_PUT_SQL: &str =
 
 const SNAPSHOT_DROP_SQL: &str = "DELETE FROM snapshots WHERE task_id = $1";
 
-/// The statements of a decided task write (`ops::tasks::write_task`'s, fewer of them).
-fn task_statements(
-    old: &Task,
-    new: &Task,
-    events: &[Event],
-    responses: &[&Response],
-    snapshot: SnapshotChange<'_>,
-) -> Result<Vec<Stmt>, DbError> {
+/// The parameters `$1`…`$18` of a task's guarded update from `old` to `new` with its `events`:
+/// the new row's columns, the old row's guard, then the events as arrays. Shared by the
+/// batched write's statement and the one-round-trip step's.
+fn update_params(old: &Task, new: &Task, events: &[Event]) -> Result<Vec<Param>, DbError> {
     let mut params: Vec<Param> = vec![
         Box::new(new.status.as_str()),
         Box::new(new.started_at.map(Timestamp::as_millis)),
@@ -1077,6 +1073,18 @@ fn task_statements(
         Box::new(instance_key(old.owner)),
     ];
     push_events(&mut params, events)?;
+    Ok(params)
+}
+
+/// The statements of a decided task write (`ops::tasks::write_task`'s, fewer of them).
+fn task_statements(
+    old: &Task,
+    new: &Task,
+    events: &[Event],
+    responses: &[&Response],
+    snapshot: SnapshotChange<'_>,
+) -> Result<Vec<Stmt>, DbError> {
+    let params = update_params(old, new, events)?;
     let mut statements = vec![Stmt::new(String::from(WRITE_TASK_SQL), params)];
     for response in responses {
         statements.push(Stmt::new(

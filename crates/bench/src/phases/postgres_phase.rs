@@ -40,6 +40,7 @@ impl Phases<'_> {
         };
         let mut serve: Vec<&str> = submit::SERVE_FLAGS.to_vec();
         serve.extend(PG_FLAGS);
+        let serve = &serve;
         println!(
             "\n[postgres] on {}; ceiling: pgbench -n -c {} -j {} -T {} -f (one single-row INSERT per transaction); figures: lmsp serve --database URL --instance NAME {} on a fresh database per repetition, {} closed-loop clients (round-robin over the instances), then (one instance) paced at half the peak beside pgbench -R at the same rate; events: lmsp serve --database URL --workers {}, {} tasks × max_output_tokens {} posted with stream: true, and the same on SQLite; streams: {} instances with --workers {} --reference-load-delay {}, {} tasks posted round-robin, each streamed (GET /v1/tasks/ID/events) from the next instance",
             pg.description,
@@ -76,11 +77,11 @@ impl Phases<'_> {
             figures.ceiling_tps.push(tps);
 
             for instances in [1, plan.pg_instances] {
-                let name = postgres::database_name(&format!("submit{instances}"));
-                let url = pg.create_database(&name).await?;
-                let run = self.pg_submits(lmsp, &url, instances, &serve).await;
-                pg.drop_database(&name).await?;
-                let (run, paced, cpu) = run?;
+                let (run, paced, cpu) = pg
+                    .in_fresh_database(&format!("submit{instances}"), |url| async move {
+                        self.pg_submits(lmsp, &url, instances, serve).await
+                    })
+                    .await?;
                 println!(
                     "  rep {rep}: {instances} instance(s), {} clients: {:>8.0} submits/s, p50 {:>7.2} ms, p99 {:>7.2} ms, errors {}; {cpu}",
                     plan.pg_clients, run.per_s, run.p50_ms, run.p99_ms, run.errors
@@ -113,11 +114,12 @@ impl Phases<'_> {
                 }
             }
 
-            let name = postgres::database_name("events");
-            let url = pg.create_database(&name).await?;
-            let run = self.pg_events(lmsp, &url).await;
-            pg.drop_database(&name).await?;
-            let (run, cpu) = run?;
+            let (run, cpu) = pg
+                .in_fresh_database(
+                    "events",
+                    |url| async move { self.pg_events(lmsp, &url).await },
+                )
+                .await?;
             println!(
                 "  rep {rep}: events, {} tasks: {} events in {:.2} s = {:.0} events/s; created_at → arrival p50 {:.1} ms, p99 {:.1} ms; {cpu}",
                 plan.stream_tasks, run.events, run.seconds, run.per_s, run.delay_p50_ms, run.delay_p99_ms
@@ -133,11 +135,12 @@ impl Phases<'_> {
             );
             figures.sqlite_events_per_s.push(run.per_s);
 
-            let name = postgres::database_name("streams");
-            let url = pg.create_database(&name).await?;
-            let run = self.pg_streams(lmsp, &url).await;
-            pg.drop_database(&name).await?;
-            let (run, cpu) = run?;
+            let (run, cpu) = pg
+                .in_fresh_database(
+                    "streams",
+                    |url| async move { self.pg_streams(lmsp, &url).await },
+                )
+                .await?;
             println!(
                 "  rep {rep}: {} streams over {} instances (each on another instance than its task's POST), {} tokens: {} events = {:.0} events/s; created_at → arrival p50 {:.1} ms, p99 {:.1} ms; {cpu}",
                 run.streams, plan.pg_instances, plan.pg_stream_tokens, run.events, run.per_s, run.delay_p50_ms, run.delay_p99_ms
@@ -261,27 +264,28 @@ impl Phases<'_> {
         );
         for rep in 0..plan.reps {
             for clients in [1, plan.claim_clients] {
-                let name = postgres::database_name(&format!("claims{clients}"));
-                let url = pg.create_database(&name).await?;
-                let run = async {
-                    let started = std::time::Instant::now();
-                    pg_claims::prepare(&url, plan.pg_claim_queue, 64, clients).await?;
-                    let prepared = started.elapsed().as_secs_f64();
-                    let one =
-                        pg_claims::claims_per_s(&url, 1, plan.pg_claimers, plan.pg_claim_duration)
-                            .await?;
-                    let three = pg_claims::claims_per_s(
-                        &url,
-                        plan.pg_instances,
-                        plan.pg_claimers,
-                        plan.pg_claim_duration,
-                    )
+                let (prepared, one, three) = pg
+                    .in_fresh_database(&format!("claims{clients}"), |url| async move {
+                        let started = std::time::Instant::now();
+                        pg_claims::prepare(&url, plan.pg_claim_queue, 64, clients).await?;
+                        let prepared = started.elapsed().as_secs_f64();
+                        let one = pg_claims::claims_per_s(
+                            &url,
+                            1,
+                            plan.pg_claimers,
+                            plan.pg_claim_duration,
+                        )
+                        .await?;
+                        let three = pg_claims::claims_per_s(
+                            &url,
+                            plan.pg_instances,
+                            plan.pg_claimers,
+                            plan.pg_claim_duration,
+                        )
+                        .await?;
+                        anyhow::Ok((prepared, one, three))
+                    })
                     .await?;
-                    anyhow::Ok((prepared, one, three))
-                }
-                .await;
-                pg.drop_database(&name).await?;
-                let (prepared, one, three) = run?;
                 let shape = if clients == 1 {
                     String::from("one client, default tier")
                 } else {

@@ -29,10 +29,10 @@ use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::{plan_append, plan_create, CreatePlan, SnapshotChange, TaskWrite};
 
-use super::{create_statement, push_events, Param, Reply, Request, Stmt};
+use super::{create_statement, update_params, Reply, Request, Stmt};
 use crate::codec;
 use crate::error::DbError;
-use crate::ops::{instance_key, key, to_i64};
+use crate::ops::{key, to_i64};
 
 /// Rows kept at most before the view is emptied (a few bytes over a task each; steps of the
 /// running tasks find theirs again at their next locked read).
@@ -245,22 +245,7 @@ const FAST_STEP_SQL: &str = "WITH u AS (UPDATE tasks SET status = $1, started_at
 /// The statement of a step decided on the held row `old`.
 fn step_statement(old: &Task, write: &TaskWrite<'_>) -> Result<Stmt, DbError> {
     let (new, events) = (&write.task, &write.events);
-    let mut params: Vec<Param> = vec![
-        Box::new(new.status.as_str()),
-        Box::new(new.started_at.map(Timestamp::as_millis)),
-        Box::new(new.finished_at.map(Timestamp::as_millis)),
-        Box::new(to_i64(new.last_sequence_number)?),
-        Box::new(i64::from(new.restarts)),
-        Box::new(codec::error_text(new)?),
-        Box::new(instance_key(new.owner)),
-        Box::new(i64::from(new.items.opened)),
-        Box::new(new.items.open),
-        Box::new(key(old.id)),
-        Box::new(old.status.as_str()),
-        Box::new(to_i64(old.last_sequence_number)?),
-        Box::new(instance_key(old.owner)),
-    ];
-    push_events(&mut params, events)?;
+    let mut params = update_params(old, new, events)?;
     params.push(Box::new(old.started_at.map(Timestamp::as_millis)));
     params.push(Box::new(old.finished_at.map(Timestamp::as_millis)));
     params.push(Box::new(i64::from(old.restarts)));
