@@ -161,67 +161,77 @@ fn a_pre_release_database_is_refused_with_a_clear_message() {
     assert_eq!(tables, 1, "nothing was added to it");
 }
 
-/// P-2: a batch's kept-aside lines are gone once it starts or is refused, removed a chunk per write
-/// after the write that starts it (never inside its savepoint, whose journal would hold every
-/// page of them in memory), so nothing of them stays behind in the database.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_started_or_refused_batchs_kept_aside_lines_are_removed() {
+/// A batch of `lines` requests, validating, with its input file and its lines kept aside
+/// (staged), in `store`.
+async fn staged_batch(store: &SqliteStore, lines: u32) -> lmsp_domain::batch::Batch {
     use lmsp_domain::batch::{Batch, BatchEndpoint, BatchLine, FilePurpose, NewBatch, StoredFile};
     use lmsp_domain::ids::{BatchId, FileId};
     use lmsp_domain::ports::BatchStore;
     use lmsp_domain::task::Metadata;
     use lmsp_domain::time::Timestamp;
 
+    let client = contract::client_id();
+    let owner = contract::instance_id();
+    let input = StoredFile {
+        id: FileId::from_ulid(contract::ulid()),
+        client_id: client,
+        filename: String::from("requests.jsonl"),
+        purpose: FilePurpose::Batch,
+        bytes: 1,
+        digest: String::from("ab").repeat(32),
+        created_at: Timestamp::from_millis(0),
+        batch_id: None,
+    };
+    store.insert_file(input.clone()).await.unwrap();
+    let batch = Batch::new(NewBatch {
+        id: BatchId::from_ulid(contract::ulid()),
+        client_id: client,
+        endpoint: BatchEndpoint::Responses,
+        input_file_id: input.id,
+        completion_window_ms: 86_400_000,
+        metadata: Metadata::new(),
+        created_at: Timestamp::from_millis(0),
+    });
+    store.insert_batch(batch.clone()).await.unwrap();
+    let tasks = (1..=lines)
+        .map(|line| {
+            let mut task = contract::TaskBuilder::new(owner).client(client).build();
+            task.batch = Some(BatchLine {
+                batch_id: batch.id,
+                line,
+                custom_id: format!("request-{line}"),
+            });
+            task
+        })
+        .collect();
+    store.stage_batch_tasks(tasks).await.unwrap();
+    batch
+}
+
+/// The number of kept-aside (staged) batch lines in the database at `path`.
+fn staged_rows(path: &std::path::Path) -> i64 {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.query_row("SELECT count(*) FROM batch_staging", [], |row| row.get(0))
+        .unwrap()
+}
+
+/// P-2: a batch's kept-aside lines are gone once it starts or is refused, removed a chunk per write
+/// after the write that starts it (never inside its savepoint, whose journal would hold every
+/// page of them in memory), so nothing of them stays behind in the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_or_refused_batchs_kept_aside_lines_are_removed() {
+    use lmsp_domain::ports::BatchStore;
+    use lmsp_domain::time::Timestamp;
+
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let store = SqliteStore::open_without_listener(&path, SqliteOptions::default()).unwrap();
-    let client = contract::client_id();
-    let owner = contract::instance_id();
-    let staged_rows = || -> i64 {
-        let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.query_row("SELECT count(*) FROM batch_staging", [], |row| row.get(0))
-            .unwrap()
-    };
-    let mut batches = Vec::new();
-    for _ in 0..2 {
-        let input = StoredFile {
-            id: FileId::from_ulid(contract::ulid()),
-            client_id: client,
-            filename: String::from("requests.jsonl"),
-            purpose: FilePurpose::Batch,
-            bytes: 1,
-            digest: String::from("ab").repeat(32),
-            created_at: Timestamp::from_millis(0),
-            batch_id: None,
-        };
-        store.insert_file(input.clone()).await.unwrap();
-        let batch = Batch::new(NewBatch {
-            id: BatchId::from_ulid(contract::ulid()),
-            client_id: client,
-            endpoint: BatchEndpoint::Responses,
-            input_file_id: input.id,
-            completion_window_ms: 86_400_000,
-            metadata: Metadata::new(),
-            created_at: Timestamp::from_millis(0),
-        });
-        store.insert_batch(batch.clone()).await.unwrap();
-        // More lines than one removal takes, so the removal runs several writes.
-        let lines = 2_500;
-        let tasks = (1..=lines)
-            .map(|line| {
-                let mut task = contract::TaskBuilder::new(owner).client(client).build();
-                task.batch = Some(BatchLine {
-                    batch_id: batch.id,
-                    line,
-                    custom_id: format!("request-{line}"),
-                });
-                task
-            })
-            .collect();
-        store.stage_batch_tasks(tasks).await.unwrap();
-        batches.push(batch);
-    }
-    assert_eq!(staged_rows(), 5_000);
+    // More lines than one removal takes, so the removal runs several writes.
+    let batches = [
+        staged_batch(&store, 2_500).await,
+        staged_batch(&store, 2_500).await,
+    ];
+    assert_eq!(staged_rows(&path), 5_000);
 
     let started = store
         .start_batch(batches[0].started(Timestamp::from_millis(10)))
@@ -229,7 +239,11 @@ async fn a_started_or_refused_batchs_kept_aside_lines_are_removed() {
         .unwrap()
         .expect("a validating batch starts");
     assert_eq!(started.counts.total, 2_500);
-    assert_eq!(staged_rows(), 2_500, "only the started batch's lines go");
+    assert_eq!(
+        staged_rows(&path),
+        2_500,
+        "only the started batch's lines go"
+    );
 
     let refused = batches[1].refused(Vec::new(), Timestamp::from_millis(10));
     store
@@ -237,5 +251,48 @@ async fn a_started_or_refused_batchs_kept_aside_lines_are_removed() {
         .await
         .unwrap()
         .expect("a validating batch is refused");
-    assert_eq!(staged_rows(), 0);
+    assert_eq!(staged_rows(&path), 0);
+}
+
+/// P-5, P-6: kept-aside lines that a crash left behind (the batch was refused, the process died
+/// before the writes that remove its lines) go with the batch's purge, a chunk per call within
+/// the purge's budget, and the batch goes once none is left; the lines of a batch still
+/// validating are never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_aside_lines_a_crash_left_behind_go_with_their_batchs_purge() {
+    use lmsp_domain::ports::BatchStore;
+    use lmsp_domain::time::Timestamp;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let store = SqliteStore::open_without_listener(&path, SqliteOptions::default()).unwrap();
+    let refused = staged_batch(&store, 1_500).await;
+    let validating = staged_batch(&store, 10).await;
+    // The refusal committed, and nothing after it: what a kill -9 between the two leaves.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute(
+            "UPDATE batches SET status = 'failed', failed_at = 10 WHERE id = ?1",
+            [refused.id.ulid().to_bytes().to_vec()],
+        )
+        .unwrap();
+    assert_eq!(staged_rows(&path), 1_510);
+
+    let first = store
+        .purge_batches(Timestamp::from_millis(11), 1_000)
+        .await
+        .unwrap();
+    assert_eq!((first.batches, first.tasks), (0, 0));
+    assert!(first.more, "a full budget leaves the rest for a later call");
+    assert_eq!(staged_rows(&path), 510);
+    assert!(store.batch(refused.id).await.unwrap().is_some());
+
+    let second = store
+        .purge_batches(Timestamp::from_millis(11), 1_000)
+        .await
+        .unwrap();
+    assert_eq!(second.batches, 1);
+    assert_eq!(staged_rows(&path), 10, "a validating batch's lines stay");
+    assert!(store.batch(refused.id).await.unwrap().is_none());
+    assert!(store.batch(validating.id).await.unwrap().is_some());
 }
