@@ -2,6 +2,7 @@
 
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::ports::{DeleteOutcome, Page, Snapshot, TaskFilter};
+use lmsp_domain::schedule::ServiceTier;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::writes::{decide_delete, SnapshotChange, TaskWrite};
@@ -66,6 +67,23 @@ pub async fn write_task<C: Db>(db: &C, old: &Task, write: &TaskWrite<'_>) -> Res
 /// index seek each (a loose scan of `tasks_queue`), then each client's first `$1` queued tasks
 /// of each tier and its running count (`tasks_active`).
 pub fn claimable_sql() -> String {
+    // Each tier's heads are a subquery of their own with the tier as a literal, not one subquery
+    // joined to a list of tiers: with the tier a parameter the planner cannot tell an empty tier
+    // from a full one, and for a client whose queue fills one tier it walked the primary key past
+    // every queued task in search of the other tiers' heads (142 ms a claim with 100 000 queued;
+    // 0.5 ms with the literals, each head an index seek in `tasks_queue`).
+    let tier_heads = ServiceTier::ALL
+        .iter()
+        .map(|tier| {
+            format!(
+                "(SELECT t.id, t.client_id, t.tier, t.created_at FROM tasks t \
+                 WHERE t.status = 'queued' AND t.client_id = l.client_id AND t.tier = {} \
+                 ORDER BY t.id LIMIT $1)",
+                tier.rank()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ");
     format!(
         "WITH RECURSIVE queued(client_id) AS ( \
             (SELECT client_id FROM tasks WHERE status = 'queued' ORDER BY client_id LIMIT 1) \
@@ -83,10 +101,7 @@ pub fn claimable_sql() -> String {
             SELECT h.id, h.client_id, \
                    GREATEST(h.tier - GREATEST($2::bigint - h.created_at, 0) / $3::bigint, 0) \
                        AS urgency \
-            FROM loads l CROSS JOIN (VALUES (0::smallint), (1::smallint), (2::smallint)) AS r(tier) \
-            CROSS JOIN LATERAL (SELECT t.id, t.client_id, t.tier, t.created_at FROM tasks t \
-                WHERE t.status = 'queued' AND t.client_id = l.client_id AND t.tier = r.tier \
-                ORDER BY t.id LIMIT $1) h), \
+            FROM loads l CROSS JOIN LATERAL ({tier_heads}) h), \
          ranked AS ( \
             SELECT h.id, h.urgency, l.max_running, l.served_at, \
                    l.running + row_number() OVER ( \
