@@ -1,8 +1,15 @@
 //! What every engine shares, written once: [`ModelCache`], the models an engine has loaded, by
-//! digest; and [`output_budget`], what a (resumed) generation may still produce.
+//! digest; [`output_budget`], what a (resumed) generation may still produce; and the snapshot
+//! envelope ([`ResumeState`], in [`envelope`]), the frame of every engine's resume state: the
+//! output tokens produced so far, checked against the budget the same way for every engine, and
+//! the engine's own bytes, under the tag of the engine that wrote them.
 //!
 //! An engine adapter keeps only what is its own: how a model file is loaded, how tokens are made
-//! and what its resume state holds.
+//! and what its own bytes of a resume state hold.
+
+pub mod envelope;
+
+pub use envelope::{EngineTag, ResumeState, StateError};
 
 use std::collections::HashMap;
 use std::future::Future;

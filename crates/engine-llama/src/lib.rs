@@ -57,7 +57,7 @@ use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
 use lmsp_domain::model::{Digest, ModelToLoad};
 use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationJob, Unsupported};
 use lmsp_domain::task::TaskSpec;
-use lmsp_engine_kit::{output_budget, ModelCache};
+use lmsp_engine_kit::ModelCache;
 
 mod cache;
 mod checkpoint;
@@ -278,14 +278,11 @@ impl Engine for LlamaEngine {
             None => Resume::Fresh,
             Some(point) if point.state.is_empty() => Resume::Text(point.text_so_far.clone()),
             Some(point) => {
-                Resume::State(GenerationState::decode(&point.state).map_err(|error| {
-                    EngineError::Failed(format!("the resume state is unreadable: {error}"))
-                })?)
+                let envelope = GenerationState::read(&point.state)?;
+                envelope.remaining(job.spec.max_output_tokens)?;
+                Resume::State(GenerationState::from_envelope(&envelope)?)
             }
         };
-        if let Resume::State(state) = &resume {
-            output_budget(job.spec.max_output_tokens, state.output_tokens())?;
-        }
         let digest = job
             .model
             .record

@@ -32,6 +32,7 @@ use crate::shape::{Piece, Shaper, Step};
 use crate::state::{GenerationState, RunName};
 use crate::steer::Steer;
 use crate::{LlamaSettings, LoadedModel};
+use lmsp_engine_kit::output_budget;
 
 /// How many items a generating thread may send ahead of its consumer.
 const CHANNEL_CAPACITY: usize = 32;
@@ -216,12 +217,10 @@ impl Run {
         let _ = self.name.set(run);
         state = state.with_run(run);
         let max = usize::try_from(self.spec.max_output_tokens).unwrap_or(usize::MAX);
-        if state.tokens().len() > max {
-            return Err(failed(
-                "the resumed output",
-                "it is longer than max_output_tokens",
-            ));
-        }
+        // A state's budget was checked before the run started; this checks a resume from text
+        // (its tokens are only known now) by the same rule.
+        let remaining = output_budget(self.spec.max_output_tokens, state.output_tokens())?;
+        let remaining = usize::try_from(remaining).unwrap_or(usize::MAX);
         let input_tokens = prompt_tokens.len();
         if prompt_tokens.is_empty() {
             return Err(failed("the prompt", "it has no tokens"));
@@ -229,7 +228,6 @@ impl Run {
         let known = state.tokens().len();
         let all_len = input_tokens + known;
 
-        let remaining = max - known;
         let wanted = all_len.saturating_add(remaining).saturating_add(1);
         let mut n_ctx = self.settings.context_size.get();
         let trained = model.n_ctx_train();

@@ -329,6 +329,42 @@ async fn a_resume_past_the_budget_or_from_a_foreign_state_fails() {
     ));
 }
 
+/// Snapshots written before the envelope (`LLS1`: the first release's, without a checkpoint
+/// name; `LLS2`) still resume, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn states_of_earlier_releases_still_resume_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(&dir);
+    let engine = engine();
+    let (full, full_usage) = run(&engine, greedy_job(&model, 8)).await;
+    let cut = 3;
+    let state = GenerationState::decode(&full[cut - 1].1).unwrap();
+    let mut body = u32::try_from(state.tokens().len())
+        .unwrap()
+        .to_le_bytes()
+        .to_vec();
+    for token in state.tokens() {
+        body.extend_from_slice(&token.to_le_bytes());
+    }
+    body.push(u8::try_from(state.pending().len()).unwrap());
+    body.extend_from_slice(state.pending());
+    let lls1 = [b"LLS1".as_slice(), &body].concat();
+    let lls2 = [b"LLS2".as_slice(), &[9; 16], &body].concat();
+    for legacy in [lls1, lls2] {
+        let mut job = greedy_job(&model, 8);
+        job.resume = Some(ResumePoint {
+            state: legacy,
+            text_so_far: text(&full[..cut]),
+        });
+        let (after, usage) = run(&engine, job).await;
+        assert_eq!(
+            format!("{}{}", text(&full[..cut]), text(&after)),
+            text(&full)
+        );
+        assert_eq!(usage.output_tokens, full_usage.output_tokens);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resume_without_state_retokenizes_the_text() {
     let dir = tempfile::tempdir().unwrap();

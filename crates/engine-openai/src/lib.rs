@@ -2,12 +2,13 @@
 //! vLLM) with streaming chat completions.
 //!
 //! The upstream model name is the model's `upstream_model`. A snapshot's engine state is the count
-//! of upstream tokens produced before it, so a resumed task's `max_output_tokens` budget is counted
-//! in the upstream's tokens. Resuming sends the conversation with the text produced so far as the
-//! start of the assistant's turn: through the raw completion endpoint where the upstream has one
-//! (llama.cpp: its own chat template, from `/apply-template`, followed by the text so far), so the
-//! continuation does not depend on whether the upstream continues a trailing assistant message;
-//! elsewhere as a trailing assistant message of a chat completion.
+//! of upstream tokens produced before it (the snapshot envelope's count, `lmsp-engine-kit`), so a
+//! resumed task's `max_output_tokens` budget is counted in the upstream's tokens. Resuming sends
+//! the conversation with the text produced so far as the start of the assistant's turn: through
+//! the raw completion endpoint where the upstream has one (llama.cpp: its own chat template, from
+//! `/apply-template`, followed by the text so far), so the continuation does not depend on whether
+//! the upstream continues a trailing assistant message; elsewhere as a trailing assistant message
+//! of a chat completion.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -17,7 +18,8 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 use eventsource_stream::{Event as SseEvent, EventStreamError, Eventsource};
 use futures::StreamExt;
-use lmsp_engine_kit::output_budget;
+use lmsp_engine_kit::envelope::Reader;
+use lmsp_engine_kit::{EngineTag, ResumeState, StateError};
 use serde_json::{json, Value};
 
 use lmsp_domain::ports::{
@@ -277,10 +279,18 @@ impl Engine for OpenAiEngine {
             .as_ref()
             .map(|r| r.text_so_far.clone())
             .unwrap_or_default();
-        // The snapshot's state is the count of upstream tokens produced before it, so a resumed
-        // task's budget is counted in tokens, never in words.
-        let produced = job.resume.as_ref().map_or(0, |r| tokens_in_state(&r.state));
-        let remaining = output_budget(job.spec.max_output_tokens, produced)?;
+        // The snapshot's state counts the upstream tokens produced before it, so a resumed task's
+        // budget is counted in tokens, never in words.
+        let resumed = match &job.resume {
+            Some(resume) => Some(read_state(&resume.state)?),
+            None => None,
+        };
+        let resumed_in_call = resumed.as_ref().map(in_call).transpose()?.unwrap_or(false);
+        let produced = resumed.as_ref().map_or(0, |state| state.produced);
+        let remaining = match &resumed {
+            Some(state) => state.remaining(job.spec.max_output_tokens)?,
+            None => u64::from(job.spec.max_output_tokens),
+        };
         if remaining == 0 {
             return Ok(Box::new(UpstreamGeneration::finished(Usage {
                 input_tokens: 0,
@@ -315,7 +325,7 @@ impl Engine for OpenAiEngine {
             // llama.cpp then reports the tokens predicted so far with every chunk.
             body["timings_per_token"] = json!(true);
         }
-        if job.resume.as_ref().is_some_and(|r| in_call(&r.state)) {
+        if resumed_in_call {
             return Err(EngineError::Failed(String::from(
                 "the upstream engine cannot continue a function call's arguments after a restart",
             )));
@@ -429,19 +439,54 @@ fn add_controls(body: &mut Value, controls: &Controls, chat: bool) {
     }
 }
 
-/// The state after `tokens` upstream tokens; one more byte (1) when it is inside a call's
-/// arguments, which a resume cannot continue.
+/// The tag of this engine's states in the snapshot envelope.
+const STATE_TAG: EngineTag = EngineTag::new("openai");
+
+/// The state after `tokens` upstream tokens: the engine's own byte is 1 when it is inside a
+/// call's arguments (which a resume cannot continue), else 0.
 fn state_of(tokens: u64, in_call: bool) -> Vec<u8> {
-    let mut state = tokens.to_le_bytes().to_vec();
-    if in_call {
-        state.push(1);
+    ResumeState::new(tokens, vec![u8::from(in_call)]).encode(STATE_TAG)
+}
+
+/// A snapshot's state: the envelope, or a state of the formats the first releases wrote.
+fn read_state(bytes: &[u8]) -> Result<ResumeState, StateError> {
+    ResumeState::decode_or_legacy(bytes, STATE_TAG, read_legacy_state)
+}
+
+/// The states written before the envelope, as the envelope's: the token count (u64 LE), then a
+/// byte 1 when inside a call's arguments. An empty state counts nothing (as the first releases
+/// read it). The format has no mark of its own: what tells other bytes apart is only the length
+/// and a count that fits the task's budget (a `u32`).
+fn read_legacy_state(bytes: &[u8]) -> Result<ResumeState, StateError> {
+    if bytes.is_empty() {
+        return Ok(ResumeState::new(0, vec![0]));
     }
-    state
+    let unrecognized = StateError::Unrecognized { engine: STATE_TAG };
+    let mut reader = Reader::new(bytes);
+    let produced = reader
+        .array::<8>()
+        .map(u64::from_le_bytes)
+        .map_err(|_| unrecognized.clone())?;
+    let flag = match reader.rest() {
+        [] => 0,
+        [flag @ (0 | 1)] => *flag,
+        _ => return Err(unrecognized),
+    };
+    if u32::try_from(produced).is_err() {
+        return Err(unrecognized);
+    }
+    Ok(ResumeState::new(produced, vec![flag]))
 }
 
 /// Whether a state is inside a call's arguments.
-fn in_call(state: &[u8]) -> bool {
-    state.get(8) == Some(&1)
+fn in_call(state: &ResumeState) -> Result<bool, StateError> {
+    match state.engine.as_slice() {
+        [0] => Ok(false),
+        [1] => Ok(true),
+        _ => Err(StateError::Malformed(
+            "its call flag is not one byte 0 or 1",
+        )),
+    }
 }
 
 /// The log probabilities of a chunk's tokens (`logprobs.content`).
@@ -481,14 +526,6 @@ fn token_logprobs(content: &[Value]) -> Vec<TokenLogprob> {
             }
         })
         .collect()
-}
-
-/// The tokens a snapshot's state says were produced before it.
-fn tokens_in_state(state: &[u8]) -> u64 {
-    state
-        .get(..8)
-        .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
-        .map_or(0, u64::from_le_bytes)
 }
 
 /// An error's message followed by its causes'.
@@ -709,5 +746,47 @@ impl Generation for UpstreamGeneration {
         self.events = Box::pin(futures::stream::empty());
         self.pending.clear();
         self.done = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn states_of_the_first_releases_still_resume() {
+        // A token count (u64 LE), and a byte 1 inside a call's arguments.
+        let plain = read_state(&[7, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+        assert_eq!((plain.produced, in_call(&plain).unwrap()), (7, false));
+        let calling = read_state(&[0, 1, 0, 0, 0, 0, 0, 0, 1]).unwrap();
+        assert_eq!((calling.produced, in_call(&calling).unwrap()), (256, true));
+        let empty = read_state(&[]).unwrap();
+        assert_eq!((empty.produced, in_call(&empty).unwrap()), (0, false));
+        // Read as the envelope this release writes for the same point.
+        assert_eq!(read_state(&state_of(7, false)).unwrap(), plain);
+        assert_eq!(read_state(&state_of(256, true)).unwrap(), calling);
+    }
+
+    #[test]
+    fn other_engines_states_are_refused() {
+        let foreign = ResumeState::new(7, vec![0]).encode(EngineTag::new("reference"));
+        assert!(matches!(
+            read_state(&foreign),
+            Err(StateError::Foreign { found, .. }) if found == "reference"
+        ));
+        // The reference engine's text state of the first releases, the llama engine's (one
+        // token), and 9 bytes whose count is past any budget.
+        for bytes in [
+            &[1, 3, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, b'a'][..],
+            b"LLS1\x01\0\0\0\x05\0\0\0\0",
+            &[2, 0, 0, 0, 0, 0, 0, 1, 0],
+        ] {
+            assert_eq!(
+                read_state(bytes),
+                Err(StateError::Unrecognized { engine: STATE_TAG })
+            );
+        }
     }
 }

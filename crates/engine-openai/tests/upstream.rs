@@ -19,6 +19,7 @@ use lmsp_domain::ports::{
 };
 use lmsp_domain::task::{Input, TaskSpec};
 use lmsp_domain::time::Timestamp;
+use lmsp_engine_kit::{EngineTag, ResumeState};
 use lmsp_engine_openai::{OpenAiEngine, OpenAiSettings};
 
 /// What the stand-in answers to a chat completion.
@@ -218,7 +219,7 @@ async fn a_resumed_job_asks_for_the_tokens_left_by_its_snapshot() {
     let engine = engine(base);
     // Seven tokens made three words so far.
     let resume = ResumePoint {
-        state: 7u64.to_le_bytes().to_vec(),
+        state: ResumeState::new(7, vec![0]).encode(EngineTag::new("openai")),
         text_so_far: "so far ".into(),
     };
     let mut resumed = engine.generate(job(10, Some(resume))).await.unwrap();
@@ -252,6 +253,29 @@ async fn a_resumed_job_with_no_budget_left_finishes_without_asking() {
     assert!(
         matches!(items.as_slice(), [GenerationItem::Finished { usage }] if usage.output_tokens == 4)
     );
+    assert!(seen.lock().unwrap().is_empty());
+}
+
+/// A state past the end of the budget, or another engine's, fails the generation before the
+/// upstream is asked anything.
+#[tokio::test]
+async fn a_resume_past_the_budget_or_from_another_engines_state_fails() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let base = upstream(Reply::Chunks(words(&["more"], 5)), seen.clone()).await;
+    let engine = engine(base);
+    for state in [
+        ResumeState::new(5, vec![0]).encode(EngineTag::new("openai")),
+        5u64.to_le_bytes().to_vec(),
+        ResumeState::new(1, vec![0]).encode(EngineTag::new("reference")),
+        b"LLS1".to_vec(),
+    ] {
+        let resume = ResumePoint {
+            state,
+            text_so_far: "a b c d e ".into(),
+        };
+        let result = engine.generate(job(4, Some(resume))).await;
+        assert!(matches!(result, Err(EngineError::Failed(_))));
+    }
     assert!(seen.lock().unwrap().is_empty());
 }
 
@@ -421,6 +445,7 @@ async fn a_resume_on_llama_cpp_continues_the_templated_prompt_and_counts_its_tok
     let base = llama_cpp_upstream(chunks, seen.clone()).await;
     let engine = engine(base);
     engine.load(&job(10, None).model).await.unwrap();
+    // A state of the first releases: the token count alone.
     let resume = ResumePoint {
         state: 6u64.to_le_bytes().to_vec(),
         text_so_far: "012345".into(),
@@ -432,9 +457,11 @@ async fn a_resume_on_llama_cpp_continues_the_templated_prompt_and_counts_its_tok
     let states: Vec<u64> = items
         .iter()
         .filter_map(|item| match item {
-            GenerationItem::Delta { state, .. } => {
-                Some(u64::from_le_bytes(state.as_slice().try_into().unwrap()))
-            }
+            GenerationItem::Delta { state, .. } => Some(
+                ResumeState::decode(state, EngineTag::new("openai"))
+                    .unwrap()
+                    .produced,
+            ),
             _ => None,
         })
         .collect();

@@ -5,7 +5,8 @@
 //! circle, so every word has a follower). Token `i` is picked by a PRNG value computed statelessly
 //! from the seed, the prompt and `i`, so the whole output is a pure function of the model
 //! digest, the input, the seed and `max_output_tokens`; the state after each delta (next token
-//! index and context words) is enough to continue exactly there (I-6).
+//! index and context words, in the snapshot envelope of `lmsp-engine-kit`) is enough to continue
+//! exactly there (I-6).
 //!
 //! Tools and structured outputs are answered by a script ([`structured`]): a call of the chosen
 //! tool with the smallest valid arguments, or the smallest valid instance of the format's schema,
@@ -27,7 +28,8 @@ use lmsp_domain::task::{Fraction, Usage};
 use lmsp_domain::{Logprob, TokenLogprob, TopLogprob};
 
 use crate::structured::Script;
-use lmsp_engine_kit::{output_budget, ModelCache};
+use lmsp_engine_kit::envelope::Reader;
+use lmsp_engine_kit::{EngineTag, ModelCache, ResumeState, StateError};
 
 /// How slow the reference engine pretends to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,9 +107,17 @@ impl Engine for ReferenceEngine {
         let max = u64::from(job.spec.max_output_tokens);
         let input_tokens = prompt.split_whitespace().count() as u64;
         let top_logprobs = job.spec.controls.top_logprobs;
+        let resumed = match &job.resume {
+            Some(resume) => {
+                let state = read_state(&resume.state)?;
+                state.remaining(job.spec.max_output_tokens)?;
+                Some(state)
+            }
+            None => None,
+        };
         if let Some(script) = Script::of(&job.spec) {
-            let next = match &job.resume {
-                Some(resume) => decode_script_state(&resume.state)?,
+            let next = match &resumed {
+                Some(state) => script_position(state)?,
                 None => 0,
             };
             return Ok(Box::new(ScriptedGeneration::new(
@@ -119,12 +129,8 @@ impl Engine for ReferenceEngine {
                 top_logprobs,
             )));
         }
-        let (next, context) = match &job.resume {
-            Some(resume) => {
-                let (next, context) = decode_state(&resume.state, &corpus)?;
-                output_budget(job.spec.max_output_tokens, next)?;
-                (next, context)
-            }
+        let (next, context) = match &resumed {
+            Some(state) => (state.produced, text_context(state, &corpus)?),
             None => (0, corpus.start_context(&prompt, base)),
         };
         Ok(Box::new(ReferenceGeneration {
@@ -362,7 +368,7 @@ impl Generation for ReferenceGeneration {
         let text = format!("{} ", self.corpus.word(word));
         let delta = GenerationItem::Delta {
             text: text.clone(),
-            state: encode_state(self.next, &self.context, &self.corpus),
+            state: encode_text_state(self.next, &self.context, &self.corpus),
         };
         match self.top_logprobs {
             None => Ok(Some(delta)),
@@ -544,80 +550,91 @@ impl Generation for ScriptedGeneration {
     }
 }
 
-/// The state of a scripted run: `[version 2][items written: u64 LE]`.
-const SCRIPT_STATE_VERSION: u8 = 2;
+/// The tag of this engine's states in the snapshot envelope.
+const STATE_TAG: EngineTag = EngineTag::new("reference");
 
+/// The first of this engine's own bytes in a state: which kind of run wrote it. A text run's
+/// are followed by its context, `[word count: u8]` then per word `[len: u32 LE][UTF-8]`; a
+/// scripted run's by nothing (its position is the items written, the envelope's count).
+const TEXT_RUN: u8 = 0;
+const SCRIPT_RUN: u8 = 1;
+
+/// The state of a scripted run after `next` items.
 fn encode_script_state(next: u64) -> Vec<u8> {
-    let mut state = vec![SCRIPT_STATE_VERSION];
-    state.extend_from_slice(&next.to_le_bytes());
-    state
+    ResumeState::new(next, vec![SCRIPT_RUN]).encode(STATE_TAG)
 }
 
-fn decode_script_state(state: &[u8]) -> Result<u64, EngineError> {
-    match state {
-        [SCRIPT_STATE_VERSION, rest @ ..] if rest.len() == 8 => {
-            let mut bytes = [0_u8; 8];
-            bytes.copy_from_slice(rest);
-            Ok(u64::from_le_bytes(bytes))
-        }
-        _ => Err(EngineError::Failed(String::from(
-            "invalid reference engine state: not a scripted run's",
-        ))),
-    }
-}
-
-const STATE_VERSION: u8 = 1;
-
-/// `[version 1][next token index: u64 LE][word count: u8]` then per word `[len: u32 LE][UTF-8]`.
-fn encode_state(next: u64, context: &[u32], corpus: &Corpus) -> Vec<u8> {
-    let mut state = vec![STATE_VERSION];
-    state.extend_from_slice(&next.to_le_bytes());
-    state.push(u8::try_from(context.len()).unwrap_or(0));
+/// The state of a text run after `next` words, with its context.
+fn encode_text_state(next: u64, context: &[u32], corpus: &Corpus) -> Vec<u8> {
+    let mut own = vec![TEXT_RUN, u8::try_from(context.len()).unwrap_or(0)];
     for id in context {
         let word = corpus.word(*id).as_bytes();
-        state.extend_from_slice(&u32::try_from(word.len()).unwrap_or(0).to_le_bytes());
-        state.extend_from_slice(word);
+        own.extend_from_slice(&u32::try_from(word.len()).unwrap_or(0).to_le_bytes());
+        own.extend_from_slice(word);
     }
-    state
+    ResumeState::new(next, own).encode(STATE_TAG)
 }
 
-fn decode_state(state: &[u8], corpus: &Corpus) -> Result<(u64, Vec<u32>), EngineError> {
-    let invalid = |why: &str| EngineError::Failed(format!("invalid reference engine state: {why}"));
-    let mut rest = state;
-    let mut take = |n: usize| -> Result<&[u8], EngineError> {
-        if rest.len() < n {
-            return Err(invalid("truncated"));
-        }
-        let (head, tail) = rest.split_at(n);
-        rest = tail;
-        Ok(head)
+/// A snapshot's state: the envelope, or a state of the formats the first releases wrote.
+fn read_state(bytes: &[u8]) -> Result<ResumeState, StateError> {
+    ResumeState::decode_or_legacy(bytes, STATE_TAG, read_legacy_state)
+}
+
+/// The states written before the envelope, as the envelope's: a text run's
+/// `[1][next word index: u64 LE]` followed by its context (as above), and a scripted run's
+/// `[2][items written: u64 LE]`.
+fn read_legacy_state(bytes: &[u8]) -> Result<ResumeState, StateError> {
+    let (kind, rest) = match bytes {
+        [1, rest @ ..] => (TEXT_RUN, rest),
+        [2, rest @ ..] => (SCRIPT_RUN, rest),
+        _ => return Err(StateError::Unrecognized { engine: STATE_TAG }),
     };
-    if take(1)? != [STATE_VERSION] {
-        return Err(invalid("unknown version"));
+    let mut reader = Reader::new(rest);
+    let produced = u64::from_le_bytes(reader.array::<8>()?);
+    let mut own = vec![kind];
+    if kind == TEXT_RUN {
+        own.extend_from_slice(reader.rest());
+    } else {
+        reader.finish()?;
     }
-    let mut next_bytes = [0_u8; 8];
-    next_bytes.copy_from_slice(take(8)?);
-    let next = u64::from_le_bytes(next_bytes);
-    let count = take(1)?[0];
+    Ok(ResumeState::new(produced, own))
+}
+
+/// The position of a scripted run in its state.
+fn script_position(state: &ResumeState) -> Result<u64, StateError> {
+    match state.engine.as_slice() {
+        [SCRIPT_RUN] => Ok(state.produced),
+        [SCRIPT_RUN, rest @ ..] => Err(StateError::TrailingBytes(rest.len())),
+        _ => Err(StateError::Malformed("not a scripted run's")),
+    }
+}
+
+/// The context words of a text run in its state, as ids of `corpus`.
+fn text_context(state: &ResumeState, corpus: &Corpus) -> Result<Vec<u32>, StateError> {
+    let mut reader = Reader::new(&state.engine);
+    if reader.array::<1>()? != [TEXT_RUN] {
+        return Err(StateError::Malformed("not a text run's"));
+    }
+    let [count] = reader.array::<1>()?;
     if !(1..=2).contains(&count) {
-        return Err(invalid("context must hold one or two words"));
+        return Err(StateError::Malformed(
+            "its context must hold one or two words",
+        ));
     }
     let mut context = Vec::new();
     for _ in 0..count {
-        let mut len_bytes = [0_u8; 4];
-        len_bytes.copy_from_slice(take(4)?);
-        let len = u32::from_le_bytes(len_bytes) as usize;
-        let word = std::str::from_utf8(take(len)?).map_err(|_| invalid("a word is not UTF-8"))?;
+        let len = u32::from_le_bytes(reader.array::<4>()?);
+        let len = usize::try_from(len).map_err(|_| StateError::Truncated)?;
+        let word = std::str::from_utf8(reader.bytes(len)?)
+            .map_err(|_| StateError::Malformed("a context word is not UTF-8"))?;
         let id = corpus
             .ids
             .get(word)
-            .ok_or_else(|| invalid("a context word is not in the corpus"))?;
+            .ok_or(StateError::Malformed("a context word is not in the corpus"))?;
         context.push(*id);
     }
-    if !rest.is_empty() {
-        return Err(invalid("trailing bytes"));
-    }
-    Ok((next, context))
+    reader.finish()?;
+    Ok(context)
 }
 
 /// SplitMix64: a fast, well-mixed 64-bit hash of `x`.
@@ -670,6 +687,54 @@ mod tests {
         assert_eq!(picked.into_iter().collect::<Vec<_>>(), vec![3, 7, 9]);
         assert_eq!(Sampling::of(None, None), Sampling::Frequency);
         assert_eq!(Sampling::of(Fraction::new(0.0), None), Sampling::Greedy);
+    }
+
+    /// A text run's state of the first releases, `[1][next: u64 LE][word count][len, word]…`.
+    const LEGACY_TEXT_STATE: &[u8] = &[
+        1, 3, 0, 0, 0, 0, 0, 0, 0, 2, 3, 0, 0, 0, b'o', b'n', b'e', 3, 0, 0, 0, b't', b'w', b'o',
+    ];
+
+    #[test]
+    fn text_states_of_the_first_releases_still_resume() {
+        let corpus = Corpus::new("one two three");
+        let state = read_state(LEGACY_TEXT_STATE).unwrap();
+        assert_eq!(state.produced, 3);
+        assert_eq!(text_context(&state, &corpus).unwrap(), vec![0, 1]);
+        // The same position in the envelope, as this release writes it.
+        let enveloped = encode_text_state(3, &[0, 1], &corpus);
+        assert_eq!(&enveloped[..4], b"LMSP");
+        assert_eq!(read_state(&enveloped).unwrap(), state);
+    }
+
+    #[test]
+    fn scripted_states_of_the_first_releases_still_resume() {
+        let state = read_state(&[2, 5, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+        assert_eq!(script_position(&state).unwrap(), 5);
+        assert_eq!(read_state(&encode_script_state(5)).unwrap(), state);
+        assert_eq!(
+            read_state(&[2, 5, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Err(StateError::TrailingBytes(1))
+        );
+        assert_eq!(read_state(&[2, 5, 0]), Err(StateError::Truncated));
+    }
+
+    #[test]
+    fn a_state_of_the_other_kind_of_run_or_engine_is_refused() {
+        let corpus = Corpus::new("one two three");
+        let text = read_state(&encode_text_state(3, &[0, 1], &corpus)).unwrap();
+        let script = read_state(&encode_script_state(3)).unwrap();
+        assert!(script_position(&text).is_err());
+        assert!(text_context(&script, &corpus).is_err());
+        assert!(text_context(&text, &Corpus::new("four five")).is_err());
+        let llama = ResumeState::new(3, vec![SCRIPT_RUN]).encode(EngineTag::new("llama"));
+        assert!(matches!(
+            read_state(&llama),
+            Err(StateError::Foreign { found, .. }) if found == "llama"
+        ));
+        assert_eq!(
+            read_state(b"LLS2"),
+            Err(StateError::Unrecognized { engine: STATE_TAG })
+        );
     }
 
     /// With zero delays the engine never waits on the timer: a zero-length tokio sleep would

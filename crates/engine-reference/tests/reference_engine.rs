@@ -12,6 +12,7 @@ use lmsp_domain::model::{
 use lmsp_domain::ports::{Engine, EngineError, GenerationItem, GenerationJob, ResumePoint};
 use lmsp_domain::task::{Fraction, Input, TaskSpec, Usage};
 use lmsp_domain::time::Timestamp;
+use lmsp_engine_kit::{EngineTag, ResumeState};
 use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
 use proptest::prelude::*;
 use tokio::time::Instant;
@@ -194,12 +195,43 @@ proptest! {
     }
 }
 
+/// Snapshots stored by the first releases, before the envelope, still resume exactly.
+#[tokio::test]
+async fn a_state_of_the_first_releases_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model(&dir);
+    let engine = ReferenceEngine::new(ReferenceSettings::default());
+    let prompt = "tell me about the forest";
+    let (full, full_end) = run(&engine, job(&model, prompt, 42, 20, None)).await;
+    let cut = 7;
+    let envelope = ResumeState::decode(&full[cut - 1].1, EngineTag::new("reference")).unwrap();
+    assert_eq!(envelope.produced, cut as u64);
+    // The first releases wrote `[1][next word index: u64 LE]` followed by the context, which the
+    // envelope's own bytes hold after their first (the kind of run).
+    let mut legacy = vec![1];
+    legacy.extend_from_slice(&envelope.produced.to_le_bytes());
+    legacy.extend_from_slice(&envelope.engine[1..]);
+    let resume = ResumePoint {
+        state: legacy,
+        text_so_far: text(&full[..cut]),
+    };
+    let (after, end) = run(&engine, job(&model, prompt, 42, 20, Some(resume))).await;
+    assert_eq!(
+        format!("{}{}", text(&full[..cut]), text(&after)),
+        text(&full)
+    );
+    assert_eq!(end, full_end);
+}
+
 #[tokio::test]
 async fn invalid_state_bytes_fail_the_generation() {
     let dir = tempfile::tempdir().unwrap();
     let model = model(&dir);
     let engine = ReferenceEngine::new(ReferenceSettings::default());
-    for state in [vec![], vec![9, 1, 2], vec![1; 40]] {
+    let foreign = ResumeState::new(0, vec![0]).encode(EngineTag::new("openai"));
+    // The openai engine's state of the first releases (a token count).
+    let foreign_legacy = 3u64.to_le_bytes().to_vec();
+    for state in [vec![], vec![9, 1, 2], vec![1; 40], foreign, foreign_legacy] {
         let resume = ResumePoint {
             state,
             text_so_far: String::new(),
