@@ -9,7 +9,9 @@
 use crate::event::{Event, EventKind, EventPayload};
 use crate::idempotency::{IdempotencyRecord, KeyState};
 use crate::ids::{ClientId, InstanceId, TaskId};
-use crate::ports::{DeleteOutcome, RecoveryReport, Snapshot, StepOutcome};
+use crate::ports::{
+    DeleteOutcome, FileDeleteOutcome, PurgeReport, RecoveryReport, Snapshot, StepOutcome,
+};
 use crate::status::TaskStatus;
 use crate::task::{Response, Task};
 use crate::time::Timestamp;
@@ -181,6 +183,23 @@ pub fn decide_delete(task: &Task, client: Option<ClientId>) -> DeleteOutcome {
     }
 }
 
+/// Whether deleting a stored file (of `owner`) deletes it: only the caller's (`client`, when
+/// given: another client's file does not exist for it, I-7), and never while a batch that has
+/// not ended reads it (`in_use`).
+pub fn decide_file_delete(
+    owner: ClientId,
+    client: Option<ClientId>,
+    in_use: bool,
+) -> FileDeleteOutcome {
+    if client.is_some_and(|client| client != owner) {
+        FileDeleteOutcome::NotFound
+    } else if in_use {
+        FileDeleteOutcome::InUse
+    } else {
+        FileDeleteOutcome::Deleted
+    }
+}
+
 /// The statuses a purge removes (P-6: never an unfinished one), for an adapter's
 /// `status IN (…)`.
 pub const PURGED_STATUSES: [TaskStatus; 3] = TaskStatus::FINISHED;
@@ -192,6 +211,18 @@ pub struct PurgeBatch {
     pub tasks: usize,
     /// Whether candidates are left for a later batch.
     pub more: bool,
+}
+
+impl PurgeBatch {
+    /// The batch's report once its tasks were removed with `events` events in all: every task
+    /// it took counts, and whether more were left is the batch's own finding.
+    pub fn report(&self, events: u64) -> PurgeReport {
+        PurgeReport {
+            tasks: self.tasks as u64,
+            events,
+            more: self.more,
+        }
+    }
 }
 
 /// P-5: one bounded purge batch over `candidates` (the event count of each finished task past

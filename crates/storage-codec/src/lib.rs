@@ -12,7 +12,10 @@
 //! is theirs.
 
 pub mod batches;
+pub mod columns;
 pub mod events;
+pub mod pairing;
+pub mod query;
 pub mod records;
 pub mod recovery;
 pub mod rows;
@@ -44,7 +47,7 @@ use lmsp_domain::auth::{Scope, Scopes};
 use lmsp_domain::event::CallItem;
 use lmsp_domain::ids::{ItemId, ResponseId, ServiceId, TaskId};
 use lmsp_domain::model::ModelId;
-use lmsp_domain::ports::{ServiceIdentity, StoreError};
+use lmsp_domain::ports::{Initialized, ServiceIdentity, StoreError};
 use lmsp_domain::task::{
     Fraction, Input, Message, Metadata, Response, Role, TaskError, TaskSpec, Usage,
 };
@@ -522,6 +525,28 @@ pub fn identity_from_text(text: &str) -> Result<ServiceIdentity, DbError> {
     })
 }
 
+/// The `service_config` key of the service identity's document.
+pub const IDENTITY_KEY: &str = "identity";
+
+/// What initializing a store answers: `stored` is the identity document the store held already
+/// (`None`: it was empty, so `candidate` was stored, with the admin client, and this is the first
+/// start).
+pub fn initialized(
+    stored: Option<&str>,
+    candidate: &ServiceIdentity,
+) -> Result<Initialized, DbError> {
+    Ok(match stored {
+        Some(doc) => Initialized {
+            identity: identity_from_text(doc)?,
+            first_start: false,
+        },
+        None => Initialized {
+            identity: candidate.clone(),
+            first_start: true,
+        },
+    })
+}
+
 /// The pairing limit (`service_config` key `pairing_limit`).
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct PairingLimitDoc {
@@ -555,6 +580,23 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_store_that_held_an_identity_keeps_it_and_an_empty_one_takes_the_candidate() {
+        let stored = ServiceIdentity {
+            id: ServiceId::from_ulid(ulid::Ulid::from_parts(1, 1)),
+            created_at: Timestamp::from_millis(5),
+        };
+        let candidate = ServiceIdentity {
+            id: ServiceId::from_ulid(ulid::Ulid::from_parts(2, 2)),
+            created_at: Timestamp::from_millis(9),
+        };
+        let doc = identity_to_text(&stored).unwrap();
+        let again = initialized(Some(&doc), &candidate).unwrap();
+        assert_eq!((again.identity, again.first_start), (stored, false));
+        let first = initialized(None, &candidate).unwrap();
+        assert_eq!((first.identity, first.first_start), (candidate, true));
+    }
 
     /// The documents the first release wrote decode, field by field.
     #[test]

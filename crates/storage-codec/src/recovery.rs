@@ -2,6 +2,8 @@
 //! the same position in both adapters, over the unfinished statuses in the order recovery looks
 //! at them (P-7).
 
+use std::future::Future;
+
 use lmsp_domain::ids::TaskId;
 use lmsp_domain::ports::RecoveryReport;
 use lmsp_domain::status::TaskStatus;
@@ -45,6 +47,25 @@ impl RecoveryCursor {
     }
 }
 
+/// A whole recovery pass: `batch` run from [`RecoveryCursor::START`], each time from where the
+/// last one stopped, until one says the pass is complete; what every batch did, added up. Each
+/// adapter's `batch` is one transaction of its own (its locking and writing are the adapter's);
+/// the walk over the batches is the same in both.
+pub async fn recovery_pass<E, F, Fut>(mut batch: F) -> Result<RecoveryReport, E>
+where
+    F: FnMut(RecoveryCursor) -> Fut,
+    Fut: Future<Output = Result<RecoveryStep, E>>,
+{
+    let mut report = RecoveryReport::default();
+    let mut cursor = Some(RecoveryCursor::START);
+    while let Some(from) = cursor {
+        let (part, next) = batch(from).await?;
+        report.absorb(part);
+        cursor = next;
+    }
+    Ok(report)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +85,44 @@ mod tests {
             RecoveryCursor::START.unless_done(),
             Some(RecoveryCursor::START)
         );
+    }
+
+    #[test]
+    fn a_pass_adds_up_its_batches_and_starts_each_where_the_last_stopped() {
+        let mut starts = Vec::new();
+        let pass = recovery_pass(|from| {
+            starts.push(from);
+            let next = from.next_status().unless_done();
+            let part = RecoveryReport {
+                moved: 1,
+                ..RecoveryReport::default()
+            };
+            std::future::ready(Ok::<_, ()>((part, next)))
+        });
+        let report = block_on(pass).expect("no batch fails");
+        assert_eq!(starts.first(), Some(&RecoveryCursor::START));
+        assert_eq!(starts.len(), TaskStatus::UNFINISHED.len());
+        assert_eq!(report.moved, TaskStatus::UNFINISHED.len() as u64);
+    }
+
+    #[test]
+    fn a_failed_batch_ends_the_pass_with_its_error() {
+        let mut runs = 0;
+        let pass = recovery_pass(|_| {
+            runs += 1;
+            std::future::ready(Err::<RecoveryStep, _>("lost"))
+        });
+        assert_eq!(block_on(pass), Err("lost"));
+        assert_eq!(runs, 1);
+    }
+
+    /// Runs a future that never waits (the batches above are ready at once).
+    fn block_on<F: Future>(future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+        match future.as_mut().poll(&mut context) {
+            std::task::Poll::Ready(output) => output,
+            std::task::Poll::Pending => panic!("a ready batch never waits"),
+        }
     }
 }

@@ -6,8 +6,10 @@
 //! Only statements that mean the same in both databases are here; where one adapter locks what
 //! it reads (`FOR UPDATE`), upserts differently or batches, the statement stays in the adapter.
 
-use crate::records::CLIENT_COLUMNS;
+use crate::batches::{BATCH_COLUMNS, FILE_COLUMNS};
+use crate::records::{CLIENT_COLUMNS, IDEMPOTENCY_COLUMNS, MODEL_COLUMNS};
 use crate::rows::{TASK_COLUMNS, TASK_FROM};
+use crate::webhooks::{DELIVERY_COLUMNS, ENDPOINT_COLUMNS};
 
 /// `sql` with every `$N` placeholder outside a string literal written as `?N`.
 pub fn for_sqlite(sql: &str) -> String {
@@ -66,6 +68,34 @@ pub const SET_CLIENT_LIMITS: &str = "INSERT INTO client_queues (client_id, max_r
 /// Uses up the pairing code with hash `$1`.
 pub const DELETE_PAIRING: &str = "DELETE FROM pairings WHERE code_hash = $1";
 
+/// The idempotency record under client `$1`, operation `$2` and key `$3`: its
+/// [`IDEMPOTENCY_COLUMNS`]. PostgreSQL locks it (`FOR UPDATE` after this text).
+pub fn idempotency_record() -> String {
+    format!(
+        "SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency_keys \
+         WHERE client_id = $1 AND operation = $2 AND key = $3"
+    )
+}
+
+/// Stores an idempotency record: client `$1`, operation `$2`, key `$3`, then its row's values
+/// in [`IDEMPOTENCY_COLUMNS`] order (`$4…$10`). A record stored under the key already is
+/// replaced when `replace`, else left as it is (and the statement changes no row).
+pub fn put_idempotency_record(replace: bool) -> String {
+    let conflict = if replace {
+        "DO UPDATE SET digest = EXCLUDED.digest, reply = EXCLUDED.reply, \
+         reply_task = EXCLUDED.reply_task, held_until = EXCLUDED.held_until, \
+         held_by = EXCLUDED.held_by, created_at = EXCLUDED.created_at, \
+         expires_at = EXCLUDED.expires_at"
+    } else {
+        "DO NOTHING"
+    };
+    format!(
+        "INSERT INTO idempotency_keys (client_id, operation, key, {IDEMPOTENCY_COLUMNS}) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+         ON CONFLICT (client_id, operation, key) {conflict}"
+    )
+}
+
 /// Ends a key's hold, first step: its record goes if it is pending (client `$1`, operation
 /// `$2`, key `$3`).
 pub const DELETE_PENDING_KEY: &str = "DELETE FROM idempotency_keys \
@@ -82,6 +112,142 @@ pub const DELETE_PENDING_KEYS_OF: &str =
 /// Ends the holds of instance `$1`, second step: its answered records stay, unheld.
 pub const UNHOLD_KEYS_OF: &str =
     "UPDATE idempotency_keys SET held_until = NULL, held_by = NULL WHERE held_by = $1";
+
+/// Stores a model (its row's eight values, in [`MODEL_COLUMNS`] order) unless its id exists.
+pub fn insert_model() -> String {
+    format!(
+        "INSERT INTO models ({MODEL_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         ON CONFLICT (id) DO NOTHING"
+    )
+}
+
+/// A model by id (`$1`). PostgreSQL locks it (`FOR UPDATE` after this text) when it deletes it.
+pub fn model_by_id() -> String {
+    format!("SELECT {MODEL_COLUMNS} FROM models WHERE id = $1")
+}
+
+/// Every model, by id.
+pub fn all_models() -> String {
+    format!("SELECT {MODEL_COLUMNS} FROM models ORDER BY id")
+}
+
+/// Deletes model `$1`.
+pub const DELETE_MODEL: &str = "DELETE FROM models WHERE id = $1";
+
+/// Records model `$5`'s new fingerprint: path `$1`, size `$2`, modification time `$3`, digest
+/// `$4` (never an upstream model's).
+pub const UPDATE_MODEL_FILE: &str = "UPDATE models SET path = $1, size_bytes = $2, \
+     modified_millis = $3, digest = $4 WHERE id = $5 AND upstream_model IS NULL";
+
+/// Whether the model at path `$1` was deleted by a user (then it is not registered again when
+/// found). PostgreSQL share-locks the row (`FOR SHARE` after this text).
+pub const REMOVED_MODEL_FILE: &str = "SELECT 1 FROM removed_model_files WHERE path = $1";
+
+/// Remembers that the model at path `$1` was deleted.
+pub const REMEMBER_REMOVED_MODEL_FILE: &str =
+    "INSERT INTO removed_model_files (path) VALUES ($1) ON CONFLICT (path) DO NOTHING";
+
+/// Forgets that the model at path `$1` was deleted (a model registered there again).
+pub const FORGET_REMOVED_MODEL_FILE: &str = "DELETE FROM removed_model_files WHERE path = $1";
+
+/// Stores a webhook endpoint: its row's nine values, in [`ENDPOINT_COLUMNS`] order.
+pub fn insert_endpoint() -> String {
+    format!(
+        "INSERT INTO webhook_endpoints ({ENDPOINT_COLUMNS}) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    )
+}
+
+/// A webhook endpoint by id (`$1`).
+pub fn endpoint_by_id() -> String {
+    format!("SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id = $1")
+}
+
+/// Webhook endpoints older than `$1`, newest first, at most `$2`.
+pub fn endpoints_before() -> String {
+    format!(
+        "SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id < $1 \
+         ORDER BY id DESC LIMIT $2"
+    )
+}
+
+/// Rewrites endpoint `$1`: name `$2`, URL `$3`, event types `$4`, secret `$5`, previous secret
+/// `$6` and until when it is valid `$7`, the update's time `$8`.
+pub const UPDATE_ENDPOINT: &str = "UPDATE webhook_endpoints SET name = $2, url = $3, \
+     event_types = $4, secret = $5, previous_secret = $6, previous_valid_until = $7, \
+     updated_at = $8 WHERE id = $1";
+
+/// Removes endpoint `$1`.
+pub const DELETE_ENDPOINT: &str = "DELETE FROM webhook_endpoints WHERE id = $1";
+
+/// Removes the deliveries of endpoint `$1`.
+pub const DELETE_ENDPOINT_DELIVERIES: &str =
+    "DELETE FROM webhook_deliveries WHERE endpoint_id = $1";
+
+/// Stores delivery (`$1` endpoint, `$2` event) after an attempt and ends its lease: attempts
+/// `$3`, next attempt `$4`, last status `$5`, last error `$6`, last attempt `$7`, delivered `$8`,
+/// given up `$9`.
+pub const RECORD_ATTEMPT: &str = "UPDATE webhook_deliveries SET attempts = $3, \
+     next_attempt_at = $4, last_status = $5, last_error = $6, last_attempt_at = $7, \
+     delivered_at = $8, given_up_at = $9, leased_until = NULL \
+     WHERE endpoint_id = $1 AND event_id = $2";
+
+/// Endpoint `$1`'s deliveries, the most recent event first, at most `$2`.
+pub fn deliveries_of() -> String {
+    format!(
+        "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE endpoint_id = $1 \
+         ORDER BY created_at DESC, event_id DESC LIMIT $2"
+    )
+}
+
+/// Stores a file's record: its row's eight values, in [`FILE_COLUMNS`] order.
+pub fn insert_file() -> String {
+    format!("INSERT INTO files ({FILE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
+}
+
+/// A file's record by id (`$1`).
+pub fn file_by_id() -> String {
+    format!("SELECT {FILE_COLUMNS} FROM files WHERE id = $1")
+}
+
+/// Removes file `$1`'s record.
+pub const DELETE_FILE: &str = "DELETE FROM files WHERE id = $1";
+
+/// Stores a new batch: its row's 21 values, in [`BATCH_COLUMNS`] order.
+pub fn insert_batch() -> String {
+    let marks: Vec<String> = (1..=BATCH_COLUMNS.split(',').count())
+        .map(|n| format!("${n}"))
+        .collect();
+    format!(
+        "INSERT INTO batches ({BATCH_COLUMNS}) VALUES ({})",
+        marks.join(", ")
+    )
+}
+
+/// A batch by id (`$1`).
+pub fn batch_by_id() -> String {
+    format!("SELECT {BATCH_COLUMNS} FROM batches WHERE id = $1")
+}
+
+/// Removes batch `$1`.
+pub const DELETE_BATCH: &str = "DELETE FROM batches WHERE id = $1";
+
+/// Task `$1`'s stored response document.
+pub const RESPONSE_DOC: &str = "SELECT doc FROM responses WHERE task_id = $1";
+
+/// Removes task `$1`'s events, first (how many went is what a purge counts).
+pub const DELETE_TASK_EVENTS: &str = "DELETE FROM task_events WHERE task_id = $1";
+
+/// Removes the rest of task `$1`'s rows after [`DELETE_TASK_EVENTS`], the task's own row last;
+/// its idempotency records stay, pointing at nothing (a key outlives its task and keeps its
+/// reply until it expires).
+pub const DELETE_TASK_ROWS: [&str; 5] = [
+    "DELETE FROM responses WHERE task_id = $1",
+    "DELETE FROM snapshots WHERE task_id = $1",
+    "UPDATE idempotency_keys SET reply_task = NULL WHERE reply_task = $1",
+    "DELETE FROM task_specs WHERE task_id = $1",
+    "DELETE FROM tasks WHERE id = $1",
+];
 
 /// Batch `$1`'s tasks after line `$2` in line order, at most `$3`, each with its stored response
 /// document (NULL when it has none): the [`TASK_COLUMNS`] and then `r.doc`.
@@ -113,6 +279,13 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_inserted_with_a_placeholder_per_column() {
+        let sql = insert_batch();
+        assert!(sql.ends_with("$20, $21)"), "{sql}");
+        assert!(!sql.contains("$22"), "{sql}");
+    }
+
+    #[test]
     fn the_shared_statements_read_the_same_in_sqlite() {
         for sql in [
             INSERT_CLIENT.to_owned(),
@@ -128,7 +301,37 @@ mod tests {
             UNHOLD_KEY.to_owned(),
             DELETE_PENDING_KEYS_OF.to_owned(),
             UNHOLD_KEYS_OF.to_owned(),
-        ] {
+            idempotency_record(),
+            put_idempotency_record(true),
+            put_idempotency_record(false),
+            insert_model(),
+            model_by_id(),
+            all_models(),
+            DELETE_MODEL.to_owned(),
+            UPDATE_MODEL_FILE.to_owned(),
+            REMOVED_MODEL_FILE.to_owned(),
+            REMEMBER_REMOVED_MODEL_FILE.to_owned(),
+            FORGET_REMOVED_MODEL_FILE.to_owned(),
+            insert_endpoint(),
+            endpoint_by_id(),
+            endpoints_before(),
+            UPDATE_ENDPOINT.to_owned(),
+            DELETE_ENDPOINT.to_owned(),
+            DELETE_ENDPOINT_DELIVERIES.to_owned(),
+            RECORD_ATTEMPT.to_owned(),
+            deliveries_of(),
+            DELETE_TASK_EVENTS.to_owned(),
+            insert_file(),
+            file_by_id(),
+            DELETE_FILE.to_owned(),
+            insert_batch(),
+            batch_by_id(),
+            DELETE_BATCH.to_owned(),
+            RESPONSE_DOC.to_owned(),
+        ]
+        .into_iter()
+        .chain(DELETE_TASK_ROWS.map(str::to_owned))
+        {
             assert!(!sql.contains('?'), "{sql}");
             let sqlite = for_sqlite(&sql);
             assert!(!sqlite.contains('$'), "{sqlite}");

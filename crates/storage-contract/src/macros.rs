@@ -81,6 +81,7 @@ macro_rules! storage_contract_tests {
             schedule::a_client_at_its_max_running_waits_while_others_run,
             schedule::the_claim_order_holds_after_every_write_path_moved_the_fronts,
             schedule::claims_follow_next_claim_over_the_heads_through_random_writes,
+            schedule::aged_heads_go_first_whether_or_not_their_clients_have_a_max_running,
             steps::appended_steps_number_their_events_after_the_last_and_move_the_task_p3_i2,
             steps::a_refused_step_writes_nothing_of_its_batch_p3,
             steps::an_append_at_a_stale_sequence_number_is_refused_as_stale,

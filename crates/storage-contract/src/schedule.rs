@@ -666,3 +666,71 @@ pub async fn claims_follow_next_claim_over_the_heads_through_random_writes<F: St
         {}
     }
 }
+
+/// API §16 over clients with and without a `max_running`: a head that has waited long enough to
+/// go first does so whichever kind its client is, and as its client's limit is set, reached and
+/// lifted, every claim is still the one `next_claim` picks over the heads of the plain list (a
+/// store that keeps the heads of limited clients apart must read both kinds).
+pub async fn aged_heads_go_first_whether_or_not_their_clients_have_a_max_running<
+    F: StoreFactory,
+>(
+    factory: &F,
+) {
+    let (store, _) = fresh_store(factory).await;
+    let mut model = Model::default();
+    let worker = instance_id();
+    let one = ClientLimits {
+        max_running: Some(1),
+        max_queued: None,
+    };
+    let limited_client = limited(&store, one).await;
+    model.max_running.insert(limited_client, 1);
+    let unlimited_client = stored_client(&store).await;
+    let new_task = |client, tier, minute| of(client, tier).created(time(minute * MINUTE)).build();
+    let aged = create(&store, new_task(limited_client, ServiceTier::Flex, 0)).await;
+    for task in [
+        new_task(limited_client, ServiceTier::Flex, 1),
+        new_task(unlimited_client, ServiceTier::Flex, 2),
+        new_task(unlimited_client, ServiceTier::Priority, 19),
+        new_task(limited_client, ServiceTier::Priority, 19),
+    ] {
+        model.put(create(&store, task).await);
+    }
+    model.put(aged.clone());
+    let now = time(20 * MINUTE);
+    let first = model.claim(&store, worker, now, "creates").await.unwrap();
+    assert_eq!(
+        first.id, aged.id,
+        "the limited client's aged flex task first"
+    );
+    // The limited client at its max_running: its heads wait, the other client's aged one goes.
+    let second = model
+        .claim(&store, worker, now, "a max_running reached")
+        .await
+        .unwrap();
+    assert_eq!(second.client_id, unlimited_client);
+    assert_eq!(second.service_tier, ServiceTier::Flex);
+    // The unlimited client gets a limit it is below, the limited one loses its own.
+    let two = ClientLimits {
+        max_running: Some(2),
+        max_queued: None,
+    };
+    assert!(store
+        .set_client_limits(unlimited_client, two)
+        .await
+        .unwrap());
+    model.max_running.insert(unlimited_client, 2);
+    assert!(store
+        .set_client_limits(limited_client, ClientLimits::default())
+        .await
+        .unwrap());
+    model.max_running.remove(&limited_client);
+    for task in [&first, &second] {
+        model.put(finish(&store, task, worker, fail()).await);
+    }
+    while model
+        .claim(&store, worker, time(21 * MINUTE), "limits swapped")
+        .await
+        .is_some()
+    {}
+}

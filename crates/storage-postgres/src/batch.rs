@@ -61,7 +61,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::codec::{self, EventRow, IdempotencyRow, IDEMPOTENCY_COLUMNS};
+use crate::codec::{self, EventRow, IdempotencyRow};
 use crate::error::DbError;
 use crate::notify::Notifier;
 use crate::ops::{
@@ -636,11 +636,8 @@ fn lock_tasks_sql() -> String {
 }
 
 /// One key's record, locked.
-fn lock_key_sql() -> String {
-    format!(
-        "SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency_keys \
-         WHERE client_id = $1 AND operation = $2 AND key = $3 FOR UPDATE"
-    )
+pub(crate) fn lock_key_sql() -> String {
+    format!("{} FOR UPDATE", codec::sql::idempotency_record())
 }
 
 /// `BEGIN` (on the first pass) and the reads of `commands`, pipelined.

@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::InstanceId;
+pub use lmsp_domain::ports::NoListener;
 use lmsp_domain::ports::{CommitStats, FileContents, StoreError, StoreListener};
 use tokio::task::JoinHandle;
 use tokio_postgres::{IsolationLevel, NoTls};
@@ -103,14 +104,6 @@ impl Default for PostgresOptions {
             read_connections: 2,
         }
     }
-}
-
-/// A listener that hears nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoListener;
-
-impl StoreListener for NoListener {
-    fn committed(&self, _events: &[Event]) {}
 }
 
 /// The maintenance leadership this store holds, if any: the connection whose session holds the

@@ -27,6 +27,7 @@ use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
+use lmsp_storage_codec::recovery::recovery_pass;
 use tokio_postgres::NoTls;
 
 /// A reply of another kind than its request's (a bug of the writer, never a caller's).
@@ -497,20 +498,15 @@ impl InstanceStore for PostgresStore {
         rescuer: InstanceId,
         at: Timestamp,
     ) -> Result<RecoveryReport, StoreError> {
-        let mut report = RecoveryReport::default();
-        let mut cursor = Some(ops::instances::RecoveryCursor::START);
         let limit = self.options.recovery_batch.max(1);
-        while let Some(from) = cursor {
-            let (part, next) = self
-                .write(false, move |tx| {
-                    Box::pin(async move {
-                        ops::instances::recover_batch(tx, stopped, rescuer, at, from, limit).await
-                    })
+        let report = recovery_pass(|from| {
+            self.write(false, move |tx| {
+                Box::pin(async move {
+                    ops::instances::recover_batch(tx, stopped, rescuer, at, from, limit).await
                 })
-                .await?;
-            report.absorb(part);
-            cursor = next;
-        }
+            })
+        })
+        .await?;
         self.write(false, move |tx| {
             Box::pin(async move {
                 ops::instances::mark_recovered(tx, stopped, at)

@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use lmsp_domain::event::Event;
 use lmsp_domain::ids::BatchId;
+pub use lmsp_domain::ports::NoListener;
 use lmsp_domain::ports::{StoreError, StoreListener};
 use rusqlite::Connection;
 
@@ -82,14 +82,6 @@ impl Default for SqliteOptions {
             writer_restarts: RestartBudget::default(),
         }
     }
-}
-
-/// A listener that hears nothing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoListener;
-
-impl StoreListener for NoListener {
-    fn committed(&self, _events: &[Event]) {}
 }
 
 /// The SQLite storage adapter.

@@ -25,6 +25,7 @@ use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
+use lmsp_storage_codec::recovery::recovery_pass;
 
 fn no_events<T>(value: T) -> (T, Vec<Event>) {
     (value, Vec::new())
@@ -385,18 +386,13 @@ impl InstanceStore for SqliteStore {
         rescuer: InstanceId,
         at: Timestamp,
     ) -> Result<RecoveryReport, StoreError> {
-        let mut report = RecoveryReport::default();
-        let mut cursor = Some(ops::instances::RecoveryCursor::START);
         let limit = self.recovery_batch;
-        while let Some(from) = cursor {
-            let (part, next) = self
-                .write(Box::new(move |conn| {
-                    ops::instances::recover_batch(conn, stopped, rescuer, at, from, limit)
-                }))
-                .await?;
-            report.absorb(part);
-            cursor = next;
-        }
+        let report = recovery_pass(|from| {
+            self.write(Box::new(move |conn| {
+                ops::instances::recover_batch(conn, stopped, rescuer, at, from, limit)
+            }))
+        })
+        .await?;
         self.write(Box::new(move |conn| {
             ops::instances::mark_recovered(conn, stopped, at).map(no_events)
         }))

@@ -88,6 +88,14 @@ pub trait StoreListener: Send + Sync {
     fn cancel_requested(&self, _task_id: TaskId) {}
 }
 
+/// A listener that hears nothing: for a store opened by a tool or a test that serves no one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoListener;
+
+impl StoreListener for NoListener {
+    fn committed(&self, _events: &[Event]) {}
+}
+
 /// One transaction of the storage adapter's write path, measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitStats {

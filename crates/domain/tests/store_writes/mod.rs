@@ -9,13 +9,17 @@ use lmsp_domain::idempotency::{
     StoredReply,
 };
 use lmsp_domain::ids::{ClientId, TaskId};
-use lmsp_domain::ports::{CancelOutcome, DeleteOutcome, RecoveryReport, Snapshot, StepOutcome};
+use lmsp_domain::ports::{
+    CancelOutcome, DeleteOutcome, FileDeleteOutcome, PurgeReport, RecoveryReport, Snapshot,
+    StepOutcome,
+};
 use lmsp_domain::recovery::{self, recover, Move, RestartPolicy};
 use lmsp_domain::task::Task;
 use lmsp_domain::transition::{advance, advance_all, Refusal, Step};
 use lmsp_domain::writes::{
-    answered_key, decide_delete, plan_append, plan_claim, plan_create, purge_batch,
-    snapshot_change, tally, CreatePlan, PurgeBatch, SnapshotChange, TaskWrite, PURGED_STATUSES,
+    answered_key, decide_delete, decide_file_delete, plan_append, plan_claim, plan_create,
+    purge_batch, snapshot_change, tally, CreatePlan, PurgeBatch, SnapshotChange, TaskWrite,
+    PURGED_STATUSES,
 };
 use lmsp_domain::{TaskStatus, Timestamp};
 use proptest::prelude::*;
@@ -344,6 +348,46 @@ fn a_purge_batch_takes_tasks_in_order_within_its_task_and_event_budgets() {
     assert_eq!(purge_batch(&[0, 0, 11], 5, 10), batch(2, true));
     assert_eq!(purge_batch(&[1, 1], 1, 10), batch(1, true));
     assert_eq!(purge_batch(&[u64::MAX, u64::MAX], 5, 10), batch(1, true));
+}
+
+/// I-7: another client's file does not exist for a caller; the owner (or the admin) deletes it
+/// unless a batch that has not ended reads it.
+#[test]
+fn a_file_is_deleted_only_by_its_owner_and_only_when_no_open_batch_reads_it() {
+    let owner = ClientId::from_ulid(ulid::Ulid::from_parts(1, 1));
+    let other = ClientId::from_ulid(ulid::Ulid::from_parts(1, 2));
+    for in_use in [false, true] {
+        assert_eq!(
+            decide_file_delete(owner, Some(other), in_use),
+            FileDeleteOutcome::NotFound
+        );
+    }
+    for caller in [Some(owner), None] {
+        assert_eq!(
+            decide_file_delete(owner, caller, true),
+            FileDeleteOutcome::InUse
+        );
+        assert_eq!(
+            decide_file_delete(owner, caller, false),
+            FileDeleteOutcome::Deleted
+        );
+    }
+}
+
+/// P-5: a purge batch's report counts every task it took, the events removed with them, and
+/// whether candidates were left.
+#[test]
+fn a_purge_batchs_report_counts_what_it_took_and_what_it_left() {
+    let batch = purge_batch(&[4, 3, 4], 3, 10);
+    assert_eq!(
+        batch.report(7),
+        PurgeReport {
+            tasks: 2,
+            events: 7,
+            more: true
+        }
+    );
+    assert_eq!(purge_batch(&[], 3, 10).report(0), PurgeReport::default());
 }
 
 proptest! {

@@ -13,16 +13,14 @@ use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, Page};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::PURGED_STATUSES;
+use lmsp_domain::writes::{decide_file_delete, PURGED_STATUSES};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::codec::{
-    self, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS, FILE_COLUMNS, STAGING_COLUMNS,
-};
+use crate::codec::{self, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS, STAGING_COLUMNS};
 use crate::ops::{
-    batch_key, client_key, corrupt, decode_task, file_key, to_i64, ulid_of, Db, Res, TASK_COLUMNS,
-    TASK_COLUMN_COUNT, TASK_FROM,
+    batch_key, corrupt, decode_task, file_key, query_rows, read, to_i64, ulid_of, Db, Res,
+    TASK_COLUMN_COUNT,
 };
 
 /// The statuses of a batch that has not ended ([`BatchStatus::UNFINISHED`]), as SQL: literal, so
@@ -52,55 +50,19 @@ pub fn line_key(line: u32) -> Res<i32> {
 
 /// Decodes a batch row selected with [`BATCH_COLUMNS`].
 fn decode_batch(row: &Row) -> Res<Batch> {
-    Ok(BatchRow {
-        id: row.try_get(0)?,
-        client_id: row.try_get(1)?,
-        endpoint: row.try_get(2)?,
-        input_file_id: row.try_get(3)?,
-        completion_window: row.try_get(4)?,
-        status: row.try_get(5)?,
-        output_file_id: row.try_get(6)?,
-        error_file_id: row.try_get(7)?,
-        errors: row.try_get(8)?,
-        total: row.try_get(9)?,
-        completed: row.try_get(10)?,
-        failed: row.try_get(11)?,
-        metadata: row.try_get(12)?,
-        created_at: row.try_get(13)?,
-        times: [
-            row.try_get(14)?,
-            row.try_get(15)?,
-            row.try_get(16)?,
-            row.try_get(17)?,
-            row.try_get(18)?,
-            row.try_get(19)?,
-            row.try_get(20)?,
-        ],
-    }
-    .decode()?)
+    Ok(read::<BatchRow>(row)?.decode()?)
 }
 
-/// Decodes a file row selected with [`FILE_COLUMNS`].
+/// Decodes a file row selected with [`FILE_COLUMNS`](codec::FILE_COLUMNS).
 fn decode_file(row: &Row) -> Res<StoredFile> {
-    Ok(FileRow {
-        id: row.try_get(0)?,
-        client_id: row.try_get(1)?,
-        filename: row.try_get(2)?,
-        purpose: row.try_get(3)?,
-        bytes: row.try_get(4)?,
-        digest: row.try_get(5)?,
-        created_at: row.try_get(6)?,
-        batch_id: row.try_get(7)?,
-    }
-    .decode()?)
+    Ok(read::<FileRow>(row)?.decode()?)
 }
 
 /// Stores a file's record.
 pub async fn insert_file<C: Db>(db: &C, file: &StoredFile) -> Res<()> {
     let row = FileRow::encode(file)?;
-    let sql = format!("INSERT INTO files ({FILE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)");
     db.execute(
-        &sql,
+        &codec::sql::insert_file(),
         &[
             &row.id,
             &row.client_id,
@@ -118,8 +80,7 @@ pub async fn insert_file<C: Db>(db: &C, file: &StoredFile) -> Res<()> {
 
 /// A file's record.
 pub async fn file<C: Db>(db: &C, id: FileId) -> Res<Option<StoredFile>> {
-    let sql = format!("SELECT {FILE_COLUMNS} FROM files WHERE id = $1");
-    db.query_opt(&sql, &[&file_key(id)])
+    db.query_opt(&codec::sql::file_by_id(), &[&file_key(id)])
         .await?
         .as_ref()
         .map(decode_file)
@@ -134,23 +95,8 @@ pub async fn list_files<C: Db>(
     after: Option<FileId>,
     limit: usize,
 ) -> Res<Page<StoredFile>> {
-    let mut sql = format!("SELECT {FILE_COLUMNS} FROM files WHERE TRUE");
-    let mut values: Vec<Param> = Vec::new();
-    if let Some(client) = client {
-        values.push(Box::new(client_key(client)));
-        sql.push_str(&format!(" AND client_id = ${}", values.len()));
-    }
-    if let Some(purpose) = purpose {
-        values.push(Box::new(purpose.as_str()));
-        sql.push_str(&format!(" AND purpose = ${}", values.len()));
-    }
-    if let Some(after) = after {
-        values.push(Box::new(file_key(after)));
-        sql.push_str(&format!(" AND id > ${}", values.len()));
-    }
-    values.push(Box::new(to_i64(limit as u64 + 1)?));
-    sql.push_str(&format!(" ORDER BY id LIMIT ${}", values.len()));
-    let rows = db.query(&sql, &params_of(&values)).await?;
+    let query = codec::query::files_page(client, purpose, after, limit)?;
+    let rows = query_rows(db, &query).await?;
     let items = rows.iter().map(decode_file).collect::<Res<Vec<_>>>()?;
     Ok(Page::of_fetched(items, limit))
 }
@@ -173,21 +119,19 @@ pub async fn delete_file<C: Db>(
         return Ok(FileDeleteOutcome::NotFound);
     };
     let owner: Vec<u8> = row.try_get(0)?;
-    if client.is_some_and(|client| client_key(client) != owner) {
-        return Ok(FileDeleteOutcome::NotFound);
-    }
     // A batch created meanwhile locked the file's row first (`insert_batch`), so it is seen here.
     let sql = format!(
         "SELECT 1 FROM batches WHERE input_file_id = $1 AND status IN {UNFINISHED} LIMIT 1"
     );
-    if db.query_opt(&sql, &[&id]).await?.is_some() {
-        return Ok(FileDeleteOutcome::InUse);
+    let in_use = db.query_opt(&sql, &[&id]).await?.is_some();
+    let owner = ClientId::from_ulid(ulid_of(&owner)?);
+    let outcome = decide_file_delete(owner, client, in_use);
+    if outcome == FileDeleteOutcome::Deleted {
+        db.execute(codec::sql::DELETE_FILE, &[&id]).await?;
+        db.execute("DELETE FROM file_chunks WHERE file_id = $1", &[&id])
+            .await?;
     }
-    db.execute("DELETE FROM files WHERE id = $1", &[&id])
-        .await?;
-    db.execute("DELETE FROM file_chunks WHERE file_id = $1", &[&id])
-        .await?;
-    Ok(FileDeleteOutcome::Deleted)
+    Ok(outcome)
 }
 
 /// Stores a new batch. Its input file's row is share-locked first, so a concurrent delete of the
@@ -225,18 +169,14 @@ pub async fn insert_batch<C: Db>(db: &C, batch: &Batch) -> Res<()> {
         Box::new(cancelling_at),
         Box::new(cancelled_at),
     ];
-    let sql = format!(
-        "INSERT INTO batches ({BATCH_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-         $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
-    );
-    db.execute(&sql, &params_of(&values)).await?;
+    db.execute(&codec::sql::insert_batch(), &params_of(&values))
+        .await?;
     Ok(())
 }
 
 /// A batch, with its counts as they are now.
 pub async fn batch<C: Db>(db: &C, id: BatchId) -> Res<Option<Batch>> {
-    let sql = format!("SELECT {BATCH_COLUMNS} FROM batches WHERE id = $1");
-    db.query_opt(&sql, &[&batch_key(id)])
+    db.query_opt(&codec::sql::batch_by_id(), &[&batch_key(id)])
         .await?
         .as_ref()
         .map(decode_batch)
@@ -250,19 +190,7 @@ pub async fn list_batches<C: Db>(
     before: Option<BatchId>,
     limit: usize,
 ) -> Res<Page<Batch>> {
-    let mut sql = format!("SELECT {BATCH_COLUMNS} FROM batches WHERE TRUE");
-    let mut values: Vec<Param> = Vec::new();
-    if let Some(client) = client {
-        values.push(Box::new(client_key(client)));
-        sql.push_str(&format!(" AND client_id = ${}", values.len()));
-    }
-    if let Some(before) = before {
-        values.push(Box::new(batch_key(before)));
-        sql.push_str(&format!(" AND id < ${}", values.len()));
-    }
-    values.push(Box::new(to_i64(limit as u64 + 1)?));
-    sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", values.len()));
-    let rows = db.query(&sql, &params_of(&values)).await?;
+    let rows = query_rows(db, &codec::query::batches_page(client, before, limit)?).await?;
     let items = rows.iter().map(decode_batch).collect::<Res<Vec<_>>>()?;
     Ok(Page::of_fetched(items, limit))
 }
@@ -494,19 +422,8 @@ pub async fn batch_tasks<C: Db>(
     after: u32,
     limit: usize,
 ) -> Res<Vec<Task>> {
-    let mut sql = format!(
-        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.batch_id = $1 \
-         AND t.batch_line > $2::bigint"
-    );
-    let mut values: Vec<Param> = vec![Box::new(batch_key(batch)), Box::new(i64::from(after))];
-    if !statuses.is_empty() {
-        let names: Vec<&'static str> = statuses.iter().map(|status| status.as_str()).collect();
-        values.push(Box::new(names));
-        sql.push_str(&format!(" AND t.status = ANY(${})", values.len()));
-    }
-    values.push(Box::new(to_i64(limit as u64)?));
-    sql.push_str(&format!(" ORDER BY t.batch_line LIMIT ${}", values.len()));
-    let rows = db.query(&sql, &params_of(&values)).await?;
+    let query = codec::query::batch_tasks(batch, statuses, after, limit)?;
+    let rows = query_rows(db, &query).await?;
     rows.iter().map(decode_task).collect()
 }
 
@@ -623,8 +540,7 @@ pub async fn purge_batches<C: Db>(db: &C, cutoff: Timestamp, max_tasks: usize) -
             purge.files.push(FileId::from_ulid(ulid_of(file)?));
         }
         drop_staged(db, &id).await?;
-        db.execute("DELETE FROM batches WHERE id = $1", &[&id])
-            .await?;
+        db.execute(codec::sql::DELETE_BATCH, &[&id]).await?;
         purge.batches += 1;
     }
     Ok(purge)

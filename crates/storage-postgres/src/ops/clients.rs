@@ -1,7 +1,7 @@
 //! Clients, pairing codes and the pairing limit (kept in `service_config`, its row locked by
 //! every redemption, so the limit holds across processes).
 
-use lmsp_domain::auth::{redeem, Client, Pairing, PairingLimit, RedeemWrite, SecretHash};
+use lmsp_domain::auth::{Client, Pairing, SecretHash};
 use lmsp_domain::ids::ClientId;
 use lmsp_domain::ports::Redemption;
 use lmsp_domain::schedule::ClientLimits;
@@ -9,19 +9,12 @@ use lmsp_domain::time::Timestamp;
 use tokio_postgres::Row;
 
 use crate::codec;
+use crate::codec::pairing::{plan_redemption, PAIRING_LIMIT_KEY};
 use crate::codec::{sql, ClientRow};
-use crate::ops::{client_key, config_value, corrupt, set_config_value, Db, Res};
+use crate::ops::{client_key, config_value, corrupt, read, set_config_value, Db, Res};
 
 fn build_client(row: &Row) -> Res<Client> {
-    Ok(ClientRow {
-        id: row.try_get(0)?,
-        name: row.try_get(1)?,
-        token_hash: row.try_get(2)?,
-        scopes: row.try_get(3)?,
-        created_at: row.try_get(4)?,
-        revoked_at: row.try_get(5)?,
-    }
-    .decode()?)
+    Ok(read::<ClientRow>(row)?.decode()?)
 }
 
 /// Stores a client.
@@ -129,8 +122,6 @@ pub async fn insert_pairing<C: Db>(db: &C, pairing: &Pairing) -> Res<()> {
     Ok(())
 }
 
-const PAIRING_LIMIT: &str = "pairing_limit";
-
 /// Redeems a pairing code under the pairing limit, all in the current transaction: the limit's
 /// row is locked first, so redemptions in every process take their turn.
 pub async fn redeem_pairing<C: Db>(
@@ -139,38 +130,25 @@ pub async fn redeem_pairing<C: Db>(
     client: &Client,
     at: Timestamp,
 ) -> Res<Redemption> {
-    let limit: PairingLimit = match config_value(db, PAIRING_LIMIT, true).await? {
-        Some(text) => codec::pairing_limit_from_text(&text)?,
-        None => PairingLimit::default(),
-    };
-    if let Err(until) = limit.check(at) {
-        return Ok(Redemption::Locked { until });
-    }
-    let scopes: Option<String> = match db
+    let limit = config_value(db, PAIRING_LIMIT_KEY, true).await?;
+    let scopes: Option<String> = db
         .query_opt(
             "SELECT scopes FROM pairings WHERE code_hash = $1 AND expires_at > $2 FOR UPDATE",
             &[&hash.to_hex(), &at.as_millis()],
         )
         .await?
-    {
-        Some(row) => Some(row.try_get(0)?),
-        None => None,
-    };
-    let granted = scopes.as_deref().map(codec::scopes_from_text).transpose()?;
-    let write = redeem(&limit, granted.as_ref(), &client.scopes, at);
-    match &write {
-        RedeemWrite::Failure(after) => {
-            let text = codec::pairing_limit_to_text(&after.limit)?;
-            set_config_value(db, PAIRING_LIMIT, &text).await?;
-            if after.burn_codes {
-                db.execute("DELETE FROM pairings", &[]).await?;
-            }
-        }
-        RedeemWrite::ScopesNotGranted => {}
-        RedeemWrite::Pair => {
-            db.execute(sql::DELETE_PAIRING, &[&hash.to_hex()]).await?;
-            insert_client(db, client).await?;
-        }
+        .map(|row| row.try_get(0))
+        .transpose()?;
+    let plan = plan_redemption(limit.as_deref(), scopes.as_deref(), &client.scopes, at)?;
+    if let Some(limit) = &plan.limit {
+        set_config_value(db, PAIRING_LIMIT_KEY, limit).await?;
     }
-    Ok(write.redemption())
+    if plan.burn_codes {
+        db.execute("DELETE FROM pairings", &[]).await?;
+    }
+    if plan.pair {
+        db.execute(sql::DELETE_PAIRING, &[&hash.to_hex()]).await?;
+        insert_client(db, client).await?;
+    }
+    Ok(plan.redemption)
 }

@@ -32,10 +32,7 @@ pub async fn insert_events<C: Db>(db: &C, events: &[Event]) -> Res<()> {
 /// The stored response of a task, checked to be that task's.
 pub async fn response_of_task<C: Db>(db: &C, task_id: TaskId) -> Res<Option<Response>> {
     let doc: Option<String> = match db
-        .query_opt(
-            "SELECT doc FROM responses WHERE task_id = $1",
-            &[&key(task_id)],
-        )
+        .query_opt(codec::sql::RESPONSE_DOC, &[&key(task_id)])
         .await?
     {
         Some(row) => row.try_get(0)?,

@@ -13,10 +13,10 @@ use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::answered_key;
 
-use crate::codec::{sql, IdempotencyRow, IDEMPOTENCY_COLUMNS};
+use crate::codec::{sql, IdempotencyRow};
 use crate::error::DbError;
 use crate::ops::models::insert_model;
-use crate::ops::{client_key, instance_key, to_i64, Db, Res};
+use crate::ops::{client_key, instance_key, read, to_i64, Db, Res};
 
 /// The record stored under a key, expired or not, its row locked until the transaction ends.
 pub async fn locked_record<C: Db>(
@@ -24,13 +24,9 @@ pub async fn locked_record<C: Db>(
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
 ) -> Res<Option<IdempotencyRecord>> {
-    let sql = format!(
-        "SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency_keys \
-         WHERE client_id = $1 AND operation = $2 AND key = $3 FOR UPDATE"
-    );
     let Some(row) = db
         .query_opt(
-            &sql,
+            &crate::batch::lock_key_sql(),
             &[
                 &client_key(scope.client_id),
                 &scope.operation.as_str(),
@@ -44,22 +40,14 @@ pub async fn locked_record<C: Db>(
     Ok(Some(decode_record(&row, scope, key_text)?))
 }
 
-/// Decodes a record read with [`IDEMPOTENCY_COLUMNS`] (its key given).
+/// Decodes a record read with [`IDEMPOTENCY_COLUMNS`](crate::codec::IDEMPOTENCY_COLUMNS) (its key
+/// given).
 pub fn decode_record(
     row: &tokio_postgres::Row,
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
 ) -> Res<IdempotencyRecord> {
-    Ok(IdempotencyRow {
-        digest: row.try_get(0)?,
-        reply: row.try_get(1)?,
-        reply_task: row.try_get(2)?,
-        held_until: row.try_get(3)?,
-        held_by: row.try_get(4)?,
-        created_at: row.try_get(5)?,
-        expires_at: row.try_get(6)?,
-    }
-    .decode(scope, key_text)?)
+    Ok(read::<IdempotencyRow>(row)?.decode(scope, key_text)?)
 }
 
 /// Writes a record. When the transaction found (and locked) a record under the key, it is
@@ -67,19 +55,7 @@ pub fn decode_record(
 /// transaction runs again ([`DbError::Retry`]) to decide on that record.
 pub async fn put_record<C: Db>(db: &C, record: &IdempotencyRecord, existed: bool) -> Res<()> {
     let row = IdempotencyRow::encode(record);
-    let conflict = if existed {
-        "ON CONFLICT (client_id, operation, key) DO UPDATE SET digest = EXCLUDED.digest, \
-         reply = EXCLUDED.reply, reply_task = EXCLUDED.reply_task, \
-         held_until = EXCLUDED.held_until, held_by = EXCLUDED.held_by, \
-         created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at"
-    } else {
-        "ON CONFLICT (client_id, operation, key) DO NOTHING"
-    };
-    let sql = format!(
-        "INSERT INTO idempotency_keys (client_id, operation, key, digest, reply, reply_task, \
-         held_until, held_by, created_at, expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) {conflict}"
-    );
+    let sql = sql::put_idempotency_record(existed);
     let written = db
         .execute(
             &sql,

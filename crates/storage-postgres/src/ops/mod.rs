@@ -21,7 +21,9 @@ use lmsp_domain::event::Event;
 use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, TaskId};
 use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
-use tokio_postgres::types::ToSql;
+use lmsp_storage_codec::columns::{Columns, ReadRow};
+use lmsp_storage_codec::query::{Param, Query};
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 use ulid::Ulid;
 
@@ -109,6 +111,76 @@ pub fn corrupt(what: impl std::fmt::Display) -> DbError {
     codec::corrupt(what).into()
 }
 
+/// A PostgreSQL row as the codec reads its values ([`Columns`]): an integer reads from a
+/// `smallint`, an `integer` or a `bigint` column alike (tiers, lines and attempts are kept
+/// narrow here, and every integer is an `INTEGER` in SQLite).
+struct PgColumns<'r>(&'r Row);
+
+impl PgColumns<'_> {
+    fn width(&self, index: usize) -> Option<&Type> {
+        self.0.columns().get(index).map(|column| column.type_())
+    }
+}
+
+impl Columns for PgColumns<'_> {
+    type Error = tokio_postgres::Error;
+
+    fn bytes(&self, index: usize) -> Result<Vec<u8>, Self::Error> {
+        self.0.try_get(index)
+    }
+
+    fn bytes_or_null(&self, index: usize) -> Result<Option<Vec<u8>>, Self::Error> {
+        self.0.try_get(index)
+    }
+
+    fn text(&self, index: usize) -> Result<String, Self::Error> {
+        self.0.try_get(index)
+    }
+
+    fn text_or_null(&self, index: usize) -> Result<Option<String>, Self::Error> {
+        self.0.try_get(index)
+    }
+
+    fn int(&self, index: usize) -> Result<i64, Self::Error> {
+        match self.width(index) {
+            Some(&Type::INT2) => self.0.try_get::<_, i16>(index).map(i64::from),
+            Some(&Type::INT4) => self.0.try_get::<_, i32>(index).map(i64::from),
+            _ => self.0.try_get(index),
+        }
+    }
+
+    fn int_or_null(&self, index: usize) -> Result<Option<i64>, Self::Error> {
+        match self.width(index) {
+            Some(&Type::INT2) => Ok(self.0.try_get::<_, Option<i16>>(index)?.map(i64::from)),
+            Some(&Type::INT4) => Ok(self.0.try_get::<_, Option<i32>>(index)?.map(i64::from)),
+            _ => self.0.try_get(index),
+        }
+    }
+
+    fn flag(&self, index: usize) -> Result<bool, Self::Error> {
+        self.0.try_get(index)
+    }
+}
+
+/// Reads a stored row selected with its columns list.
+pub fn read<T: ReadRow>(row: &Row) -> Res<T> {
+    Ok(T::read(&PgColumns(row))?)
+}
+
+/// Runs a list read built by `codec::query`; its rows.
+pub async fn query_rows<C: Db>(db: &C, query: &Query) -> Res<Vec<Row>> {
+    let values: Vec<&(dyn ToSql + Sync)> = query
+        .params
+        .iter()
+        .map(|param| match param {
+            Param::Blob(bytes) => bytes as &(dyn ToSql + Sync),
+            Param::Text(text) => text,
+            Param::Integer(number) => number,
+        })
+        .collect();
+    Ok(db.query(&query.sql, &values).await?)
+}
+
 /// The stored key of a task id: its ULID's 16 bytes (so key order is creation order).
 pub fn key(id: TaskId) -> Vec<u8> {
     id.ulid().to_bytes().to_vec()
@@ -147,32 +219,7 @@ pub fn instance_of(bytes: &[u8]) -> Res<InstanceId> {
 /// Decodes a task row selected with [`TASK_COLUMNS`]; a row that stores no `accepted_by` was
 /// accepted by its owner.
 pub fn decode_task(row: &Row) -> Res<Task> {
-    Ok(codec::TaskRow {
-        id: row.try_get(0)?,
-        client_id: row.try_get(1)?,
-        status: row.try_get(2)?,
-        model: row.try_get(3)?,
-        on_restart: row.try_get(4)?,
-        created_at: row.try_get(5)?,
-        started_at: row.try_get(6)?,
-        finished_at: row.try_get(7)?,
-        last_sequence_number: row.try_get(8)?,
-        restarts: row.try_get(9)?,
-        error: row.try_get(10)?,
-        response_id: row.try_get(11)?,
-        owner: row.try_get(12)?,
-        background: row.try_get(13)?,
-        items_opened: row.try_get(14)?,
-        item_open: row.try_get(15)?,
-        spec: row.try_get(16)?,
-        metadata: row.try_get(17)?,
-        accepted_by: row.try_get(18)?,
-        tier: i64::from(row.try_get::<_, i16>(19)?),
-        batch_id: row.try_get(20)?,
-        batch_line: row.try_get::<_, Option<i32>>(21)?.map(i64::from),
-        custom_id: row.try_get(22)?,
-    }
-    .decode(None)?)
+    Ok(read::<codec::TaskRow>(row)?.decode(None)?)
 }
 
 /// Reads a task (no lock: a read).

@@ -3,21 +3,11 @@
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use tokio_postgres::Row;
 
-use crate::codec::{ModelRow, MODEL_COLUMNS};
-use crate::ops::{to_i64, Db, Res};
+use crate::codec::{sql, ModelRow};
+use crate::ops::{read, to_i64, Db, Res};
 
 fn build_model(row: &Row) -> Res<ModelRecord> {
-    Ok(ModelRow {
-        id: row.try_get(0)?,
-        format: row.try_get(1)?,
-        path: row.try_get(2)?,
-        size_bytes: row.try_get(3)?,
-        modified_millis: row.try_get(4)?,
-        digest: row.try_get(5)?,
-        upstream_model: row.try_get(6)?,
-        created_at: row.try_get(7)?,
-    }
-    .decode()?)
+    Ok(read::<ModelRow>(row)?.decode()?)
 }
 
 /// Stores a model unless the id exists.
@@ -25,9 +15,7 @@ pub async fn insert_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool> {
     let row = ModelRow::encode(model)?;
     let changed = db
         .execute(
-            "INSERT INTO models (id, format, path, size_bytes, modified_millis, digest, \
-             upstream_model, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT (id) DO NOTHING",
+            &sql::insert_model(),
             &[
                 &row.id,
                 &row.format,
@@ -42,8 +30,7 @@ pub async fn insert_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool> {
         .await?;
     if changed == 1 {
         if let Some(path) = &row.path {
-            db.execute("DELETE FROM removed_model_files WHERE path = $1", &[&path])
-                .await?;
+            db.execute(sql::FORGET_REMOVED_MODEL_FILE, &[&path]).await?;
         }
     }
     Ok(changed == 1)
@@ -54,7 +41,7 @@ pub async fn insert_found_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool>
     if let Some(file) = model.file() {
         let removed = db
             .query_opt(
-                "SELECT 1 FROM removed_model_files WHERE path = $1 FOR SHARE",
+                &format!("{} FOR SHARE", sql::REMOVED_MODEL_FILE),
                 &[&file.path.as_str()],
             )
             .await?;
@@ -67,8 +54,7 @@ pub async fn insert_found_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool>
 
 /// A model by id.
 pub async fn model<C: Db>(db: &C, id: &ModelId) -> Res<Option<ModelRecord>> {
-    let sql = format!("SELECT {MODEL_COLUMNS} FROM models WHERE id = $1");
-    db.query_opt(&sql, &[&id.as_str()])
+    db.query_opt(&sql::model_by_id(), &[&id.as_str()])
         .await?
         .as_ref()
         .map(build_model)
@@ -77,15 +63,18 @@ pub async fn model<C: Db>(db: &C, id: &ModelId) -> Res<Option<ModelRecord>> {
 
 /// Every model by id.
 pub async fn list_models<C: Db>(db: &C) -> Res<Vec<ModelRecord>> {
-    let sql = format!("SELECT {MODEL_COLUMNS} FROM models ORDER BY id");
-    db.query(&sql, &[]).await?.iter().map(build_model).collect()
+    db.query(&sql::all_models(), &[])
+        .await?
+        .iter()
+        .map(build_model)
+        .collect()
 }
 
 /// Deletes a model, remembering its file.
 pub async fn delete_model<C: Db>(db: &C, id: &ModelId) -> Res<bool> {
-    let sql = format!("SELECT {MODEL_COLUMNS} FROM models WHERE id = $1 FOR UPDATE");
+    let locked = format!("{} FOR UPDATE", sql::model_by_id());
     let Some(found) = db
-        .query_opt(&sql, &[&id.as_str()])
+        .query_opt(&locked, &[&id.as_str()])
         .await?
         .as_ref()
         .map(build_model)
@@ -94,23 +83,16 @@ pub async fn delete_model<C: Db>(db: &C, id: &ModelId) -> Res<bool> {
         return Ok(false);
     };
     if let Some(file) = found.file() {
-        db.execute(
-            "INSERT INTO removed_model_files (path) VALUES ($1) ON CONFLICT (path) DO NOTHING",
-            &[&file.path.as_str()],
-        )
-        .await?;
+        db.execute(sql::REMEMBER_REMOVED_MODEL_FILE, &[&file.path.as_str()])
+            .await?;
     }
-    Ok(db
-        .execute("DELETE FROM models WHERE id = $1", &[&id.as_str()])
-        .await?
-        == 1)
+    Ok(db.execute(sql::DELETE_MODEL, &[&id.as_str()]).await? == 1)
 }
 
 /// Records a model's new fingerprint.
 pub async fn update_model_file<C: Db>(db: &C, id: &ModelId, file: &FileFingerprint) -> Res<()> {
     db.execute(
-        "UPDATE models SET path = $1, size_bytes = $2, modified_millis = $3, digest = $4 \
-         WHERE id = $5 AND upstream_model IS NULL",
+        sql::UPDATE_MODEL_FILE,
         &[
             &file.path,
             &to_i64(file.size_bytes)?,

@@ -42,13 +42,9 @@ pub async fn purge_finished<C: Db>(
         sizes.push(from_i64(row.try_get(1)?)?);
     }
     let batch = purge_batch(&sizes, max_tasks, max_events);
-    let mut report = PurgeReport {
-        more: batch.more,
-        ..PurgeReport::default()
-    };
+    let mut events = 0;
     for id in ids.iter().take(batch.tasks) {
-        report.events += delete_task_rows(db, id).await?;
-        report.tasks += 1;
+        events += delete_task_rows(db, id).await?;
     }
-    Ok(report)
+    Ok(batch.report(events))
 }

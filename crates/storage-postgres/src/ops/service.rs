@@ -22,20 +22,14 @@ pub async fn initialize<C: Db>(
             &[&codec::identity_to_text(candidate)?],
         )
         .await?;
-    if inserted == 0 {
-        let doc = config_value(db, "identity", false)
-            .await?
-            .ok_or_else(|| crate::ops::corrupt("the identity vanished"))?;
-        return Ok(Initialized {
-            identity: codec::identity_from_text(&doc)?,
-            first_start: false,
-        });
-    }
-    insert_client(db, admin).await?;
-    Ok(Initialized {
-        identity: candidate.clone(),
-        first_start: true,
-    })
+    let stored = if inserted == 0 {
+        let doc = config_value(db, codec::IDENTITY_KEY, false).await?;
+        Some(doc.ok_or_else(|| crate::ops::corrupt("the identity vanished"))?)
+    } else {
+        insert_client(db, admin).await?;
+        None
+    };
+    Ok(codec::initialized(stored.as_deref(), candidate)?)
 }
 
 /// A tiny write whose commit proves the store accepts commits.

@@ -12,8 +12,10 @@ use lmsp_domain::time::Timestamp;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
 use tokio_postgres::Row;
 
-use crate::codec::{endpoint_key, DeliveryRow, EndpointRow, DELIVERY_COLUMNS, ENDPOINT_COLUMNS};
-use crate::ops::{corrupt, to_i64, Db, Res};
+use crate::codec::{
+    endpoint_key, sql, DeliveryRow, EndpointRow, DELIVERY_COLUMNS, ENDPOINT_COLUMNS,
+};
+use crate::ops::{corrupt, read, to_i64, Db, Res};
 
 /// The advisory lock the claims of deliveries take (`pg_advisory_xact_lock`), so that claims in
 /// every process take their turn: each sees what the one before leased, and "none of an endpoint
@@ -22,38 +24,12 @@ const CLAIM_LOCK: i64 = 0x6c6d_7370_0003;
 
 /// Decodes an endpoint row selected with [`ENDPOINT_COLUMNS`].
 fn decode_endpoint(row: &Row) -> Res<WebhookEndpoint> {
-    Ok(EndpointRow {
-        id: row.try_get(0)?,
-        name: row.try_get(1)?,
-        url: row.try_get(2)?,
-        event_types: row.try_get(3)?,
-        secret: row.try_get(4)?,
-        previous_secret: row.try_get(5)?,
-        previous_valid_until: row.try_get(6)?,
-        created_at: row.try_get(7)?,
-        updated_at: row.try_get(8)?,
-    }
-    .decode()?)
+    Ok(read::<EndpointRow>(row)?.decode()?)
 }
 
-/// Decodes a delivery row selected with [`DELIVERY_COLUMNS`] (`attempts` and `last_status` are
-/// `INTEGER`s).
+/// Decodes a delivery row selected with [`DELIVERY_COLUMNS`].
 fn decode_delivery(row: &Row) -> Res<Delivery> {
-    Ok(DeliveryRow {
-        endpoint_id: row.try_get(0)?,
-        event_id: row.try_get(1)?,
-        event_type: row.try_get(2)?,
-        subject: row.try_get(3)?,
-        created_at: row.try_get(4)?,
-        attempts: i64::from(row.try_get::<_, i32>(5)?),
-        next_attempt_at: row.try_get(6)?,
-        last_status: row.try_get::<_, Option<i32>>(7)?.map(i64::from),
-        last_error: row.try_get(8)?,
-        last_attempt_at: row.try_get(9)?,
-        delivered_at: row.try_get(10)?,
-        given_up_at: row.try_get(11)?,
-    }
-    .decode()?)
+    Ok(read::<DeliveryRow>(row)?.decode()?)
 }
 
 /// A count or status in its stored form (`INTEGER`).
@@ -64,12 +40,8 @@ fn int_of(value: i64, what: &str) -> Res<i32> {
 /// Stores a new endpoint.
 pub async fn insert_endpoint<C: Db>(db: &C, endpoint: &WebhookEndpoint) -> Res<()> {
     let row = EndpointRow::encode(endpoint);
-    let sql = format!(
-        "INSERT INTO webhook_endpoints ({ENDPOINT_COLUMNS}) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-    );
     db.execute(
-        &sql,
+        &sql::insert_endpoint(),
         &[
             &row.id,
             &row.name,
@@ -88,8 +60,7 @@ pub async fn insert_endpoint<C: Db>(db: &C, endpoint: &WebhookEndpoint) -> Res<(
 
 /// An endpoint.
 pub async fn endpoint<C: Db>(db: &C, id: WebhookEndpointId) -> Res<Option<WebhookEndpoint>> {
-    let sql = format!("SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id = $1");
-    db.query_opt(&sql, &[&endpoint_key(id).to_vec()])
+    db.query_opt(&sql::endpoint_by_id(), &[&endpoint_key(id).to_vec()])
         .await?
         .as_ref()
         .map(decode_endpoint)
@@ -105,12 +76,11 @@ pub async fn list_endpoints<C: Db>(
     let fetch = to_i64(limit as u64 + 1)?;
     let rows = match before {
         Some(before) => {
-            let sql = format!(
-                "SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id < $1 \
-                 ORDER BY id DESC LIMIT $2"
-            );
-            db.query(&sql, &[&endpoint_key(before).to_vec(), &fetch])
-                .await?
+            db.query(
+                &sql::endpoints_before(),
+                &[&endpoint_key(before).to_vec(), &fetch],
+            )
+            .await?
         }
         None => {
             let sql = format!(
@@ -128,8 +98,7 @@ pub async fn update_endpoint<C: Db>(db: &C, endpoint: &WebhookEndpoint) -> Res<b
     let row = EndpointRow::encode(endpoint);
     let changed = db
         .execute(
-            "UPDATE webhook_endpoints SET name = $2, url = $3, event_types = $4, secret = $5, \
-             previous_secret = $6, previous_valid_until = $7, updated_at = $8 WHERE id = $1",
+            sql::UPDATE_ENDPOINT,
             &[
                 &row.id,
                 &row.name,
@@ -151,14 +120,8 @@ pub async fn delete_endpoint<C: Db>(db: &C, id: WebhookEndpointId) -> Res<bool> 
     let key = endpoint_key(id).to_vec();
     // The endpoint first: its row lock orders this delete after a trigger that is writing a
     // delivery for it, so no delivery of it is left behind.
-    let deleted = db
-        .execute("DELETE FROM webhook_endpoints WHERE id = $1", &[&key])
-        .await?;
-    db.execute(
-        "DELETE FROM webhook_deliveries WHERE endpoint_id = $1",
-        &[&key],
-    )
-    .await?;
+    let deleted = db.execute(sql::DELETE_ENDPOINT, &[&key]).await?;
+    db.execute(sql::DELETE_ENDPOINT_DELIVERIES, &[&key]).await?;
     Ok(deleted == 1)
 }
 
@@ -229,9 +192,7 @@ pub async fn record_attempt<C: Db>(db: &C, delivery: &Delivery) -> Res<()> {
         .map(|status| int_of(status, "an HTTP status"))
         .transpose()?;
     db.execute(
-        "UPDATE webhook_deliveries SET attempts = $3, next_attempt_at = $4, last_status = $5, \
-         last_error = $6, last_attempt_at = $7, delivered_at = $8, given_up_at = $9, \
-         leased_until = NULL WHERE endpoint_id = $1 AND event_id = $2",
+        sql::RECORD_ATTEMPT,
         &[
             &row.endpoint_id,
             &row.event_id,
@@ -254,13 +215,9 @@ pub async fn deliveries<C: Db>(
     endpoint: WebhookEndpointId,
     limit: usize,
 ) -> Res<Vec<Delivery>> {
-    let sql = format!(
-        "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE endpoint_id = $1 \
-         ORDER BY created_at DESC, event_id DESC LIMIT $2"
-    );
     let rows = db
         .query(
-            &sql,
+            &sql::deliveries_of(),
             &[&endpoint_key(endpoint).to_vec(), &to_i64(limit as u64)?],
         )
         .await?;

@@ -10,64 +10,21 @@ use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, Page};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use rusqlite::types::Value;
-use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row};
+use lmsp_domain::writes::decide_file_delete;
+use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::codec::columns::ReadRow;
 use crate::codec::{
     self, batch_key, file_key, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS,
-    FILE_COLUMNS, STAGING_COLUMNS,
+    STAGING_COLUMNS,
 };
 use crate::ops::tasks::delete_task_rows;
-use crate::ops::{client_key, prepare, raw_task, to_i64, RawTask, Res, TASK_COLUMNS, TASK_FROM};
-
-fn file_row(row: &Row<'_>) -> rusqlite::Result<FileRow> {
-    Ok(FileRow {
-        id: row.get(0)?,
-        client_id: row.get(1)?,
-        filename: row.get(2)?,
-        purpose: row.get(3)?,
-        bytes: row.get(4)?,
-        digest: row.get(5)?,
-        created_at: row.get(6)?,
-        batch_id: row.get(7)?,
-    })
-}
-
-fn batch_row(row: &Row<'_>) -> rusqlite::Result<BatchRow> {
-    Ok(BatchRow {
-        id: row.get(0)?,
-        client_id: row.get(1)?,
-        endpoint: row.get(2)?,
-        input_file_id: row.get(3)?,
-        completion_window: row.get(4)?,
-        status: row.get(5)?,
-        output_file_id: row.get(6)?,
-        error_file_id: row.get(7)?,
-        errors: row.get(8)?,
-        total: row.get(9)?,
-        completed: row.get(10)?,
-        failed: row.get(11)?,
-        metadata: row.get(12)?,
-        created_at: row.get(13)?,
-        times: [
-            row.get(14)?,
-            row.get(15)?,
-            row.get(16)?,
-            row.get(17)?,
-            row.get(18)?,
-            row.get(19)?,
-            row.get(20)?,
-        ],
-    })
-}
+use crate::ops::{prepare, query_rows, raw_task, read, to_i64, RawTask, Res};
 
 /// Stores a file's record.
 pub fn insert_file(conn: &Connection, file: &StoredFile) -> Res<()> {
     let row = FileRow::encode(file)?;
-    conn.prepare_cached(&format!(
-        "INSERT INTO files ({FILE_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
-    ))?
-    .execute(params![
+    prepare(conn, &codec::sql::insert_file())?.execute(params![
         row.id,
         row.client_id,
         row.filename,
@@ -80,14 +37,25 @@ pub fn insert_file(conn: &Connection, file: &StoredFile) -> Res<()> {
     Ok(())
 }
 
+/// The row `sql` selects by the key `$1`, decoded.
+fn by_key<R: ReadRow, T>(
+    conn: &Connection,
+    sql: &str,
+    key: [u8; 16],
+    decode: fn(R) -> Result<T, codec::DbError>,
+) -> Res<Option<T>> {
+    let row = prepare(conn, sql)?.query_row([key], read::<R>).optional()?;
+    Ok(row.map(decode).transpose()?)
+}
+
 /// A file's record.
 pub fn file(conn: &Connection, id: FileId) -> Res<Option<StoredFile>> {
-    conn.prepare_cached(&format!("SELECT {FILE_COLUMNS} FROM files WHERE id = ?1"))?
-        .query_row([file_key(id)], file_row)
-        .optional()?
-        .map(FileRow::decode)
-        .transpose()
-        .map_err(Into::into)
+    by_key(
+        conn,
+        &codec::sql::file_by_id(),
+        file_key(id),
+        FileRow::decode,
+    )
 }
 
 /// Files in id order after `after`.
@@ -98,26 +66,8 @@ pub fn list_files(
     after: Option<FileId>,
     limit: usize,
 ) -> Res<Page<StoredFile>> {
-    let mut sql = format!("SELECT {FILE_COLUMNS} FROM files WHERE 1 = 1");
-    let mut values: Vec<Value> = Vec::new();
-    if let Some(client) = client {
-        values.push(Value::Blob(client_key(client).to_vec()));
-        sql.push_str(&format!(" AND client_id = ?{}", values.len()));
-    }
-    if let Some(purpose) = purpose {
-        values.push(Value::Text(purpose.as_str().to_owned()));
-        sql.push_str(&format!(" AND purpose = ?{}", values.len()));
-    }
-    if let Some(after) = after {
-        values.push(Value::Blob(file_key(after).to_vec()));
-        sql.push_str(&format!(" AND id > ?{}", values.len()));
-    }
-    values.push(Value::Integer(to_i64(limit as u64 + 1)?));
-    sql.push_str(&format!(" ORDER BY id LIMIT ?{}", values.len()));
-    let rows: Vec<FileRow> = conn
-        .prepare_cached(&sql)?
-        .query_map(params_from_iter(values), file_row)?
-        .collect::<Result<_, _>>()?;
+    let query = codec::query::files_page(client, purpose, after, limit)?;
+    let rows = query_rows(conn, &query, read::<FileRow>)?;
     page(rows.into_iter().map(FileRow::decode), limit)
 }
 
@@ -143,9 +93,6 @@ pub fn delete_file(
     let Some(stored) = file(conn, id)? else {
         return Ok(FileDeleteOutcome::NotFound);
     };
-    if client.is_some_and(|client| client != stored.client_id) {
-        return Ok(FileDeleteOutcome::NotFound);
-    }
     let [a, b, c, d] = unfinished();
     let in_use: bool = conn
         .prepare_cached(
@@ -153,20 +100,15 @@ pub fn delete_file(
              AND status IN (?2, ?3, ?4, ?5))",
         )?
         .query_row(params![file_key(id), a, b, c, d], |row| row.get(0))?;
-    if in_use {
-        return Ok(FileDeleteOutcome::InUse);
+    let outcome = decide_file_delete(stored.client_id, client, in_use);
+    if outcome == FileDeleteOutcome::Deleted {
+        prepare(conn, codec::sql::DELETE_FILE)?.execute([file_key(id)])?;
     }
-    conn.prepare_cached("DELETE FROM files WHERE id = ?1")?
-        .execute([file_key(id)])?;
-    Ok(FileDeleteOutcome::Deleted)
+    Ok(outcome)
 }
 
 fn write_batch_row(conn: &Connection, row: &BatchRow) -> Res<()> {
-    conn.prepare_cached(&format!(
-        "INSERT INTO batches ({BATCH_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
-         ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"
-    ))?
-    .execute(params![
+    prepare(conn, &codec::sql::insert_batch())?.execute(params![
         row.id,
         row.client_id,
         row.endpoint,
@@ -199,14 +141,12 @@ pub fn insert_batch(conn: &Connection, batch: &Batch) -> Res<()> {
 
 /// A batch.
 pub fn batch(conn: &Connection, id: BatchId) -> Res<Option<Batch>> {
-    conn.prepare_cached(&format!(
-        "SELECT {BATCH_COLUMNS} FROM batches WHERE id = ?1"
-    ))?
-    .query_row([batch_key(id)], batch_row)
-    .optional()?
-    .map(BatchRow::decode)
-    .transpose()
-    .map_err(Into::into)
+    by_key(
+        conn,
+        &codec::sql::batch_by_id(),
+        batch_key(id),
+        BatchRow::decode,
+    )
 }
 
 /// Batches, newest first, before `before`.
@@ -216,22 +156,11 @@ pub fn list_batches(
     before: Option<BatchId>,
     limit: usize,
 ) -> Res<Page<Batch>> {
-    let mut sql = format!("SELECT {BATCH_COLUMNS} FROM batches WHERE 1 = 1");
-    let mut values: Vec<Value> = Vec::new();
-    if let Some(client) = client {
-        values.push(Value::Blob(client_key(client).to_vec()));
-        sql.push_str(&format!(" AND client_id = ?{}", values.len()));
-    }
-    if let Some(before) = before {
-        values.push(Value::Blob(batch_key(before).to_vec()));
-        sql.push_str(&format!(" AND id < ?{}", values.len()));
-    }
-    values.push(Value::Integer(to_i64(limit as u64 + 1)?));
-    sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", values.len()));
-    let rows: Vec<BatchRow> = conn
-        .prepare_cached(&sql)?
-        .query_map(params_from_iter(values), batch_row)?
-        .collect::<Result<_, _>>()?;
+    let rows = query_rows(
+        conn,
+        &codec::query::batches_page(client, before, limit)?,
+        read::<BatchRow>,
+    )?;
     page(rows.into_iter().map(BatchRow::decode), limit)
 }
 
@@ -245,7 +174,7 @@ pub fn unfinished_batches(conn: &Connection, limit: usize) -> Res<Vec<Batch>> {
             "SELECT {BATCH_COLUMNS} FROM batches INDEXED BY batches_unfinished \
              WHERE status IN ({statuses}) ORDER BY id LIMIT ?1"
         ))?
-        .query_map(params![to_i64(limit as u64)?], batch_row)?
+        .query_map(params![to_i64(limit as u64)?], read::<BatchRow>)?
         .collect::<Result<_, _>>()?;
     rows.into_iter()
         .map(|row| row.decode().map_err(Into::into))
@@ -394,27 +323,8 @@ pub fn batch_tasks(
     after: u32,
     limit: usize,
 ) -> Res<Vec<Task>> {
-    let mut sql = format!(
-        "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.batch_id = ?1 AND t.batch_line > ?2"
-    );
-    let mut values: Vec<Value> = vec![
-        Value::Blob(batch_key(id).to_vec()),
-        Value::Integer(i64::from(after)),
-    ];
-    if !statuses.is_empty() {
-        let mut marks = Vec::new();
-        for status in statuses {
-            values.push(Value::Text(status.as_str().to_owned()));
-            marks.push(format!("?{}", values.len()));
-        }
-        sql.push_str(&format!(" AND t.status IN ({})", marks.join(",")));
-    }
-    values.push(Value::Integer(to_i64(limit as u64)?));
-    sql.push_str(&format!(" ORDER BY t.batch_line LIMIT ?{}", values.len()));
-    let raws: Vec<RawTask> = conn
-        .prepare_cached(&sql)?
-        .query_map(params_from_iter(values), raw_task)?
-        .collect::<Result<_, _>>()?;
+    let query = codec::query::batch_tasks(id, statuses, after, limit)?;
+    let raws = query_rows(conn, &query, raw_task)?;
     raws.into_iter().map(RawTask::decode).collect()
 }
 
@@ -488,8 +398,7 @@ pub fn purge_batches(conn: &Connection, cutoff: Timestamp, max_tasks: usize) -> 
         }
         conn.prepare_cached("DELETE FROM files WHERE batch_id = ?1")?
             .execute([&id])?;
-        conn.prepare_cached("DELETE FROM batches WHERE id = ?1")?
-            .execute([&id])?;
+        prepare(conn, codec::sql::DELETE_BATCH)?.execute([&id])?;
         purge.batches += 1;
         if budget == 0 {
             purge.more = true;

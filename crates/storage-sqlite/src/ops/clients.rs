@@ -1,6 +1,6 @@
 //! Clients, pairing codes and the pairing limit.
 
-use lmsp_domain::auth::{redeem, Client, Pairing, PairingLimit, RedeemWrite, SecretHash};
+use lmsp_domain::auth::{Client, Pairing, SecretHash};
 use lmsp_domain::ids::ClientId;
 use lmsp_domain::ports::Redemption;
 use lmsp_domain::schedule::ClientLimits;
@@ -8,19 +8,9 @@ use lmsp_domain::time::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec;
+use crate::codec::pairing::{plan_redemption, PAIRING_LIMIT_KEY};
 use crate::codec::{sql, ClientRow};
-use crate::ops::{client_key, config_value, prepare, set_config_value, Res};
-
-fn client_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ClientRow> {
-    Ok(ClientRow {
-        id: row.get(0)?,
-        name: row.get(1)?,
-        token_hash: row.get(2)?,
-        scopes: row.get(3)?,
-        created_at: row.get(4)?,
-        revoked_at: row.get(5)?,
-    })
-}
+use crate::ops::{client_key, config_value, prepare, read, set_config_value, Res};
 
 fn build_client(row: ClientRow) -> Res<Client> {
     Ok(row.decode()?)
@@ -43,7 +33,7 @@ pub fn insert_client(conn: &Connection, client: &Client) -> Res<()> {
 /// The unrevoked client with this token hash.
 pub fn client_by_token_hash(conn: &Connection, hash: &SecretHash) -> Res<Option<Client>> {
     let row = prepare(conn, &sql::client_by_token_hash())?
-        .query_row([hash.to_hex()], client_row)
+        .query_row([hash.to_hex()], read::<ClientRow>)
         .optional()?;
     row.map(build_client).transpose()
 }
@@ -51,7 +41,7 @@ pub fn client_by_token_hash(conn: &Connection, hash: &SecretHash) -> Res<Option<
 /// A client by id.
 pub fn client(conn: &Connection, id: ClientId) -> Res<Option<Client>> {
     let row = prepare(conn, &sql::client_by_id())?
-        .query_row([id.to_string()], client_row)
+        .query_row([id.to_string()], read::<ClientRow>)
         .optional()?;
     row.map(build_client).transpose()
 }
@@ -59,7 +49,7 @@ pub fn client(conn: &Connection, id: ClientId) -> Res<Option<Client>> {
 /// Every client, oldest first.
 pub fn list_clients(conn: &Connection) -> Res<Vec<Client>> {
     let rows: Vec<_> = prepare(conn, &sql::all_clients())?
-        .query_map([], client_row)?
+        .query_map([], read::<ClientRow>)?
         .collect::<Result<_, _>>()?;
     rows.into_iter().map(build_client).collect()
 }
@@ -114,16 +104,6 @@ pub fn insert_pairing(conn: &Connection, pairing: &Pairing) -> Res<()> {
     Ok(())
 }
 
-const PAIRING_LIMIT: &str = "pairing_limit";
-
-fn pairing_limit(conn: &Connection) -> Res<PairingLimit> {
-    config_value(conn, PAIRING_LIMIT)?
-        .map(|text| codec::pairing_limit_from_text(&text))
-        .transpose()
-        .map_err(crate::error::DbError::from)
-        .map(Option::unwrap_or_default)
-}
-
 /// Redeems a pairing code under the pairing limit, all in the current transaction.
 pub fn redeem_pairing(
     conn: &Connection,
@@ -131,29 +111,21 @@ pub fn redeem_pairing(
     client: &Client,
     at: Timestamp,
 ) -> Res<Redemption> {
-    let limit = pairing_limit(conn)?;
-    if let Err(until) = limit.check(at) {
-        return Ok(Redemption::Locked { until });
-    }
+    let limit = config_value(conn, PAIRING_LIMIT_KEY)?;
     let scopes: Option<String> = conn
         .prepare_cached("SELECT scopes FROM pairings WHERE code_hash = ?1 AND expires_at > ?2")?
         .query_row(params![hash.to_hex(), at.as_millis()], |row| row.get(0))
         .optional()?;
-    let granted = scopes.as_deref().map(codec::scopes_from_text).transpose()?;
-    let write = redeem(&limit, granted.as_ref(), &client.scopes, at);
-    match &write {
-        RedeemWrite::Failure(after) => {
-            let text = codec::pairing_limit_to_text(&after.limit)?;
-            set_config_value(conn, PAIRING_LIMIT, &text)?;
-            if after.burn_codes {
-                conn.prepare_cached("DELETE FROM pairings")?.execute([])?;
-            }
-        }
-        RedeemWrite::ScopesNotGranted => {}
-        RedeemWrite::Pair => {
-            prepare(conn, sql::DELETE_PAIRING)?.execute([hash.to_hex()])?;
-            insert_client(conn, client)?;
-        }
+    let plan = plan_redemption(limit.as_deref(), scopes.as_deref(), &client.scopes, at)?;
+    if let Some(limit) = &plan.limit {
+        set_config_value(conn, PAIRING_LIMIT_KEY, limit)?;
     }
-    Ok(write.redemption())
+    if plan.burn_codes {
+        conn.prepare_cached("DELETE FROM pairings")?.execute([])?;
+    }
+    if plan.pair {
+        prepare(conn, sql::DELETE_PAIRING)?.execute([hash.to_hex()])?;
+        insert_client(conn, client)?;
+    }
+    Ok(plan.redemption)
 }

@@ -7,7 +7,7 @@ use lmsp_domain::task::{Response, Task};
 use rusqlite::{params, Connection, OptionalExtension, Statement};
 
 use crate::codec::{self, EventRow, Needs, Sources};
-use crate::ops::{key, load_task, to_i64, Res};
+use crate::ops::{key, load_task, prepare, to_i64, Res};
 
 /// Inserts one event: bound by [`insert_event_with`].
 pub const INSERT_EVENT: &str = "INSERT INTO task_events (task_id, sequence_number, kind, \
@@ -38,8 +38,7 @@ pub fn insert_events(conn: &Connection, events: &[Event]) -> Res<()> {
 
 /// The stored response of a task, checked to be that task's.
 pub fn response_of_task(conn: &Connection, task_id: TaskId) -> Res<Option<Response>> {
-    let doc: Option<String> = conn
-        .prepare_cached("SELECT doc FROM responses WHERE task_id = ?1")?
+    let doc: Option<String> = prepare(conn, codec::sql::RESPONSE_DOC)?
         .query_row([key(task_id)], |row| row.get(0))
         .optional()?;
     Ok(codec::response_of_task(task_id, doc.as_deref())?)

@@ -12,9 +12,9 @@ use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::answered_key;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::codec::{sql, IdempotencyRow, IDEMPOTENCY_COLUMNS};
+use crate::codec::{sql, IdempotencyRow};
 use crate::ops::models::insert_model;
-use crate::ops::{client_key, instance_key, prepare, to_i64, Res};
+use crate::ops::{client_key, instance_key, prepare, read, to_i64, Res};
 
 /// The record stored under a key, expired or not.
 pub fn stored_record(
@@ -22,29 +22,14 @@ pub fn stored_record(
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
 ) -> Res<Option<IdempotencyRecord>> {
-    let sql = format!(
-        "SELECT {IDEMPOTENCY_COLUMNS} FROM idempotency_keys \
-         WHERE client_id = ?1 AND operation = ?2 AND key = ?3"
-    );
-    let row = conn
-        .prepare_cached(&sql)?
+    let row = prepare(conn, &sql::idempotency_record())?
         .query_row(
             params![
                 client_key(scope.client_id),
                 scope.operation.as_str(),
                 key_text.as_str()
             ],
-            |row| {
-                Ok(IdempotencyRow {
-                    digest: row.get(0)?,
-                    reply: row.get(1)?,
-                    reply_task: row.get(2)?,
-                    held_until: row.get(3)?,
-                    held_by: row.get(4)?,
-                    created_at: row.get(5)?,
-                    expires_at: row.get(6)?,
-                })
-            },
+            read::<IdempotencyRow>,
         )
         .optional()?;
     Ok(row.map(|row| row.decode(scope, key_text)).transpose()?)
@@ -53,12 +38,7 @@ pub fn stored_record(
 /// Writes a record, replacing whatever was stored under its key.
 pub fn put_record(conn: &Connection, record: &IdempotencyRecord) -> Res<()> {
     let row = IdempotencyRow::encode(record);
-    conn.prepare_cached(
-        "INSERT OR REPLACE INTO idempotency_keys (client_id, operation, key, digest, reply, \
-         reply_task, held_until, held_by, created_at, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-    )?
-    .execute(params![
+    prepare(conn, &sql::put_idempotency_record(true))?.execute(params![
         client_key(record.scope.client_id),
         record.scope.operation.as_str(),
         record.key.as_str(),

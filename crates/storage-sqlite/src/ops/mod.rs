@@ -20,7 +20,12 @@ use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
-use rusqlite::{params, CachedStatement, Connection, OptionalExtension, Row, Statement};
+use lmsp_storage_codec::columns::{Columns, ReadRow};
+use lmsp_storage_codec::query::{Param, Query};
+use rusqlite::types::Value;
+use rusqlite::{
+    params, params_from_iter, CachedStatement, Connection, OptionalExtension, Row, Statement,
+};
 use ulid::Ulid;
 
 use crate::codec;
@@ -40,6 +45,63 @@ pub fn corrupt(what: impl std::fmt::Display) -> DbError {
 /// per connection under its SQLite text (`?N`).
 pub fn prepare<'c>(conn: &'c Connection, shared: &str) -> rusqlite::Result<CachedStatement<'c>> {
     conn.prepare_cached(&codec::sql::for_sqlite(shared))
+}
+
+/// A SQLite row as the codec reads its values ([`Columns`]).
+struct SqliteColumns<'a, 'r>(&'a Row<'r>);
+
+impl Columns for SqliteColumns<'_, '_> {
+    type Error = rusqlite::Error;
+
+    fn bytes(&self, index: usize) -> rusqlite::Result<Vec<u8>> {
+        self.0.get(index)
+    }
+
+    fn bytes_or_null(&self, index: usize) -> rusqlite::Result<Option<Vec<u8>>> {
+        self.0.get(index)
+    }
+
+    fn text(&self, index: usize) -> rusqlite::Result<String> {
+        self.0.get(index)
+    }
+
+    fn text_or_null(&self, index: usize) -> rusqlite::Result<Option<String>> {
+        self.0.get(index)
+    }
+
+    fn int(&self, index: usize) -> rusqlite::Result<i64> {
+        self.0.get(index)
+    }
+
+    fn int_or_null(&self, index: usize) -> rusqlite::Result<Option<i64>> {
+        self.0.get(index)
+    }
+
+    fn flag(&self, index: usize) -> rusqlite::Result<bool> {
+        self.0.get(index)
+    }
+}
+
+/// Reads a stored row selected with its columns list (as `query_row` and `query_map` want it).
+pub fn read<T: ReadRow>(row: &Row<'_>) -> rusqlite::Result<T> {
+    T::read(&SqliteColumns(row))
+}
+
+/// Runs a list read built by `codec::query` (its `$N` placeholders as `?N`), each row read by
+/// `read`.
+pub fn query_rows<T>(
+    conn: &Connection,
+    query: &Query,
+    read: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+) -> Res<Vec<T>> {
+    let values = query.params.iter().map(|param| match param {
+        Param::Blob(bytes) => Value::Blob(bytes.clone()),
+        Param::Text(text) => Value::Text(text.clone()),
+        Param::Integer(number) => Value::Integer(*number),
+    });
+    Ok(prepare(conn, &query.sql)?
+        .query_map(params_from_iter(values), read)?
+        .collect::<Result<_, _>>()?)
 }
 
 /// The stored key of a task id: its ULID's 16 bytes (so key order is creation order).
@@ -70,31 +132,7 @@ pub struct RawTask(codec::TaskRow);
 
 /// Reads a task row selected with [`TASK_COLUMNS`].
 pub fn raw_task(row: &Row<'_>) -> rusqlite::Result<RawTask> {
-    Ok(RawTask(codec::TaskRow {
-        id: row.get(0)?,
-        client_id: row.get(1)?,
-        status: row.get(2)?,
-        model: row.get(3)?,
-        on_restart: row.get(4)?,
-        created_at: row.get(5)?,
-        started_at: row.get(6)?,
-        finished_at: row.get(7)?,
-        last_sequence_number: row.get(8)?,
-        restarts: row.get(9)?,
-        error: row.get(10)?,
-        response_id: row.get(11)?,
-        owner: row.get(12)?,
-        background: row.get(13)?,
-        items_opened: row.get(14)?,
-        item_open: row.get(15)?,
-        spec: row.get(16)?,
-        metadata: row.get(17)?,
-        accepted_by: row.get(18)?,
-        tier: row.get(19)?,
-        batch_id: row.get(20)?,
-        batch_line: row.get(21)?,
-        custom_id: row.get(22)?,
-    }))
+    Ok(RawTask(read(row)?))
 }
 
 impl RawTask {

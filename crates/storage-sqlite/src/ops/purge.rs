@@ -41,13 +41,9 @@ pub fn purge_finished(
         .map(|(_, events)| from_i64(*events))
         .collect::<Result<Vec<u64>, _>>()?;
     let batch = purge_batch(&sizes, max_tasks, max_events);
-    let mut report = PurgeReport {
-        more: batch.more,
-        ..PurgeReport::default()
-    };
+    let mut events = 0;
     for (id, _) in candidates.iter().take(batch.tasks) {
-        report.events += delete_task_rows(conn, id)?;
-        report.tasks += 1;
+        events += delete_task_rows(conn, id)?;
     }
-    Ok(report)
+    Ok(batch.report(events))
 }

@@ -18,18 +18,13 @@ pub fn initialize(
     candidate: &ServiceIdentity,
     admin: &Client,
 ) -> Res<Initialized> {
-    if let Some(doc) = config_value(conn, "identity")? {
-        return Ok(Initialized {
-            identity: codec::identity_from_text(&doc)?,
-            first_start: false,
-        });
+    let stored = config_value(conn, codec::IDENTITY_KEY)?;
+    if stored.is_none() {
+        let doc = codec::identity_to_text(candidate)?;
+        set_config_value(conn, codec::IDENTITY_KEY, &doc)?;
+        insert_client(conn, admin)?;
     }
-    set_config_value(conn, "identity", &codec::identity_to_text(candidate)?)?;
-    insert_client(conn, admin)?;
-    Ok(Initialized {
-        identity: candidate.clone(),
-        first_start: true,
-    })
+    Ok(codec::initialized(stored.as_deref(), candidate)?)
 }
 
 /// The pages a probe wants left below the database's size cap: room for a few submits.

@@ -19,7 +19,6 @@ use lmsp_domain::writes::{
 use std::sync::LazyLock;
 
 use lmsp_storage_codec::schema::OPEN_FRONT;
-use rusqlite::types::Value;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec;
@@ -27,7 +26,8 @@ use crate::ops::clients;
 use crate::ops::idempotency::{put_record, stored_record};
 use crate::ops::{
     client_key, corrupt, delete_snapshot, events, from_i64, insert_task_rows, instance_key, key,
-    load_task, raw_task, to_i64, write_advanced, RawTask, Res, TASK_COLUMNS, TASK_FROM,
+    load_task, prepare, query_rows, raw_task, to_i64, write_advanced, RawTask, Res, TASK_COLUMNS,
+    TASK_FROM,
 };
 use lmsp_domain::transition::Step;
 
@@ -277,17 +277,9 @@ pub fn cancel(
 /// Removes one task's rows; its idempotency records stay, pointing at nothing (a key outlives
 /// its task and keeps its reply until it expires).
 pub fn delete_task_rows(conn: &Connection, id: &[u8]) -> Res<u64> {
-    let events = conn
-        .prepare_cached("DELETE FROM task_events WHERE task_id = ?1")?
-        .execute([id])?;
-    for sql in [
-        "DELETE FROM responses WHERE task_id = ?1",
-        "DELETE FROM snapshots WHERE task_id = ?1",
-        "UPDATE idempotency_keys SET reply_task = NULL WHERE reply_task = ?1",
-        "DELETE FROM task_specs WHERE task_id = ?1",
-        "DELETE FROM tasks WHERE id = ?1",
-    ] {
-        conn.prepare_cached(sql)?.execute([id])?;
+    let events = prepare(conn, codec::sql::DELETE_TASK_EVENTS)?.execute([id])?;
+    for statement in codec::sql::DELETE_TASK_ROWS {
+        prepare(conn, statement)?.execute([id])?;
     }
     Ok(events as u64)
 }
@@ -326,34 +318,7 @@ pub fn task_by_response(conn: &Connection, response_id: ResponseId) -> Res<Optio
 
 /// Tasks, newest first.
 pub fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Res<Page<Task>> {
-    let mut sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE 1 = 1");
-    let mut values: Vec<Value> = Vec::new();
-    if let Some(client) = filter.client_id {
-        values.push(Value::Blob(client_key(client).to_vec()));
-        sql.push_str(&format!(" AND t.client_id = ?{}", values.len()));
-    }
-    if !filter.statuses.is_empty() {
-        let mut marks = Vec::new();
-        for status in &filter.statuses {
-            values.push(Value::Text(status.as_str().to_owned()));
-            marks.push(format!("?{}", values.len()));
-        }
-        sql.push_str(&format!(" AND t.status IN ({})", marks.join(",")));
-    }
-    if let Some(model) = &filter.model {
-        values.push(Value::Text(model.as_str().to_owned()));
-        sql.push_str(&format!(" AND t.model = ?{}", values.len()));
-    }
-    if let Some(before) = filter.before {
-        values.push(Value::Blob(key(before).to_vec()));
-        sql.push_str(&format!(" AND t.id < ?{}", values.len()));
-    }
-    values.push(Value::Integer(to_i64(filter.limit as u64 + 1)?));
-    sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ?{}", values.len()));
-    let raws: Vec<RawTask> = conn
-        .prepare_cached(&sql)?
-        .query_map(rusqlite::params_from_iter(values), raw_task)?
-        .collect::<Result<_, _>>()?;
+    let raws = query_rows(conn, &codec::query::tasks_page(filter)?, raw_task)?;
     let items = raws
         .into_iter()
         .map(RawTask::decode)

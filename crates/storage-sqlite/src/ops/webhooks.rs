@@ -6,41 +6,10 @@ use lmsp_domain::ids::WebhookEndpointId;
 use lmsp_domain::ports::Page;
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::codec::{endpoint_key, DeliveryRow, EndpointRow, DELIVERY_COLUMNS, ENDPOINT_COLUMNS};
-use crate::ops::{to_i64, Res};
-
-fn endpoint_row(row: &Row<'_>) -> rusqlite::Result<EndpointRow> {
-    Ok(EndpointRow {
-        id: row.get(0)?,
-        name: row.get(1)?,
-        url: row.get(2)?,
-        event_types: row.get(3)?,
-        secret: row.get(4)?,
-        previous_secret: row.get(5)?,
-        previous_valid_until: row.get(6)?,
-        created_at: row.get(7)?,
-        updated_at: row.get(8)?,
-    })
-}
-
-fn delivery_row(row: &Row<'_>) -> rusqlite::Result<DeliveryRow> {
-    Ok(DeliveryRow {
-        endpoint_id: row.get(0)?,
-        event_id: row.get(1)?,
-        event_type: row.get(2)?,
-        subject: row.get(3)?,
-        created_at: row.get(4)?,
-        attempts: row.get(5)?,
-        next_attempt_at: row.get(6)?,
-        last_status: row.get(7)?,
-        last_error: row.get(8)?,
-        last_attempt_at: row.get(9)?,
-        delivered_at: row.get(10)?,
-        given_up_at: row.get(11)?,
-    })
-}
+use crate::codec::{endpoint_key, sql, DeliveryRow, EndpointRow, DELIVERY_COLUMNS};
+use crate::ops::{prepare, read, to_i64, Res};
 
 fn decode_deliveries(rows: Vec<DeliveryRow>) -> Res<Vec<Delivery>> {
     rows.into_iter()
@@ -51,11 +20,7 @@ fn decode_deliveries(rows: Vec<DeliveryRow>) -> Res<Vec<Delivery>> {
 /// Stores a new endpoint.
 pub fn insert_endpoint(conn: &Connection, endpoint: &WebhookEndpoint) -> Res<()> {
     let row = EndpointRow::encode(endpoint);
-    conn.prepare_cached(&format!(
-        "INSERT INTO webhook_endpoints ({ENDPOINT_COLUMNS}) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-    ))?
-    .execute(params![
+    prepare(conn, &sql::insert_endpoint())?.execute(params![
         row.id,
         row.name,
         row.url,
@@ -71,13 +36,11 @@ pub fn insert_endpoint(conn: &Connection, endpoint: &WebhookEndpoint) -> Res<()>
 
 /// An endpoint.
 pub fn endpoint(conn: &Connection, id: WebhookEndpointId) -> Res<Option<WebhookEndpoint>> {
-    conn.prepare_cached(&format!(
-        "SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id = ?1"
-    ))?
-    .query_row([endpoint_key(id)], endpoint_row)
-    .optional()?
-    .map(|row| row.decode().map_err(Into::into))
-    .transpose()
+    prepare(conn, &sql::endpoint_by_id())?
+        .query_row([endpoint_key(id)], read::<EndpointRow>)
+        .optional()?
+        .map(|row| row.decode().map_err(Into::into))
+        .transpose()
 }
 
 /// Endpoints, newest first, older than `before`.
@@ -88,12 +51,11 @@ pub fn list_endpoints(
 ) -> Res<Page<WebhookEndpoint>> {
     // No `before`: every key is below sixteen 0xff bytes.
     let before = before.map_or([0xff; 16], endpoint_key);
-    let rows: Vec<EndpointRow> = conn
-        .prepare_cached(&format!(
-            "SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id < ?1 \
-             ORDER BY id DESC LIMIT ?2"
-        ))?
-        .query_map(params![before, to_i64(limit as u64 + 1)?], endpoint_row)?
+    let rows: Vec<EndpointRow> = prepare(conn, &sql::endpoints_before())?
+        .query_map(
+            params![before, to_i64(limit as u64 + 1)?],
+            read::<EndpointRow>,
+        )?
         .collect::<Result<_, _>>()?;
     let items = rows
         .into_iter()
@@ -105,31 +67,23 @@ pub fn list_endpoints(
 /// Rewrites an endpoint; `false` when there is none.
 pub fn update_endpoint(conn: &Connection, endpoint: &WebhookEndpoint) -> Res<bool> {
     let row = EndpointRow::encode(endpoint);
-    let changed = conn
-        .prepare_cached(
-            "UPDATE webhook_endpoints SET name = ?2, url = ?3, event_types = ?4, secret = ?5, \
-             previous_secret = ?6, previous_valid_until = ?7, updated_at = ?8 WHERE id = ?1",
-        )?
-        .execute(params![
-            row.id,
-            row.name,
-            row.url,
-            row.event_types,
-            row.secret,
-            row.previous_secret,
-            row.previous_valid_until,
-            row.updated_at
-        ])?;
+    let changed = prepare(conn, sql::UPDATE_ENDPOINT)?.execute(params![
+        row.id,
+        row.name,
+        row.url,
+        row.event_types,
+        row.secret,
+        row.previous_secret,
+        row.previous_valid_until,
+        row.updated_at
+    ])?;
     Ok(changed == 1)
 }
 
 /// Removes an endpoint and its deliveries.
 pub fn delete_endpoint(conn: &Connection, id: WebhookEndpointId) -> Res<bool> {
-    conn.prepare_cached("DELETE FROM webhook_deliveries WHERE endpoint_id = ?1")?
-        .execute([endpoint_key(id)])?;
-    let deleted = conn
-        .prepare_cached("DELETE FROM webhook_endpoints WHERE id = ?1")?
-        .execute([endpoint_key(id)])?;
+    prepare(conn, sql::DELETE_ENDPOINT_DELIVERIES)?.execute([endpoint_key(id)])?;
+    let deleted = prepare(conn, sql::DELETE_ENDPOINT)?.execute([endpoint_key(id)])?;
     Ok(deleted == 1)
 }
 
@@ -176,7 +130,7 @@ pub fn claim_deliveries(
                 to_i64(per_endpoint as u64)?,
                 to_i64(limit as u64)?
             ],
-            delivery_row,
+            read::<DeliveryRow>,
         )?
         .collect::<Result<_, _>>()?;
     decode_deliveries(rows)
@@ -185,12 +139,7 @@ pub fn claim_deliveries(
 /// Stores a delivery after an attempt and ends its lease.
 pub fn record_attempt(conn: &Connection, delivery: &Delivery) -> Res<()> {
     let row = DeliveryRow::encode(delivery);
-    conn.prepare_cached(
-        "UPDATE webhook_deliveries SET attempts = ?3, next_attempt_at = ?4, last_status = ?5, \
-         last_error = ?6, last_attempt_at = ?7, delivered_at = ?8, given_up_at = ?9, \
-         leased_until = NULL WHERE endpoint_id = ?1 AND event_id = ?2",
-    )?
-    .execute(params![
+    prepare(conn, sql::RECORD_ATTEMPT)?.execute(params![
         row.endpoint_id,
         row.event_id,
         row.attempts,
@@ -210,14 +159,10 @@ pub fn deliveries(
     endpoint: WebhookEndpointId,
     limit: usize,
 ) -> Res<Vec<Delivery>> {
-    let rows: Vec<DeliveryRow> = conn
-        .prepare_cached(&format!(
-            "SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE endpoint_id = ?1 \
-             ORDER BY created_at DESC, event_id DESC LIMIT ?2"
-        ))?
+    let rows: Vec<DeliveryRow> = prepare(conn, &sql::deliveries_of())?
         .query_map(
             params![endpoint_key(endpoint), to_i64(limit as u64)?],
-            delivery_row,
+            read::<DeliveryRow>,
         )?
         .collect::<Result<_, _>>()?;
     decode_deliveries(rows)
