@@ -22,7 +22,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail};
 use serde_json::json;
 
-use crate::client::{event_created_at_millis, is_terminal, SseReader};
+use crate::client::{event_created_at_millis, is_terminal, submit, SseReader};
 use crate::events::stored_log;
 use crate::server::Server;
 use crate::stats::Latencies;
@@ -53,26 +53,15 @@ async fn one(
     i: usize,
     tokens: u32,
 ) -> anyhow::Result<Streamed> {
-    let response = http
-        .post(post_to.url("/v1/responses"))
-        .bearer_auth(&post_to.token)
-        .json(&json!({
-            "model": "reference",
-            "input": format!("stream number {i}"),
-            "background": true,
-            "max_output_tokens": tokens,
-            "seed": i,
-        }))
-        .send()
-        .await?;
-    let status = response.status().as_u16();
-    let task_id = response
-        .headers()
-        .get("lmsp-task-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .ok_or_else(|| anyhow!("no Lmsp-Task-Id header (status {status})"))?;
-    let _ = response.bytes().await?;
+    let body = json!({
+        "model": "reference",
+        "input": format!("stream number {i}"),
+        "background": true,
+        "max_output_tokens": tokens,
+        "seed": i,
+    });
+    let (status, task_id) = submit(&http, &post_to, &body).await?;
+    let task_id = task_id.ok_or_else(|| anyhow!("no Lmsp-Task-Id header (status {status})"))?;
     if status != 202 {
         bail!("POST of stream {i}: status {status}");
     }

@@ -329,7 +329,7 @@ async fn a_resume_past_the_budget_or_from_a_foreign_state_fails() {
     ));
 }
 
-/// Snapshots written before the envelope (`LLS1`: the first release's, without a checkpoint
+/// I-6: snapshots written before the envelope (`LLS1`: the first release's, without a checkpoint
 /// name; `LLS2`) still resume, exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn states_of_earlier_releases_still_resume_exactly() {

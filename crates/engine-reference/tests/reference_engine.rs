@@ -195,7 +195,7 @@ proptest! {
     }
 }
 
-/// Snapshots stored by the first releases, before the envelope, still resume exactly.
+/// I-6: snapshots stored by the first releases, before the envelope, still resume exactly.
 #[tokio::test]
 async fn a_state_of_the_first_releases_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
