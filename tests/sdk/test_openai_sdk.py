@@ -1373,6 +1373,8 @@ class OpenAiSdk(unittest.TestCase):
             jsonl([{**good, "custom_id": "nomodel", "body": {"model": "no-such-model",
                                                              "input": PROMPT}}]),
             jsonl([{**good, "custom_id": "get", "method": "GET"}]),
+            # A good line whose custom_id a line refused for its body took.
+            jsonl([{**good, "custom_id": "zero"}]),
         ])
         file = self.client.files.create(file=("bad.jsonl", data), purpose="batch")
         batch = self.client.batches.create(input_file_id=file.id, endpoint="/v1/responses",
@@ -1384,6 +1386,7 @@ class OpenAiSdk(unittest.TestCase):
         self.assertEqual(errors, {
             (2, "invalid_json_line"), (3, "duplicate_custom_id"), (4, "invalid_url"),
             (5, "invalid_request"), (6, "invalid_request"), (7, "invalid_method"),
+            (8, "duplicate_custom_id"),
         })
         params = {e.line: e.param for e in failed.errors.data}
         self.assertEqual(params[5], "body.max_output_tokens")

@@ -17,9 +17,9 @@ use futures::{Stream, StreamExt};
 
 use lmsp_domain::auth::{Scope, Scopes};
 use lmsp_domain::batch::{
-    line_outcome, parse_completion_window, Batch, BatchEndpoint, BatchLine, BatchStatus, BatchWork,
-    ContentDigest, FilePurpose, LineCheck, LineEnvelope, LineError, LineErrorCode, LineOutcome,
-    NewBatch, StoredFile, MAX_LINE_ERRORS,
+    first_errors, line_outcome, parse_completion_window, Batch, BatchEndpoint, BatchLine,
+    BatchStatus, BatchWork, ContentDigest, DuplicateLine, FilePurpose, LineCheck, LineEnvelope,
+    LineError, LineErrorCode, LineOutcome, NewBatch, StoredFile, MAX_LINE_ERRORS,
 };
 use lmsp_domain::ports::{ContentReader, ContentWriter, FileDeleteOutcome, Page, StoreError};
 use lmsp_domain::status::TaskStatus;
@@ -414,6 +414,9 @@ impl Service {
     /// Checks a `validating` batch's lines, keeping each good line's task aside, then either
     /// creates them all and starts the batch (P-2, all or nothing) or fails it with the first
     /// [`MAX_LINE_ERRORS`] errors and creates nothing.
+    ///
+    /// Good lines are kept aside even after a bad one, so that the store finds every duplicate
+    /// `custom_id` among them (`staged_duplicates`): nothing here grows with the file.
     async fn validate(&self, batch: Batch) -> Result<(), AppError> {
         let store = &self.inner.core.store;
         let Some(mut reader) = self.inner.contents.open(batch.input_file_id).await? else {
@@ -446,8 +449,7 @@ impl Service {
                     continue;
                 }
                 match self.read_line(&batch, &caller, &text, &mut check).await {
-                    Ok(task) if errors.is_empty() => staged.push(task),
-                    Ok(_) => {}
+                    Ok(task) => staged.push(task),
                     Err(error) => {
                         if matches!(error.code, LineErrorCode::TooManyLines) {
                             errors.push(error);
@@ -470,6 +472,11 @@ impl Service {
                 break;
             }
         }
+        if !staged.is_empty() {
+            store.stage_batch_tasks(staged).await?;
+        }
+        let duplicates = store.staged_duplicates(batch.id, MAX_LINE_ERRORS).await?;
+        errors.extend(duplicates.iter().map(DuplicateLine::error));
         if errors.is_empty() {
             if let Err(error) = check.finish() {
                 errors.push(error);
@@ -477,12 +484,12 @@ impl Service {
         }
         if !errors.is_empty() {
             store
-                .update_batch(batch.status, batch.refused(errors, self.now()))
+                .update_batch(
+                    batch.status,
+                    batch.refused(first_errors(errors), self.now()),
+                )
                 .await?;
             return Ok(());
-        }
-        if !staged.is_empty() {
-            store.stage_batch_tasks(staged).await?;
         }
         if store
             .start_batch(batch.started(self.now()))
@@ -525,14 +532,15 @@ impl Service {
             }),
             line: Some(line),
         };
-        let request = read
-            .body
-            .map_err(|error| refused(error.param, error.message))?;
         let custom_id = read.custom_id.unwrap_or_default();
+        let request = read.body.map_err(|error| {
+            check.refused_body(&custom_id);
+            refused(error.param, error.message)
+        })?;
         let line_of = BatchLine {
             batch_id: batch.id,
             line,
-            custom_id,
+            custom_id: custom_id.clone(),
         };
         self.prepare_task(caller, &request, Some(line_of))
             .await
@@ -541,7 +549,10 @@ impl Service {
                 background: false,
                 ..task
             })
-            .map_err(|error| refused(error.param(), error.to_string()))
+            .map_err(|error| {
+                check.refused_body(&custom_id);
+                refused(error.param(), error.to_string())
+            })
     }
 
     /// Cancels a cancelled or expired batch's unfinished lines (P-4 for each: a queued line is

@@ -8,8 +8,6 @@
 //! its completion window passes, the batch is finalized: its output and error files are written
 //! from its tasks, one line per task ([`line_outcome`]), and it ends ([`BatchStatus::ended`]).
 
-use std::collections::HashSet;
-
 use sha2::{Digest as _, Sha256};
 
 use strum::{EnumString, IntoStaticStr, VariantArray};
@@ -258,6 +256,15 @@ pub struct LineError {
 }
 
 impl LineError {
+    /// The error of a `line` whose `custom_id` an earlier line has.
+    pub fn duplicate(line: u32, custom_id: &str) -> Self {
+        Self::at(
+            line,
+            LineErrorCode::DuplicateCustomId,
+            format!("the `custom_id` \"{custom_id}\" is used by an earlier line"),
+        )
+    }
+
     /// An error of `line`.
     pub fn at(line: u32, code: LineErrorCode, message: impl Into<String>) -> Self {
         Self {
@@ -282,24 +289,20 @@ pub struct LineEnvelope<'a> {
 }
 
 /// The checks of a batch's lines that need no engine: each line's envelope against the batch's
-/// endpoint, `custom_id`s unique, the number of lines. Fed the lines in order.
+/// endpoint, and the number of lines. Fed the lines in order.
+///
+/// `custom_id`s unique within a batch is checked by the store, not here, so that a check's memory
+/// does not grow with the file: the store finds each kept line whose `custom_id` an earlier kept
+/// line has ([`DuplicateLine`]). What the store never sees is a line refused for its body (it is
+/// not kept), whose `custom_id` is taken all the same; this check remembers those, the first
+/// [`MAX_LINE_ERRORS`] of them: a line with the id of a later one comes after that many errors,
+/// so its error would not be reported anyway.
 #[derive(Debug)]
 pub struct LineCheck {
     endpoint: BatchEndpoint,
-    /// The `custom_id`s of the lines so far, each as the first 16 bytes of its SHA-256: a
-    /// 50 000-line batch keeps about 1 MiB here rather than every id's text. Two different ids
-    /// of one batch sharing those 128 bits (odds about 10⁻²⁹ for 50 000 ids) would be refused
-    /// as a duplicate.
-    seen: HashSet<[u8; 16]>,
+    /// The `custom_id`s of the first lines refused for their bodies.
+    refused: Vec<String>,
     lines: u32,
-}
-
-/// What [`LineCheck`] remembers of a `custom_id`.
-fn custom_id_key(custom_id: &str) -> [u8; 16] {
-    let digest = Sha256::digest(custom_id.as_bytes());
-    let mut key = [0; 16];
-    key.copy_from_slice(&digest[..16]);
-    key
 }
 
 impl LineCheck {
@@ -307,7 +310,7 @@ impl LineCheck {
     pub fn new(endpoint: BatchEndpoint) -> Self {
         Self {
             endpoint,
-            seen: HashSet::new(),
+            refused: Vec::new(),
             lines: 0,
         }
     }
@@ -350,14 +353,18 @@ impl LineCheck {
                 ),
             ));
         }
-        if !self.seen.insert(custom_id_key(custom_id)) {
-            return Err(LineError::at(
-                line,
-                LineErrorCode::DuplicateCustomId,
-                format!("the `custom_id` \"{custom_id}\" is used by an earlier line"),
-            ));
+        if self.refused.iter().any(|id| id == custom_id) {
+            return Err(LineError::duplicate(line, custom_id));
         }
         Ok(())
+    }
+
+    /// Notes that the line just checked, whose envelope passed, was refused for its body: its
+    /// `custom_id` is taken all the same.
+    pub fn refused_body(&mut self, custom_id: &str) {
+        if self.refused.len() < MAX_LINE_ERRORS {
+            self.refused.push(custom_id.to_owned());
+        }
     }
 
     /// Counts a line that has no envelope to check (it is not a JSON object); its number.
@@ -383,6 +390,32 @@ impl LineCheck {
         }
         Ok(())
     }
+}
+
+/// A kept line of a batch whose `custom_id` an earlier kept line of the same batch has, as the
+/// store finds them ([`LineCheck`] says why the store does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuplicateLine {
+    /// The line, counted from 1.
+    pub line: u32,
+    /// Its `custom_id`.
+    pub custom_id: String,
+}
+
+impl DuplicateLine {
+    /// The line's error.
+    pub fn error(&self) -> LineError {
+        LineError::duplicate(self.line, &self.custom_id)
+    }
+}
+
+/// What a refused batch reports: the first [`MAX_LINE_ERRORS`] of `errors` in line order (an
+/// error of the whole file last), from the errors found while reading its lines and those the
+/// store found after, each list the first ones of its kind.
+pub fn first_errors(mut errors: Vec<LineError>) -> Vec<LineError> {
+    errors.sort_by_key(|error| error.line.unwrap_or(u32::MAX));
+    errors.truncate(MAX_LINE_ERRORS);
+    errors
 }
 
 /// A task's place in its batch.

@@ -6,10 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use lmsp_domain::batch::{
-    counted, line_outcome, parse_completion_window, request_id, Batch, BatchEndpoint, BatchLine,
-    BatchStatus, BatchWork, ContentDigest, Counter, FilePurpose, LineCancel, LineCheck,
-    LineEnvelope, LineErrorCode, LineOutcome, NewBatch, RequestCounts, MAX_CUSTOM_ID_CHARS,
-    MAX_LINES,
+    counted, first_errors, line_outcome, parse_completion_window, request_id, Batch, BatchEndpoint,
+    BatchLine, BatchStatus, BatchWork, ContentDigest, Counter, DuplicateLine, FilePurpose,
+    LineCancel, LineCheck, LineEnvelope, LineError, LineErrorCode, LineOutcome, NewBatch,
+    RequestCounts, MAX_CUSTOM_ID_CHARS, MAX_LINES, MAX_LINE_ERRORS,
 };
 use lmsp_domain::{
     BatchId, ClientId, FileId, Input, InstanceId, ModelId, NewTask, RestartPolicy, ServiceTier,
@@ -36,9 +36,21 @@ fn a_line_check_takes_good_lines_and_names_each_fault_with_its_line() {
     let mut check = LineCheck::new(BatchEndpoint::Responses);
     assert_eq!(check.check(envelope("a", "/v1/responses")), Ok(()));
     assert_eq!(check.lines(), 1);
+    // A good line's duplicate is the store's to find (`staged_duplicates`); one of a line
+    // refused for its body is the check's.
+    assert_eq!(check.check(envelope("a", "/v1/responses")), Ok(()));
+    check.refused_body("a");
     let duplicate = check.check(envelope("a", "/v1/responses")).unwrap_err();
     assert_eq!(duplicate.code, LineErrorCode::DuplicateCustomId);
-    assert_eq!(duplicate.line, Some(2));
+    assert_eq!(duplicate.line, Some(3));
+    assert_eq!(
+        duplicate,
+        DuplicateLine {
+            line: 3,
+            custom_id: String::from("a")
+        }
+        .error()
+    );
     assert_eq!(
         code(check.check(envelope("b", "/v1/chat/completions"))),
         Some(LineErrorCode::InvalidUrl)
@@ -77,9 +89,59 @@ fn a_line_check_takes_good_lines_and_names_each_fault_with_its_line() {
     );
     // A refused line's custom_id is not taken: only good lines claim theirs.
     assert_eq!(check.check(envelope("b", "/v1/responses")), Ok(()));
-    assert_eq!(check.skip(), 11);
-    assert_eq!(check.lines(), 11);
+    assert_eq!(check.skip(), 12);
+    assert_eq!(check.lines(), 12);
     assert_eq!(check.finish(), Ok(()));
+}
+
+/// A body-refused line's `custom_id` is remembered for the first `MAX_LINE_ERRORS` such lines
+/// only: the check's memory does not grow with the file.
+#[test]
+fn a_check_remembers_the_first_body_refused_ids_only() {
+    let mut check = LineCheck::new(BatchEndpoint::Responses);
+    for n in 0..=MAX_LINE_ERRORS {
+        let id = format!("r{n}");
+        assert_eq!(check.check(envelope(&id, "/v1/responses")), Ok(()));
+        check.refused_body(&id);
+    }
+    let last = format!("r{}", MAX_LINE_ERRORS - 1);
+    assert_eq!(
+        code(check.check(envelope(&last, "/v1/responses"))),
+        Some(LineErrorCode::DuplicateCustomId)
+    );
+    let over = format!("r{MAX_LINE_ERRORS}");
+    assert_eq!(check.check(envelope(&over, "/v1/responses")), Ok(()));
+}
+
+/// A refused batch reports the first `MAX_LINE_ERRORS` errors in line order, whichever list
+/// each came from, a whole-file error last.
+#[test]
+fn a_refused_batch_reports_its_first_errors_in_line_order() {
+    let at = |line| LineError::at(line, LineErrorCode::InvalidUrl, "x");
+    let whole = LineError {
+        code: LineErrorCode::EmptyFile,
+        message: String::from("none"),
+        param: None,
+        line: None,
+    };
+    let mut errors = vec![whole.clone(), at(9), at(2)];
+    errors.extend((3..4).map(|line| {
+        DuplicateLine {
+            line,
+            custom_id: String::from("d"),
+        }
+        .error()
+    }));
+    let lines: Vec<_> = first_errors(errors).iter().map(|e| e.line).collect();
+    assert_eq!(lines, [Some(2), Some(3), Some(9), None]);
+    let many: Vec<LineError> = (1..=MAX_LINE_ERRORS as u32 + 5).rev().map(at).collect();
+    let first = first_errors(many);
+    assert_eq!(first.len(), MAX_LINE_ERRORS);
+    assert_eq!(first[0].line, Some(1));
+    assert_eq!(
+        first[MAX_LINE_ERRORS - 1].line,
+        Some(MAX_LINE_ERRORS as u32)
+    );
 }
 
 #[test]

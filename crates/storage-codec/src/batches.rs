@@ -4,8 +4,8 @@
 use serde::{Deserialize, Serialize};
 
 use lmsp_domain::batch::{
-    Batch, BatchEndpoint, BatchStatus, FilePurpose, LineError, LineErrorCode, RequestCounts,
-    StoredFile,
+    Batch, BatchEndpoint, BatchStatus, DuplicateLine, FilePurpose, LineError, LineErrorCode,
+    RequestCounts, StoredFile,
 };
 use lmsp_domain::ids::{BatchId, ClientId, FileId};
 use lmsp_domain::task::Task;
@@ -301,4 +301,12 @@ impl StagedRow {
     pub fn line(&self) -> Result<u32, DbError> {
         u32_of(self.line)
     }
+}
+
+/// A row of `sql::STAGED_DUPLICATES` (`line`, `custom_id`), decoded.
+pub fn duplicate_line(line: i64, custom_id: String) -> Result<DuplicateLine, DbError> {
+    Ok(DuplicateLine {
+        line: u32_of(line)?,
+        custom_id,
+    })
 }

@@ -689,6 +689,12 @@ CREATE INDEX queue_fronts_age ON queue_fronts (tier, head_created_at)
     )
 }
 
+/// The index that finds a validating batch's kept lines by `custom_id`
+/// (`sql::STAGED_DUPLICATES`): a batch's `custom_id`s are checked unique in the store, so that
+/// validation's memory does not grow with the file.
+pub const STAGING_CUSTOM_IDS: &str =
+    "CREATE INDEX batch_staging_custom_id ON batch_staging (batch_id, custom_id, line);";
+
 #[cfg(test)]
 mod tests {
     use super::*;

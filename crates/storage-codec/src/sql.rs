@@ -258,6 +258,13 @@ pub fn batch_answers() -> String {
     )
 }
 
+/// A batch's (`$1`) kept lines whose `custom_id` an earlier kept line of it has: line and
+/// `custom_id`, in line order, at most `$2`. Each is a seek in `batch_staging_custom_id`.
+pub const STAGED_DUPLICATES: &str = "SELECT s.line, s.custom_id FROM batch_staging s \
+     WHERE s.batch_id = $1 AND EXISTS (SELECT 1 FROM batch_staging e \
+     WHERE e.batch_id = s.batch_id AND e.custom_id = s.custom_id AND e.line < s.line) \
+     ORDER BY s.line LIMIT $2";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,6 +335,7 @@ mod tests {
             batch_by_id(),
             DELETE_BATCH.to_owned(),
             RESPONSE_DOC.to_owned(),
+            STAGED_DUPLICATES.to_owned(),
         ]
         .into_iter()
         .chain(DELETE_TASK_ROWS.map(str::to_owned))

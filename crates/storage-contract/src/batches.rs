@@ -6,8 +6,8 @@
 //! (P-5, P-6).
 
 use lmsp_domain::batch::{
-    Batch, BatchEndpoint, BatchLine, BatchStatus, FilePurpose, LineError, LineErrorCode, NewBatch,
-    RequestCounts, StoredFile,
+    Batch, BatchEndpoint, BatchLine, BatchStatus, DuplicateLine, FilePurpose, LineError,
+    LineErrorCode, NewBatch, RequestCounts, StoredFile,
 };
 use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId};
 use lmsp_domain::ports::{BatchStore, FileDeleteOutcome, Store, TaskFilter};
@@ -276,6 +276,71 @@ pub async fn a_file_an_unfinished_batch_reads_is_in_use_until_the_batch_ends<F: 
         store.delete_file(input, Some(client)).await.unwrap(),
         FileDeleteOutcome::NotFound
     );
+}
+
+/// A batch's `custom_id`s are unique: the store finds each kept line whose `custom_id` an
+/// earlier kept line of the same batch has, in line order, up to a limit; a line kept again
+/// (an interrupted validation) is not its own duplicate, and another batch's lines do not count.
+pub async fn kept_lines_whose_custom_id_an_earlier_kept_line_has_are_found<F: StoreFactory>(
+    factory: &F,
+) {
+    let (store, _) = fresh_store(factory).await;
+    let client = client_id();
+    let worker = instance_id();
+    let batch = validating(&store, client).await;
+    let other = validating(&store, client).await;
+    let with_id = |batch: &Batch, line: u32, custom_id: &str| {
+        let mut task = line_task(batch, line, worker);
+        if let Some(kept) = task.batch.as_mut() {
+            kept.custom_id = custom_id.to_owned();
+        }
+        task
+    };
+    store
+        .stage_batch_tasks(vec![with_id(&other, 1, "c"), with_id(&other, 2, "z")])
+        .await
+        .unwrap();
+    store
+        .stage_batch_tasks(vec![
+            with_id(&batch, 1, "a"),
+            with_id(&batch, 2, "b"),
+            with_id(&batch, 3, "a"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.staged_duplicates(batch.id, 10).await.unwrap(),
+        [DuplicateLine {
+            line: 3,
+            custom_id: String::from("a")
+        }]
+    );
+    // Kept again after an interruption, then more lines.
+    store
+        .stage_batch_tasks(vec![
+            with_id(&batch, 2, "b"),
+            with_id(&batch, 3, "a"),
+            with_id(&batch, 4, "c"),
+            with_id(&batch, 5, "b"),
+            with_id(&batch, 6, "a"),
+        ])
+        .await
+        .unwrap();
+    let found = store.staged_duplicates(batch.id, 10).await.unwrap();
+    let lines: Vec<(u32, &str)> = found
+        .iter()
+        .map(|d| (d.line, d.custom_id.as_str()))
+        .collect();
+    assert_eq!(lines, [(3, "a"), (5, "b"), (6, "a")]);
+    let first: Vec<u32> = store
+        .staged_duplicates(batch.id, 2)
+        .await
+        .unwrap()
+        .iter()
+        .map(|d| d.line)
+        .collect();
+    assert_eq!(first, [3, 5]);
+    assert_eq!(store.staged_duplicates(other.id, 10).await.unwrap(), []);
 }
 
 /// P-2 for a whole batch: kept lines are invisible until the batch starts; its start creates

@@ -13,6 +13,7 @@ macro_rules! storage_contract_tests {
             batches::a_file_an_unfinished_batch_reads_is_in_use_until_the_batch_ends,
             batches::starting_a_batch_creates_every_kept_line_as_a_queued_task_p2,
             batches::a_batch_cancelled_while_validating_starts_nothing_p2,
+            batches::kept_lines_whose_custom_id_an_earlier_kept_line_has_are_found,
             batches::each_batch_line_counts_once_when_its_task_ends,
             batches::a_batch_line_recovery_fails_counts_as_failed_p7,
             batches::a_batch_step_is_a_compare_and_set_on_its_status,

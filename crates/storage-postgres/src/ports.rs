@@ -6,7 +6,7 @@ use crate::error::DbError;
 use crate::{no_events, ops, pg, PostgresStore, LEADER_LOCK};
 use async_trait::async_trait;
 use lmsp_domain::auth::{Client, Pairing, SecretHash};
-use lmsp_domain::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
+use lmsp_domain::batch::{Batch, BatchStatus, DuplicateLine, FilePurpose, StoredFile};
 use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
@@ -674,6 +674,15 @@ impl BatchStore for PostgresStore {
             })
         })
         .await
+    }
+
+    async fn staged_duplicates(
+        &self,
+        batch: BatchId,
+        limit: usize,
+    ) -> Result<Vec<DuplicateLine>, StoreError> {
+        let conn = self.conn().await?;
+        Ok(ops::batches::staged_duplicates(pg(&conn), batch, limit).await?)
     }
 
     async fn start_batch(&self, started: Batch) -> Result<Option<Batch>, StoreError> {

@@ -4,7 +4,7 @@
 use crate::{ops, SqliteStore};
 use async_trait::async_trait;
 use lmsp_domain::auth::{Client, Pairing, SecretHash};
-use lmsp_domain::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
+use lmsp_domain::batch::{Batch, BatchStatus, DuplicateLine, FilePurpose, StoredFile};
 use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
@@ -493,6 +493,15 @@ impl BatchStore for SqliteStore {
             ops::batches::stage_batch_tasks(conn, &tasks).map(no_events)
         }))
         .await
+    }
+
+    async fn staged_duplicates(
+        &self,
+        batch: BatchId,
+        limit: usize,
+    ) -> Result<Vec<DuplicateLine>, StoreError> {
+        self.read(move |conn| ops::batches::staged_duplicates(conn, batch, limit))
+            .await
     }
 
     async fn start_batch(&self, started: Batch) -> Result<Option<Batch>, StoreError> {

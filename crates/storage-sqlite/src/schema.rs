@@ -227,6 +227,8 @@ static V5: LazyLock<String> = LazyLock::new(|| schema::webhooks(SQLITE));
 /// claimed.
 static V6: LazyLock<String> = LazyLock::new(|| schema::queue_fronts(SQLITE));
 
+// Version 7: kept batch lines found by `custom_id` (`schema::STAGING_CUSTOM_IDS`).
+
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(V1.as_str()),
@@ -235,11 +237,12 @@ fn migrations() -> Migrations<'static> {
         M::up(V4.as_str()),
         M::up(V5.as_str()),
         M::up(V6.as_str()),
+        M::up(schema::STAGING_CUSTOM_IDS),
     ])
 }
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: usize = 6;
+pub const SCHEMA_VERSION: usize = 7;
 
 /// Applies every migration newer than the database's `user_version`, each in its own transaction,
 /// then checks that the layout is the one this build expects.
@@ -313,6 +316,25 @@ mod tests {
             first.contains("COVERING INDEX queue_fronts_claim (tier=?)")
                 && !first.contains("TEMP B-TREE"),
             "{first}"
+        );
+    }
+
+    /// Issue 24: a batch's duplicate `custom_id`s are found by one pass over its kept lines in
+    /// line order (the primary key), with a seek in `batch_staging_custom_id` per line: no
+    /// scan of another batch's lines, no sort, nothing held in memory per line.
+    #[test]
+    fn the_duplicate_custom_id_query_seeks_the_kept_lines_index() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        let found = plan(
+            &conn,
+            &lmsp_storage_codec::sql::for_sqlite(lmsp_storage_codec::sql::STAGED_DUPLICATES),
+        );
+        assert!(
+            found.contains("batch_staging_custom_id (batch_id=? AND custom_id=? AND line<?)")
+                && found.contains("(batch_id=?)")
+                && !found.contains("TEMP B-TREE"),
+            "{found}"
         );
     }
 

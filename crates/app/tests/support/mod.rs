@@ -14,7 +14,9 @@ use lmsp_app::{
     Adapters, BatchWire, Caller, Engines, Listener, ReadLine, Service, Settings, SystemClock,
 };
 use lmsp_domain::auth::{Client, Pairing, Scope, Scopes, SecretHash};
-use lmsp_domain::batch::{Batch, BatchEndpoint, BatchStatus, FilePurpose, LineOutcome, StoredFile};
+use lmsp_domain::batch::{
+    Batch, BatchEndpoint, BatchStatus, DuplicateLine, FilePurpose, LineOutcome, StoredFile,
+};
 use lmsp_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
 };
@@ -370,6 +372,14 @@ impl BatchStore for FaultyStore {
     }
     async fn stage_batch_tasks(&self, tasks: Vec<Task>) -> Result<(), StoreError> {
         self.inner.stage_batch_tasks(tasks).await
+    }
+
+    async fn staged_duplicates(
+        &self,
+        batch: BatchId,
+        limit: usize,
+    ) -> Result<Vec<DuplicateLine>, StoreError> {
+        self.inner.staged_duplicates(batch, limit).await
     }
     async fn start_batch(&self, started: Batch) -> Result<Option<Batch>, StoreError> {
         self.inner.start_batch(started).await

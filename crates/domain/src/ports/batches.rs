@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use crate::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
+use crate::batch::{Batch, BatchStatus, DuplicateLine, FilePurpose, StoredFile};
 use crate::ids::{BatchId, ClientId, FileId};
 use crate::ports::{Page, StoreError};
 use crate::status::TaskStatus;
@@ -81,6 +81,15 @@ pub trait BatchStore: Send + Sync {
     /// [`crate::batch::BatchLine`]; a line kept already (an earlier, interrupted validation)
     /// keeps its first task.
     async fn stage_batch_tasks(&self, tasks: Vec<Task>) -> Result<(), StoreError>;
+
+    /// The kept lines of `batch` whose `custom_id` an earlier kept line of it has, in line
+    /// order, at most `limit` (a batch's `custom_id`s are unique: [`crate::batch::LineCheck`]
+    /// says why the store checks it).
+    async fn staged_duplicates(
+        &self,
+        batch: BatchId,
+        limit: usize,
+    ) -> Result<Vec<DuplicateLine>, StoreError>;
 
     /// P-2 for a whole batch: writes `started` (from `validating`), creates every kept task
     /// (`queued`, with its `response.created` event, not `background`: a line is answered as a

@@ -6,7 +6,7 @@
 //! each of its tasks' ends to them in the transaction that ends the task, as the domain's
 //! `batch::counted` says.
 
-use lmsp_domain::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
+use lmsp_domain::batch::{Batch, BatchStatus, DuplicateLine, FilePurpose, StoredFile};
 use lmsp_domain::event::EventKind;
 use lmsp_domain::ids::{BatchId, ClientId, FileId, TaskId};
 use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, Page};
@@ -202,6 +202,30 @@ pub async fn unfinished_batches<C: Db>(db: &C, limit: usize) -> Res<Vec<Batch>> 
     );
     let rows = db.query(&sql, &[&to_i64(limit as u64)?]).await?;
     rows.iter().map(decode_batch).collect()
+}
+
+/// The kept lines of a batch whose `custom_id` an earlier kept line of it has, in line order,
+/// at most `limit`.
+pub async fn staged_duplicates<C: Db>(
+    db: &C,
+    id: BatchId,
+    limit: usize,
+) -> Res<Vec<DuplicateLine>> {
+    let rows = db
+        .query(
+            codec::sql::STAGED_DUPLICATES,
+            &[&batch_key(id), &to_i64(limit as u64)?],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let line: i32 = row.try_get(0)?;
+            Ok(codec::batches::duplicate_line(
+                i64::from(line),
+                row.try_get(1)?,
+            )?)
+        })
+        .collect()
 }
 
 /// Keeps the tasks of some lines aside until their batch starts; a line kept already keeps its

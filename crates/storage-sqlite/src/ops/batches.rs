@@ -3,7 +3,7 @@
 //! The counts are kept by the `batch_counts` trigger (schema version 4), in the same transaction
 //! as each task's end.
 
-use lmsp_domain::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
+use lmsp_domain::batch::{Batch, BatchStatus, DuplicateLine, FilePurpose, StoredFile};
 use lmsp_domain::event::EventKind;
 use lmsp_domain::ids::{BatchId, ClientId, FileId};
 use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, Page};
@@ -206,6 +206,19 @@ pub fn stage_batch_tasks(conn: &Connection, tasks: &[Task]) -> Res<()> {
         ])?;
     }
     Ok(())
+}
+
+/// The kept lines of a batch whose `custom_id` an earlier kept line of it has, in line order,
+/// at most `limit`.
+pub fn staged_duplicates(conn: &Connection, id: BatchId, limit: usize) -> Res<Vec<DuplicateLine>> {
+    let rows = prepare(conn, codec::sql::STAGED_DUPLICATES)?
+        .query_map(params![batch_key(id), to_i64(limit as u64)?], |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.into_iter()
+        .map(|(line, custom_id)| Ok(codec::batches::duplicate_line(line, custom_id)?))
+        .collect()
 }
 
 /// How many kept-aside lines one write removes once their batch has left `validating`.
