@@ -14,6 +14,7 @@
 pub mod batches;
 pub mod columns;
 pub mod events;
+pub mod flows;
 pub mod pairing;
 pub mod query;
 pub mod records;
