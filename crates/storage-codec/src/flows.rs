@@ -94,18 +94,6 @@ pub trait TaskRows: Rows {
     async fn lock_task(&self, id: TaskId) -> Result<Option<Task>, Self::Error>;
 }
 
-/// The purge's pick of candidates (P-5, P-6), which each database makes its own way.
-#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
-pub trait PurgeRows: Rows {
-    /// Up to `limit` finished tasks (the domain's `PURGED_STATUSES`, none of a batch) with
-    /// `finished_at < cutoff`, oldest first: each one's stored key and its event count.
-    async fn finished_candidates(
-        &self,
-        cutoff: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, u64)>, Self::Error>;
-}
-
 /// A client's stored key as a bound value.
 fn client_param(id: ClientId) -> Param {
     Param::Blob(key_of(id.ulid()).to_vec())
@@ -278,15 +266,16 @@ pub async fn delete_finished<R: TaskRows>(
     Ok(outcome)
 }
 
-/// One bounded purge batch (P-5, P-6, I-4): of the adapter's candidates, as many as the domain's
-/// [`purge_batch`] takes, so one transaction stays short whatever the tasks' sizes.
-pub async fn purge_finished<R: PurgeRows>(
+/// One bounded purge batch (P-5, P-6, I-4): of `candidates` (finished tasks past the retention,
+/// oldest first, each one's stored key and event count, as the adapter picks and locks them), as
+/// many as the domain's [`purge_batch`] takes, so one transaction stays short whatever the tasks'
+/// sizes.
+pub async fn purge_finished<R: Rows>(
     rows: &R,
-    cutoff: Timestamp,
+    candidates: &[(Vec<u8>, u64)],
     max_tasks: usize,
     max_events: u64,
 ) -> Result<PurgeReport, R::Error> {
-    let candidates = rows.finished_candidates(cutoff, max_tasks + 1).await?;
     let sizes: Vec<u64> = candidates.iter().map(|(_, events)| *events).collect();
     let batch = purge_batch(&sizes, max_tasks, max_events);
     let mut events = 0;
