@@ -4,9 +4,11 @@
 
 use std::future::Future;
 
-use lmsp_domain::ids::TaskId;
+use lmsp_domain::event::Event;
+use lmsp_domain::ids::{InstanceId, TaskId};
 use lmsp_domain::ports::RecoveryReport;
 use lmsp_domain::status::TaskStatus;
+use lmsp_domain::time::Timestamp;
 
 /// The leftover status a pass is looking at (an index into [`TaskStatus::UNFINISHED`]), and the
 /// last task of that status a batch covered.
@@ -20,6 +22,40 @@ pub struct RecoveryCursor {
 
 /// What one recovery batch did, and where the next one starts (`None`: the pass is complete).
 pub type RecoveryStep = (RecoveryReport, Option<RecoveryCursor>);
+
+/// One recovery batch (P-7…P-11, I-5), as both adapters are asked for it: the leftovers of
+/// `stopped` to move into `rescuer`'s care at `at`, at most `limit` of them from `cursor` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryBatch {
+    /// The stopped instance whose tasks are recovered.
+    pub stopped: InstanceId,
+    /// The instance that takes them over.
+    pub rescuer: InstanceId,
+    /// When (the caller's time, never the database's).
+    pub at: Timestamp,
+    /// Where the batch starts.
+    pub cursor: RecoveryCursor,
+    /// How many tasks the batch covers at most (the store's recovery batch size).
+    pub limit: usize,
+}
+
+/// What a recovery batch has done so far: the domain's report of it, and the events it wrote,
+/// in the order it wrote them.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// What was moved, resumed, left alone.
+    pub report: RecoveryReport,
+    /// The events written.
+    pub events: Vec<Event>,
+}
+
+impl Recovered {
+    /// The batch's outcome: what it did, where the next batch starts (`None`: the pass is
+    /// complete), and its events.
+    pub fn until(self, next: Option<RecoveryCursor>) -> (RecoveryStep, Vec<Event>) {
+        ((self.report, next), self.events)
+    }
+}
 
 impl RecoveryCursor {
     /// The start of a pass.

@@ -27,7 +27,7 @@ use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
-use lmsp_storage_codec::recovery::recovery_pass;
+use lmsp_storage_codec::recovery::{recovery_pass, RecoveryBatch};
 use tokio_postgres::NoTls;
 
 /// A reply of another kind than its request's (a bug of the writer, never a caller's).
@@ -502,7 +502,14 @@ impl InstanceStore for PostgresStore {
         let report = recovery_pass(|from| {
             self.write(false, move |tx| {
                 Box::pin(async move {
-                    ops::instances::recover_batch(tx, stopped, rescuer, at, from, limit).await
+                    let batch = RecoveryBatch {
+                        stopped,
+                        rescuer,
+                        at,
+                        cursor: from,
+                        limit,
+                    };
+                    ops::instances::recover_batch(tx, batch).await
                 })
             })
         })

@@ -25,7 +25,7 @@ use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
-use lmsp_storage_codec::recovery::recovery_pass;
+use lmsp_storage_codec::recovery::{recovery_pass, RecoveryBatch};
 
 fn no_events<T>(value: T) -> (T, Vec<Event>) {
     (value, Vec::new())
@@ -389,7 +389,14 @@ impl InstanceStore for SqliteStore {
         let limit = self.recovery_batch;
         let report = recovery_pass(|from| {
             self.write(Box::new(move |conn| {
-                ops::instances::recover_batch(conn, stopped, rescuer, at, from, limit)
+                let batch = RecoveryBatch {
+                    stopped,
+                    rescuer,
+                    at,
+                    cursor: from,
+                    limit,
+                };
+                ops::instances::recover_batch(conn, batch)
             }))
         })
         .await?;
