@@ -83,19 +83,39 @@ impl RecoveryCursor {
     }
 }
 
-/// A whole recovery pass: `batch` run from [`RecoveryCursor::START`], each time from where the
-/// last one stopped, until one says the pass is complete; what every batch did, added up. Each
-/// adapter's `batch` is one transaction of its own (its locking and writing are the adapter's);
-/// the walk over the batches is the same in both.
-pub async fn recovery_pass<E, F, Fut>(mut batch: F) -> Result<RecoveryReport, E>
+impl RecoveryBatch {
+    /// The first batch of a pass (from [`RecoveryCursor::START`]).
+    pub fn first(stopped: InstanceId, rescuer: InstanceId, at: Timestamp, limit: usize) -> Self {
+        Self {
+            stopped,
+            rescuer,
+            at,
+            cursor: RecoveryCursor::START,
+            limit,
+        }
+    }
+}
+
+/// A whole recovery pass: `batch` run from `first`, each time from where the last one stopped,
+/// until one says the pass is complete; what every batch did, added up. Each adapter's `batch`
+/// is one transaction of its own (its locking and writing are the adapter's); the walk over the
+/// batches is the same in both.
+pub async fn recovery_pass<E, F, Fut>(
+    first: RecoveryBatch,
+    mut batch: F,
+) -> Result<RecoveryReport, E>
 where
-    F: FnMut(RecoveryCursor) -> Fut,
+    F: FnMut(RecoveryBatch) -> Fut,
     Fut: Future<Output = Result<RecoveryStep, E>>,
 {
     let mut report = RecoveryReport::default();
-    let mut cursor = Some(RecoveryCursor::START);
+    let mut cursor = Some(first.cursor);
     while let Some(from) = cursor {
-        let (part, next) = batch(from).await?;
+        let (part, next) = batch(RecoveryBatch {
+            cursor: from,
+            ..first
+        })
+        .await?;
         report.absorb(part);
         cursor = next;
     }
@@ -126,7 +146,8 @@ mod tests {
     #[test]
     fn a_pass_adds_up_its_batches_and_starts_each_where_the_last_stopped() {
         let mut starts = Vec::new();
-        let pass = recovery_pass(|from| {
+        let pass = recovery_pass(some_batch(), |batch| {
+            let from = batch.cursor;
             starts.push(from);
             let next = from.next_status().unless_done();
             let part = RecoveryReport {
@@ -144,12 +165,18 @@ mod tests {
     #[test]
     fn a_failed_batch_ends_the_pass_with_its_error() {
         let mut runs = 0;
-        let pass = recovery_pass(|_| {
+        let pass = recovery_pass(some_batch(), |_| {
             runs += 1;
             std::future::ready(Err::<RecoveryStep, _>("lost"))
         });
         assert_eq!(block_on(pass), Err("lost"));
         assert_eq!(runs, 1);
+    }
+
+    /// A pass's first batch (its instances and time do not matter to the walk).
+    fn some_batch() -> RecoveryBatch {
+        let instance = InstanceId::from_ulid(ulid::Ulid::nil());
+        RecoveryBatch::first(instance, instance, Timestamp::from_millis(0), 10)
     }
 
     /// Runs a future that never waits (the batches above are ready at once).

@@ -499,18 +499,10 @@ impl InstanceStore for PostgresStore {
         at: Timestamp,
     ) -> Result<RecoveryReport, StoreError> {
         let limit = self.options.recovery_batch.max(1);
-        let report = recovery_pass(|from| {
+        let first = RecoveryBatch::first(stopped, rescuer, at, limit);
+        let report = recovery_pass(first, |batch| {
             self.write(false, move |tx| {
-                Box::pin(async move {
-                    let batch = RecoveryBatch {
-                        stopped,
-                        rescuer,
-                        at,
-                        cursor: from,
-                        limit,
-                    };
-                    ops::instances::recover_batch(tx, batch).await
-                })
+                Box::pin(async move { ops::instances::recover_batch(tx, batch).await })
             })
         })
         .await?;

@@ -387,15 +387,9 @@ impl InstanceStore for SqliteStore {
         at: Timestamp,
     ) -> Result<RecoveryReport, StoreError> {
         let limit = self.recovery_batch;
-        let report = recovery_pass(|from| {
+        let first = RecoveryBatch::first(stopped, rescuer, at, limit);
+        let report = recovery_pass(first, |batch| {
             self.write(Box::new(move |conn| {
-                let batch = RecoveryBatch {
-                    stopped,
-                    rescuer,
-                    at,
-                    cursor: from,
-                    limit,
-                };
                 ops::instances::recover_batch(conn, batch)
             }))
         })
