@@ -196,6 +196,20 @@ impl ReadRow for DeliveryRow {
     }
 }
 
+/// A read of one `TEXT` column (a `service_config` value, a code's scopes).
+impl ReadRow for String {
+    fn read<C: Columns>(row: &C) -> Result<Self, C::Error> {
+        row.text(0)
+    }
+}
+
+/// A read of one integer column (`SELECT 1 …`: whether a row exists).
+impl ReadRow for i64 {
+    fn read<C: Columns>(row: &C) -> Result<Self, C::Error> {
+        row.int(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::cell::RefCell;

@@ -14,6 +14,7 @@
 pub mod batches;
 pub mod columns;
 pub mod events;
+pub mod flows;
 pub mod pairing;
 pub mod query;
 pub mod records;
@@ -31,7 +32,7 @@ pub use records::{
     hash_from_text, ClientRow, IdempotencyRow, ModelRow, CLIENT_COLUMNS, IDEMPOTENCY_COLUMNS,
     MODEL_COLUMNS,
 };
-pub use recovery::{RecoveryCursor, RecoveryStep};
+pub use recovery::{Recovered, RecoveryBatch, RecoveryCursor, RecoveryStep};
 pub use rows::{
     derived_response_id, error_text, from_i64, key_of, stored_response_id, tier_of, tier_rank,
     to_i64, u32_of, ulid_of, TaskRow, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,

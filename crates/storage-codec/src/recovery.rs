@@ -4,9 +4,11 @@
 
 use std::future::Future;
 
-use lmsp_domain::ids::TaskId;
+use lmsp_domain::event::Event;
+use lmsp_domain::ids::{InstanceId, TaskId};
 use lmsp_domain::ports::RecoveryReport;
 use lmsp_domain::status::TaskStatus;
+use lmsp_domain::time::Timestamp;
 
 /// The leftover status a pass is looking at (an index into [`TaskStatus::UNFINISHED`]), and the
 /// last task of that status a batch covered.
@@ -20,6 +22,40 @@ pub struct RecoveryCursor {
 
 /// What one recovery batch did, and where the next one starts (`None`: the pass is complete).
 pub type RecoveryStep = (RecoveryReport, Option<RecoveryCursor>);
+
+/// One recovery batch (P-7…P-11, I-5), as both adapters are asked for it: the leftovers of
+/// `stopped` to move into `rescuer`'s care at `at`, at most `limit` of them from `cursor` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveryBatch {
+    /// The stopped instance whose tasks are recovered.
+    pub stopped: InstanceId,
+    /// The instance that takes them over.
+    pub rescuer: InstanceId,
+    /// When (the caller's time, never the database's).
+    pub at: Timestamp,
+    /// Where the batch starts.
+    pub cursor: RecoveryCursor,
+    /// How many tasks the batch covers at most (the store's recovery batch size).
+    pub limit: usize,
+}
+
+/// What a recovery batch has done so far: the domain's report of it, and the events it wrote,
+/// in the order it wrote them.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// What was moved, resumed, left alone.
+    pub report: RecoveryReport,
+    /// The events written.
+    pub events: Vec<Event>,
+}
+
+impl Recovered {
+    /// The batch's outcome: what it did, where the next batch starts (`None`: the pass is
+    /// complete), and its events.
+    pub fn until(self, next: Option<RecoveryCursor>) -> (RecoveryStep, Vec<Event>) {
+        ((self.report, next), self.events)
+    }
+}
 
 impl RecoveryCursor {
     /// The start of a pass.
@@ -47,19 +83,39 @@ impl RecoveryCursor {
     }
 }
 
-/// A whole recovery pass: `batch` run from [`RecoveryCursor::START`], each time from where the
-/// last one stopped, until one says the pass is complete; what every batch did, added up. Each
-/// adapter's `batch` is one transaction of its own (its locking and writing are the adapter's);
-/// the walk over the batches is the same in both.
-pub async fn recovery_pass<E, F, Fut>(mut batch: F) -> Result<RecoveryReport, E>
+impl RecoveryBatch {
+    /// The first batch of a pass (from [`RecoveryCursor::START`]).
+    pub fn first(stopped: InstanceId, rescuer: InstanceId, at: Timestamp, limit: usize) -> Self {
+        Self {
+            stopped,
+            rescuer,
+            at,
+            cursor: RecoveryCursor::START,
+            limit,
+        }
+    }
+}
+
+/// A whole recovery pass: `batch` run from `first`, each time from where the last one stopped,
+/// until one says the pass is complete; what every batch did, added up. Each adapter's `batch`
+/// is one transaction of its own (its locking and writing are the adapter's); the walk over the
+/// batches is the same in both.
+pub async fn recovery_pass<E, F, Fut>(
+    first: RecoveryBatch,
+    mut batch: F,
+) -> Result<RecoveryReport, E>
 where
-    F: FnMut(RecoveryCursor) -> Fut,
+    F: FnMut(RecoveryBatch) -> Fut,
     Fut: Future<Output = Result<RecoveryStep, E>>,
 {
     let mut report = RecoveryReport::default();
-    let mut cursor = Some(RecoveryCursor::START);
+    let mut cursor = Some(first.cursor);
     while let Some(from) = cursor {
-        let (part, next) = batch(from).await?;
+        let (part, next) = batch(RecoveryBatch {
+            cursor: from,
+            ..first
+        })
+        .await?;
         report.absorb(part);
         cursor = next;
     }
@@ -90,7 +146,8 @@ mod tests {
     #[test]
     fn a_pass_adds_up_its_batches_and_starts_each_where_the_last_stopped() {
         let mut starts = Vec::new();
-        let pass = recovery_pass(|from| {
+        let pass = recovery_pass(some_batch(), |batch| {
+            let from = batch.cursor;
             starts.push(from);
             let next = from.next_status().unless_done();
             let part = RecoveryReport {
@@ -108,12 +165,18 @@ mod tests {
     #[test]
     fn a_failed_batch_ends_the_pass_with_its_error() {
         let mut runs = 0;
-        let pass = recovery_pass(|_| {
+        let pass = recovery_pass(some_batch(), |_| {
             runs += 1;
             std::future::ready(Err::<RecoveryStep, _>("lost"))
         });
         assert_eq!(block_on(pass), Err("lost"));
         assert_eq!(runs, 1);
+    }
+
+    /// A pass's first batch (its instances and time do not matter to the walk).
+    fn some_batch() -> RecoveryBatch {
+        let instance = InstanceId::from_ulid(ulid::Ulid::nil());
+        RecoveryBatch::first(instance, instance, Timestamp::from_millis(0), 10)
     }
 
     /// Runs a future that never waits (the batches above are ready at once).

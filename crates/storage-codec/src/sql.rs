@@ -68,6 +68,22 @@ pub const SET_CLIENT_LIMITS: &str = "INSERT INTO client_queues (client_id, max_r
 /// Uses up the pairing code with hash `$1`.
 pub const DELETE_PAIRING: &str = "DELETE FROM pairings WHERE code_hash = $1";
 
+/// Burns every outstanding pairing code (the failure that made the pairing limit).
+pub const DELETE_PAIRINGS: &str = "DELETE FROM pairings";
+
+/// The scopes of the pairing code with hash `$1` unless it expired by `$2`. PostgreSQL locks it
+/// (`FOR UPDATE` after this text).
+pub const PAIRING_SCOPES: &str =
+    "SELECT scopes FROM pairings WHERE code_hash = $1 AND expires_at > $2";
+
+/// The `service_config` value under key `$1`. PostgreSQL locks it (`FOR UPDATE` after this
+/// text) where a write follows.
+pub const CONFIG_VALUE: &str = "SELECT value FROM service_config WHERE key = $1";
+
+/// Stores `$2` as the `service_config` value under key `$1`, replacing what was there.
+pub const SET_CONFIG_VALUE: &str = "INSERT INTO service_config (key, value) VALUES ($1, $2) \
+     ON CONFLICT (key) DO UPDATE SET value = excluded.value";
+
 /// The idempotency record under client `$1`, operation `$2` and key `$3`: its
 /// [`IDEMPOTENCY_COLUMNS`]. PostgreSQL locks it (`FOR UPDATE` after this text).
 pub fn idempotency_record() -> String {

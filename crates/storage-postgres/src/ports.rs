@@ -27,7 +27,7 @@ use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
-use lmsp_storage_codec::recovery::recovery_pass;
+use lmsp_storage_codec::recovery::{recovery_pass, RecoveryBatch};
 use tokio_postgres::NoTls;
 
 /// A reply of another kind than its request's (a bug of the writer, never a caller's).
@@ -499,11 +499,10 @@ impl InstanceStore for PostgresStore {
         at: Timestamp,
     ) -> Result<RecoveryReport, StoreError> {
         let limit = self.options.recovery_batch.max(1);
-        let report = recovery_pass(|from| {
+        let first = RecoveryBatch::first(stopped, rescuer, at, limit);
+        let report = recovery_pass(first, |batch| {
             self.write(false, move |tx| {
-                Box::pin(async move {
-                    ops::instances::recover_batch(tx, stopped, rescuer, at, from, limit).await
-                })
+                Box::pin(async move { ops::instances::recover_batch(tx, batch).await })
             })
         })
         .await?;

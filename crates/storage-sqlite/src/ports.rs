@@ -25,7 +25,7 @@ use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
-use lmsp_storage_codec::recovery::recovery_pass;
+use lmsp_storage_codec::recovery::{recovery_pass, RecoveryBatch};
 
 fn no_events<T>(value: T) -> (T, Vec<Event>) {
     (value, Vec::new())
@@ -387,9 +387,10 @@ impl InstanceStore for SqliteStore {
         at: Timestamp,
     ) -> Result<RecoveryReport, StoreError> {
         let limit = self.recovery_batch;
-        let report = recovery_pass(|from| {
+        let first = RecoveryBatch::first(stopped, rescuer, at, limit);
+        let report = recovery_pass(first, |batch| {
             self.write(Box::new(move |conn| {
-                ops::instances::recover_batch(conn, stopped, rescuer, at, from, limit)
+                ops::instances::recover_batch(conn, batch)
             }))
         })
         .await?;

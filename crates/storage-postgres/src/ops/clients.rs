@@ -9,9 +9,10 @@ use lmsp_domain::time::Timestamp;
 use tokio_postgres::Row;
 
 use crate::codec;
-use crate::codec::pairing::{plan_redemption, PAIRING_LIMIT_KEY};
+use lmsp_storage_codec::flows::{self, ClientRows};
+
 use crate::codec::{sql, ClientRow};
-use crate::ops::{client_key, config_value, corrupt, read, set_config_value, Db, Res};
+use crate::ops::{client_key, corrupt, read, Db, Res, Rows};
 
 fn build_client(row: &Row) -> Res<Client> {
     Ok(read::<ClientRow>(row)?.decode()?)
@@ -122,33 +123,21 @@ pub async fn insert_pairing<C: Db>(db: &C, pairing: &Pairing) -> Res<()> {
     Ok(())
 }
 
+/// The client row's insert, for the codec's pairing flow.
+impl<C: Db> ClientRows for Rows<'_, C> {
+    async fn insert_client(&self, client: &Client) -> Res<()> {
+        insert_client(self.0, client).await
+    }
+}
+
 /// Redeems a pairing code under the pairing limit, all in the current transaction: the limit's
-/// row is locked first, so redemptions in every process take their turn.
+/// row is locked first, so redemptions in every process take their turn
+/// ([`flows::redeem_pairing`]).
 pub async fn redeem_pairing<C: Db>(
     db: &C,
     hash: &SecretHash,
     client: &Client,
     at: Timestamp,
 ) -> Res<Redemption> {
-    let limit = config_value(db, PAIRING_LIMIT_KEY, true).await?;
-    let scopes: Option<String> = db
-        .query_opt(
-            "SELECT scopes FROM pairings WHERE code_hash = $1 AND expires_at > $2 FOR UPDATE",
-            &[&hash.to_hex(), &at.as_millis()],
-        )
-        .await?
-        .map(|row| row.try_get(0))
-        .transpose()?;
-    let plan = plan_redemption(limit.as_deref(), scopes.as_deref(), &client.scopes, at)?;
-    if let Some(limit) = &plan.limit {
-        set_config_value(db, PAIRING_LIMIT_KEY, limit).await?;
-    }
-    if plan.burn_codes {
-        db.execute("DELETE FROM pairings", &[]).await?;
-    }
-    if plan.pair {
-        db.execute(sql::DELETE_PAIRING, &[&hash.to_hex()]).await?;
-        insert_client(db, client).await?;
-    }
-    Ok(plan.redemption)
+    flows::redeem_pairing(&Rows(db), hash, client, at).await
 }

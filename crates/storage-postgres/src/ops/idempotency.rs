@@ -4,41 +4,17 @@
 //! again, so one request proceeds across every process.
 
 use lmsp_domain::idempotency::{
-    decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
-    StoredReply,
+    IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
 };
 use lmsp_domain::ids::InstanceId;
 use lmsp_domain::model::ModelRecord;
 use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::answered_key;
+use lmsp_storage_codec::flows::{self, KeyRows};
 
 use crate::codec::{sql, IdempotencyRow};
 use crate::error::DbError;
-use crate::ops::models::insert_model;
-use crate::ops::{client_key, instance_key, read, to_i64, Db, Res};
-
-/// The record stored under a key, expired or not, its row locked until the transaction ends.
-pub async fn locked_record<C: Db>(
-    db: &C,
-    scope: &IdempotencyScope,
-    key_text: &IdempotencyKey,
-) -> Res<Option<IdempotencyRecord>> {
-    let Some(row) = db
-        .query_opt(
-            &crate::batch::lock_key_sql(),
-            &[
-                &client_key(scope.client_id),
-                &scope.operation.as_str(),
-                &key_text.as_str(),
-            ],
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    Ok(Some(decode_record(&row, scope, key_text)?))
-}
+use crate::ops::{client_key, read, to_i64, Db, Res, Rows};
 
 /// Decodes a record read with [`IDEMPOTENCY_COLUMNS`](crate::codec::IDEMPOTENCY_COLUMNS) (its key
 /// given).
@@ -79,35 +55,31 @@ pub async fn put_record<C: Db>(db: &C, record: &IdempotencyRecord, existed: bool
     Ok(())
 }
 
-/// Decides a request under its key; holds the key when it proceeds.
-pub async fn claim_key<C: Db>(db: &C, claim: &KeyClaim, now: Timestamp) -> Res<KeyDecision> {
-    let stored = locked_record(db, &claim.scope, &claim.key).await?;
-    let decision = decide(stored.as_ref(), &claim.digest, now);
-    if decision == KeyDecision::Proceed {
-        put_record(db, &claim.pending_record(now), stored.is_some()).await?;
+/// A record written where [`flows::stored_record`] found (and locked) one, or found none.
+impl<C: Db> KeyRows for Rows<'_, C> {
+    async fn put_record(&self, record: &IdempotencyRecord, existed: bool) -> Res<()> {
+        put_record(self.0, record, existed).await
     }
-    Ok(decision)
 }
 
-/// P-1, I-8: a model and its key's answered record, in one transaction; nothing when another
-/// request answered under the key meanwhile or the id is taken.
+/// Decides a request under its key; holds the key when it proceeds (the codec's
+/// [`flows::claim_key`], the record's row locked).
+pub async fn claim_key<C: Db>(db: &C, claim: &KeyClaim, now: Timestamp) -> Res<KeyDecision> {
+    flows::claim_key(&Rows(db), claim, now).await
+}
+
+/// P-1, I-8: a model and its key's answered record, in one transaction
+/// ([`flows::insert_model_with_key`]).
 pub async fn insert_model_with_key<C: Db>(
     db: &C,
     model: &ModelRecord,
     record: &IdempotencyRecord,
 ) -> Res<KeyedInsert> {
-    let existing = locked_record(db, &record.scope, &record.key).await?;
-    if let Some(answered) = answered_key(existing.as_ref(), record.created_at) {
-        return Ok(KeyedInsert::KeyAnswered(answered.clone()));
-    }
-    if !insert_model(db, model).await? {
-        return Ok(KeyedInsert::Taken);
-    }
-    put_record(db, record, existing.is_some()).await?;
-    Ok(KeyedInsert::Inserted)
+    flows::insert_model_with_key(&Rows(db), model, record).await
 }
 
-/// I-8: keeps a final reply with its key while the key still keeps `expected` ([`settle`]).
+/// I-8: keeps a final reply with its key while the key still keeps `expected`
+/// ([`flows::settle_key`]).
 pub async fn settle_key<C: Db>(
     db: &C,
     scope: &IdempotencyScope,
@@ -115,14 +87,7 @@ pub async fn settle_key<C: Db>(
     expected: &StoredReply,
     reply: StoredReply,
 ) -> Res<bool> {
-    let stored = locked_record(db, scope, key_text).await?;
-    match settle(stored.as_ref(), expected, reply) {
-        Some(record) => {
-            put_record(db, &record, true).await?;
-            Ok(true)
-        }
-        None => Ok(false),
-    }
+    flows::settle_key(&Rows(db), scope, key_text, expected, reply).await
 }
 
 /// Ends a key's hold: a pending record goes, an answered one stays.
@@ -131,18 +96,7 @@ pub async fn release_key<C: Db>(
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
 ) -> Res<()> {
-    let id = client_key(scope.client_id);
-    db.execute(
-        sql::DELETE_PENDING_KEY,
-        &[&id, &scope.operation.as_str(), &key_text.as_str()],
-    )
-    .await?;
-    db.execute(
-        sql::UNHOLD_KEY,
-        &[&id, &scope.operation.as_str(), &key_text.as_str()],
-    )
-    .await?;
-    Ok(())
+    flows::release_key(&Rows(db), scope, key_text).await
 }
 
 /// Deletes up to `batch` expired records.
@@ -159,8 +113,5 @@ pub async fn purge_idempotency<C: Db>(db: &C, at: Timestamp, batch: usize) -> Re
 
 /// Ends every hold of a stopped instance: its pending records go, its answered ones replay.
 pub async fn release_holds_of<C: Db>(db: &C, instance: InstanceId) -> Res<()> {
-    let id = instance_key(instance);
-    db.execute(sql::DELETE_PENDING_KEYS_OF, &[&id]).await?;
-    db.execute(sql::UNHOLD_KEYS_OF, &[&id]).await?;
-    Ok(())
+    flows::release_holds_of(&Rows(db), instance).await
 }

@@ -7,7 +7,7 @@
 
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{InstanceId, TaskId};
-use lmsp_domain::ports::{InstanceInfo, RecoveryReport, Registration};
+use lmsp_domain::ports::{InstanceInfo, Registration};
 use lmsp_domain::recovery::{needs_open_item_text, recover};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::time::Timestamp;
@@ -152,22 +152,23 @@ pub async fn mark_recovered<C: Db>(db: &C, instance: InstanceId, at: Timestamp) 
     Ok(())
 }
 
-pub use crate::codec::{RecoveryCursor, RecoveryStep};
+pub use crate::codec::{Recovered, RecoveryBatch, RecoveryCursor, RecoveryStep};
 
 /// One recovery batch (P-7…P-11, I-5): up to `limit` unfinished tasks of `stopped` from `cursor`
 /// on, each locked and read again, then moved per [`recover`] with its events as a
 /// compare-and-set. A task another rescuer moved meanwhile is no longer `stopped`'s when read
 /// under the lock, and is left alone: each task moves once.
-pub async fn recover_batch<C: Db>(
-    db: &C,
-    stopped: InstanceId,
-    rescuer: InstanceId,
-    at: Timestamp,
-    cursor: RecoveryCursor,
-    limit: usize,
-) -> Res<(RecoveryStep, Vec<Event>)> {
+pub async fn recover_batch<C: Db>(db: &C, batch: RecoveryBatch) -> Res<(RecoveryStep, Vec<Event>)> {
+    let RecoveryBatch {
+        stopped,
+        rescuer,
+        at,
+        cursor,
+        limit,
+    } = batch;
+    let mut recovered = Recovered::default();
     let Some(status) = cursor.status() else {
-        return Ok(((RecoveryReport::default(), None), Vec::new()));
+        return Ok(recovered.until(None));
     };
     let owner = instance_key(stopped);
     let after = cursor.after.map(key).unwrap_or_default();
@@ -197,8 +198,6 @@ pub async fn recover_batch<C: Db>(
     } else {
         db.query(&sql, &[&ids, &owner]).await?
     };
-    let mut report = RecoveryReport::default();
-    let mut all_events = Vec::new();
     for row in &rows {
         let task = decode_task(row)?;
         if task.owner != stopped || task.status.is_finished() {
@@ -220,9 +219,9 @@ pub async fn recover_batch<C: Db>(
         let write = recover(&task, rescuer, covers, item_text, at).map(TaskWrite::from_advanced);
         if let Some(write) = &write {
             write_task(db, &task, write).await?;
-            all_events.extend(write.events.iter().cloned());
+            recovered.events.extend(write.events.iter().cloned());
         }
-        tally(&mut report, task.id, write.as_ref());
+        tally(&mut recovered.report, task.id, write.as_ref());
     }
     let next = if full {
         RecoveryCursor {
@@ -232,6 +231,5 @@ pub async fn recover_batch<C: Db>(
     } else {
         cursor.next_status()
     };
-    let next = next.unless_done();
-    Ok(((report, next), all_events))
+    Ok(recovered.until(next.unless_done()))
 }

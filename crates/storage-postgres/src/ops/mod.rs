@@ -22,10 +22,10 @@ use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, TaskId};
 use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::columns::{Columns, ReadRow};
+use lmsp_storage_codec::flows;
 use lmsp_storage_codec::query::{Param, Query};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
-use ulid::Ulid;
 
 use crate::codec;
 use crate::error::DbError;
@@ -167,18 +167,42 @@ pub fn read<T: ReadRow>(row: &Row) -> Res<T> {
     Ok(T::read(&PgColumns(row))?)
 }
 
-/// Runs a list read built by `codec::query`; its rows.
-pub async fn query_rows<C: Db>(db: &C, query: &Query) -> Res<Vec<Row>> {
-    let values: Vec<&(dyn ToSql + Sync)> = query
-        .params
+/// The values bound to a statement of the codec's ([`Param`]), as tokio-postgres takes them.
+fn values(params: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
+    params
         .iter()
         .map(|param| match param {
             Param::Blob(bytes) => bytes as &(dyn ToSql + Sync),
             Param::Text(text) => text,
             Param::Integer(number) => number,
         })
-        .collect();
-    Ok(db.query(&query.sql, &values).await?)
+        .collect()
+}
+
+/// Runs a list read built by `codec::query`; its rows.
+pub async fn query_rows<C: Db>(db: &C, query: &Query) -> Res<Vec<Row>> {
+    Ok(db.query(&query.sql, &values(&query.params)).await?)
+}
+
+/// The row access of the codec's shared flows ([`flows`]) on a connection or a transaction:
+/// reads of rows a flow goes on to change lock them (`FOR UPDATE`) until the transaction ends.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'a, C>(pub &'a C);
+
+impl<C: Db> flows::Rows for Rows<'_, C> {
+    type Error = DbError;
+
+    const LOCK: &'static str = " FOR UPDATE";
+    const SHARE: &'static str = " FOR SHARE";
+
+    async fn execute(&self, sql: &str, params: &[Param]) -> Res<u64> {
+        Ok(self.0.execute(sql, &values(params)).await?)
+    }
+
+    async fn read_one<T: ReadRow>(&self, sql: &str, params: &[Param]) -> Res<Option<T>> {
+        let row = self.0.query_opt(sql, &values(params)).await?;
+        row.as_ref().map(read::<T>).transpose()
+    }
 }
 
 /// The stored key of a task id: its ULID's 16 bytes (so key order is creation order).
@@ -196,10 +220,8 @@ pub fn instance_key(id: InstanceId) -> Vec<u8> {
     id.ulid().to_bytes().to_vec()
 }
 
-/// A ULID from its stored 16 bytes.
-pub fn ulid_of(bytes: &[u8]) -> Res<Ulid> {
-    Ok(codec::ulid_of(bytes)?)
-}
+/// A ULID from its stored 16 bytes (the codec's, its error converting with `?`).
+pub use codec::ulid_of;
 
 /// The stored key of a batch id.
 pub fn batch_key(id: BatchId) -> Vec<u8> {
@@ -286,12 +308,12 @@ pub async fn delete_snapshot<C: Db>(db: &C, id: TaskId) -> Res<()> {
 
 /// Reads a `service_config` value, locking its row when `lock`.
 pub async fn config_value<C: Db>(db: &C, name: &str, lock: bool) -> Res<Option<String>> {
-    let sql = if lock {
-        "SELECT value FROM service_config WHERE key = $1 FOR UPDATE"
-    } else {
-        "SELECT value FROM service_config WHERE key = $1"
-    };
-    Ok(match db.query_opt(sql, &[&name]).await? {
+    let sql = format!(
+        "{}{}",
+        codec::sql::CONFIG_VALUE,
+        if lock { " FOR UPDATE" } else { "" }
+    );
+    Ok(match db.query_opt(&sql, &[&name]).await? {
         Some(row) => Some(row.try_get(0)?),
         None => None,
     })
@@ -299,11 +321,7 @@ pub async fn config_value<C: Db>(db: &C, name: &str, lock: bool) -> Res<Option<S
 
 /// Writes a `service_config` value.
 pub async fn set_config_value<C: Db>(db: &C, name: &str, value: &str) -> Res<()> {
-    db.execute(
-        "INSERT INTO service_config (key, value) VALUES ($1, $2) \
-         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
-        &[&name, &value],
-    )
-    .await?;
+    db.execute(codec::sql::SET_CONFIG_VALUE, &[&name, &value])
+        .await?;
     Ok(())
 }

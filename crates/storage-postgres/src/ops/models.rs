@@ -3,53 +3,47 @@
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use tokio_postgres::Row;
 
+use lmsp_storage_codec::flows::{self, ModelRows};
+
 use crate::codec::{sql, ModelRow};
-use crate::ops::{read, to_i64, Db, Res};
+use crate::ops::{read, to_i64, Db, Res, Rows};
 
 fn build_model(row: &Row) -> Res<ModelRecord> {
     Ok(read::<ModelRow>(row)?.decode()?)
 }
 
-/// Stores a model unless the id exists.
-pub async fn insert_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool> {
-    let row = ModelRow::encode(model)?;
-    let changed = db
-        .execute(
-            &sql::insert_model(),
-            &[
-                &row.id,
-                &row.format,
-                &row.path,
-                &row.size_bytes,
-                &row.modified_millis,
-                &row.digest,
-                &row.upstream_model,
-                &row.created_at,
-            ],
-        )
-        .await?;
-    if changed == 1 {
-        if let Some(path) = &row.path {
-            db.execute(sql::FORGET_REMOVED_MODEL_FILE, &[&path]).await?;
-        }
-    }
-    Ok(changed == 1)
-}
-
-/// Stores a model found at startup unless its id exists or its file's model was deleted.
-pub async fn insert_found_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool> {
-    if let Some(file) = model.file() {
-        let removed = db
-            .query_opt(
-                &format!("{} FOR SHARE", sql::REMOVED_MODEL_FILE),
-                &[&file.path.as_str()],
+/// The model row's insert, for the codec's model flows.
+impl<C: Db> ModelRows for Rows<'_, C> {
+    async fn insert_model_row(&self, row: &ModelRow) -> Res<bool> {
+        let changed = self
+            .0
+            .execute(
+                &sql::insert_model(),
+                &[
+                    &row.id,
+                    &row.format,
+                    &row.path,
+                    &row.size_bytes,
+                    &row.modified_millis,
+                    &row.digest,
+                    &row.upstream_model,
+                    &row.created_at,
+                ],
             )
             .await?;
-        if removed.is_some() {
-            return Ok(false);
-        }
+        Ok(changed == 1)
     }
-    insert_model(db, model).await
+}
+
+/// Stores a model unless the id exists ([`flows::insert_model`]).
+pub async fn insert_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool> {
+    flows::insert_model(&Rows(db), model).await
+}
+
+/// Stores a model found at startup unless its id exists or its file's model was deleted (that
+/// file's row kept `FOR SHARE` until the transaction ends).
+pub async fn insert_found_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool> {
+    flows::insert_found_model(&Rows(db), model).await
 }
 
 /// A model by id.
@@ -70,23 +64,9 @@ pub async fn list_models<C: Db>(db: &C) -> Res<Vec<ModelRecord>> {
         .collect()
 }
 
-/// Deletes a model, remembering its file.
+/// Deletes a model (its row locked), remembering its file ([`flows::delete_model`]).
 pub async fn delete_model<C: Db>(db: &C, id: &ModelId) -> Res<bool> {
-    let locked = format!("{} FOR UPDATE", sql::model_by_id());
-    let Some(found) = db
-        .query_opt(&locked, &[&id.as_str()])
-        .await?
-        .as_ref()
-        .map(build_model)
-        .transpose()?
-    else {
-        return Ok(false);
-    };
-    if let Some(file) = found.file() {
-        db.execute(sql::REMEMBER_REMOVED_MODEL_FILE, &[&file.path.as_str()])
-            .await?;
-    }
-    Ok(db.execute(sql::DELETE_MODEL, &[&id.as_str()]).await? == 1)
+    flows::delete_model(&Rows(db), id).await
 }
 
 /// Records a model's new fingerprint.

@@ -2,16 +2,16 @@
 
 use lmsp_domain::ports::PurgeReport;
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::{purge_batch, PURGED_STATUSES};
+use lmsp_domain::writes::PURGED_STATUSES;
+use lmsp_storage_codec::flows;
 
-use crate::ops::tasks::delete_task_rows;
-use crate::ops::{from_i64, to_i64, Db, Res};
+use crate::ops::{from_i64, to_i64, Db, Res, Rows};
 
 /// One bounded purge batch: finished tasks (the domain's [`PURGED_STATUSES`]: never an unfinished
-/// one, P-6) with `finished_at < cutoff`, oldest first, as many as the domain's [`purge_batch`]
-/// takes of them. The rows are locked with `SKIP LOCKED`, so a purge never waits on a writer. A
-/// batch's tasks are left to [`crate::ops::batches::purge_batches`]: they go with their batch,
-/// from its end.
+/// one, P-6) with `finished_at < cutoff`, oldest first, as many as the codec's
+/// [`flows::purge_finished`] takes of them. The rows are locked with `SKIP LOCKED`, so a purge
+/// never waits on a writer. A batch's tasks are left to
+/// [`crate::ops::batches::purge_batches`]: they go with their batch, from its end.
 pub async fn purge_finished<C: Db>(
     db: &C,
     cutoff: Timestamp,
@@ -22,7 +22,7 @@ pub async fn purge_finished<C: Db>(
         .iter()
         .map(|status| status.as_str())
         .collect();
-    let candidates = db
+    let rows = db
         .query(
             "SELECT id, last_sequence_number FROM tasks WHERE finished_at IS NOT NULL \
              AND finished_at < $1 AND status = ANY($3) AND batch_id IS NULL \
@@ -35,16 +35,9 @@ pub async fn purge_finished<C: Db>(
             ],
         )
         .await?;
-    let mut ids = Vec::with_capacity(candidates.len());
-    let mut sizes = Vec::with_capacity(candidates.len());
-    for row in &candidates {
-        ids.push(row.try_get::<_, Vec<u8>>(0)?);
-        sizes.push(from_i64(row.try_get(1)?)?);
-    }
-    let batch = purge_batch(&sizes, max_tasks, max_events);
-    let mut events = 0;
-    for id in ids.iter().take(batch.tasks) {
-        events += delete_task_rows(db, id).await?;
-    }
-    Ok(batch.report(events))
+    let candidates = rows
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, from_i64(row.try_get(1)?)?)))
+        .collect::<Res<Vec<_>>>()?;
+    flows::purge_finished(&Rows(db), &candidates, max_tasks, max_events).await
 }

@@ -5,12 +5,13 @@ use lmsp_domain::ports::{DeleteOutcome, Page, Snapshot, TaskFilter};
 use lmsp_domain::schedule::ServiceTier;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
-use lmsp_domain::writes::{decide_delete, SnapshotChange, TaskWrite};
+use lmsp_domain::writes::{SnapshotChange, TaskWrite};
+use lmsp_storage_codec::flows::{self, TaskRows};
 
 use crate::codec;
 use crate::ops::{
     corrupt, decode_task, delete_snapshot, events, from_i64, instance_key, key, load_task,
-    lock_task, query_rows, to_i64, ulid_of, write_advanced, Db, Res, TASK_COLUMNS, TASK_FROM,
+    lock_task, query_rows, to_i64, ulid_of, write_advanced, Db, Res, Rows, TASK_COLUMNS, TASK_FROM,
 };
 
 async fn insert_response<C: Db>(db: &C, response: &Response) -> Res<()> {
@@ -137,30 +138,20 @@ pub fn claimable_sql() -> String {
 pub const SERVED_SQL: &str = "INSERT INTO client_queues (client_id, served_at) VALUES ($1, $2) \
      ON CONFLICT (client_id) DO UPDATE SET served_at = EXCLUDED.served_at";
 
-/// Removes one task's rows; its idempotency records stay, pointing at nothing (a key outlives
-/// its task and keeps its reply until it expires). Returns how many events went.
-pub async fn delete_task_rows<C: Db>(db: &C, id: &[u8]) -> Res<u64> {
-    let events = db.execute(codec::sql::DELETE_TASK_EVENTS, &[&id]).await?;
-    for statement in codec::sql::DELETE_TASK_ROWS {
-        db.execute(statement, &[&id]).await?;
+/// A task read for a write, its row locked until the transaction ends.
+impl<C: Db> TaskRows for Rows<'_, C> {
+    async fn lock_task(&self, id: TaskId) -> Res<Option<Task>> {
+        lock_task(self.0, id).await
     }
-    Ok(events)
 }
 
-/// Deletes one finished task now (P-6: never an unfinished one).
+/// Deletes one finished task now (P-6: never an unfinished one; [`flows::delete_finished`]).
 pub async fn delete_finished<C: Db>(
     db: &C,
     task_id: TaskId,
     client_id: Option<ClientId>,
 ) -> Res<DeleteOutcome> {
-    let Some(task) = lock_task(db, task_id).await? else {
-        return Ok(DeleteOutcome::NotFound);
-    };
-    let outcome = decide_delete(&task, client_id);
-    if outcome == DeleteOutcome::Deleted {
-        delete_task_rows(db, &key(task_id)).await?;
-    }
-    Ok(outcome)
+    flows::delete_finished(&Rows(db), task_id, client_id).await
 }
 
 /// The task whose response has this id: a task's own response id is its ULID, unless another

@@ -8,9 +8,10 @@ use lmsp_domain::time::Timestamp;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec;
-use crate::codec::pairing::{plan_redemption, PAIRING_LIMIT_KEY};
+use lmsp_storage_codec::flows::{self, ClientRows};
+
 use crate::codec::{sql, ClientRow};
-use crate::ops::{client_key, config_value, prepare, read, set_config_value, Res};
+use crate::ops::{client_key, prepare, read, run, Res, Rows};
 
 fn build_client(row: ClientRow) -> Res<Client> {
     Ok(row.decode()?)
@@ -104,28 +105,20 @@ pub fn insert_pairing(conn: &Connection, pairing: &Pairing) -> Res<()> {
     Ok(())
 }
 
-/// Redeems a pairing code under the pairing limit, all in the current transaction.
+/// The client row's insert, for the codec's pairing flow.
+impl ClientRows for Rows<'_> {
+    async fn insert_client(&self, client: &Client) -> Res<()> {
+        insert_client(self.0, client)
+    }
+}
+
+/// Redeems a pairing code under the pairing limit, all in the current transaction
+/// ([`flows::redeem_pairing`]).
 pub fn redeem_pairing(
     conn: &Connection,
     hash: &SecretHash,
     client: &Client,
     at: Timestamp,
 ) -> Res<Redemption> {
-    let limit = config_value(conn, PAIRING_LIMIT_KEY)?;
-    let scopes: Option<String> = conn
-        .prepare_cached("SELECT scopes FROM pairings WHERE code_hash = ?1 AND expires_at > ?2")?
-        .query_row(params![hash.to_hex(), at.as_millis()], |row| row.get(0))
-        .optional()?;
-    let plan = plan_redemption(limit.as_deref(), scopes.as_deref(), &client.scopes, at)?;
-    if let Some(limit) = &plan.limit {
-        set_config_value(conn, PAIRING_LIMIT_KEY, limit)?;
-    }
-    if plan.burn_codes {
-        conn.prepare_cached("DELETE FROM pairings")?.execute([])?;
-    }
-    if plan.pair {
-        prepare(conn, sql::DELETE_PAIRING)?.execute([hash.to_hex()])?;
-        insert_client(conn, client)?;
-    }
-    Ok(plan.redemption)
+    run(flows::redeem_pairing(&Rows(conn), hash, client, at))
 }

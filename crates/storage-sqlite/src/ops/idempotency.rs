@@ -2,19 +2,17 @@
 //! created), the settled final reply, expiry.
 
 use lmsp_domain::idempotency::{
-    decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
-    StoredReply,
+    IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision, StoredReply,
 };
 use lmsp_domain::ids::InstanceId;
 use lmsp_domain::model::ModelRecord;
 use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::answered_key;
-use rusqlite::{params, Connection, OptionalExtension};
+use lmsp_storage_codec::flows::{self, KeyRows};
+use rusqlite::{params, Connection};
 
 use crate::codec::{sql, IdempotencyRow};
-use crate::ops::models::insert_model;
-use crate::ops::{client_key, instance_key, prepare, read, to_i64, Res};
+use crate::ops::{client_key, prepare, run, to_i64, Res, Rows};
 
 /// The record stored under a key, expired or not.
 pub fn stored_record(
@@ -22,17 +20,7 @@ pub fn stored_record(
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
 ) -> Res<Option<IdempotencyRecord>> {
-    let row = prepare(conn, &sql::idempotency_record())?
-        .query_row(
-            params![
-                client_key(scope.client_id),
-                scope.operation.as_str(),
-                key_text.as_str()
-            ],
-            read::<IdempotencyRow>,
-        )
-        .optional()?;
-    Ok(row.map(|row| row.decode(scope, key_text)).transpose()?)
+    run(flows::stored_record(&Rows(conn), scope, key_text))
 }
 
 /// Writes a record, replacing whatever was stored under its key.
@@ -53,35 +41,32 @@ pub fn put_record(conn: &Connection, record: &IdempotencyRecord) -> Res<()> {
     Ok(())
 }
 
-/// Decides a request under its key; holds the key when it proceeds.
-pub fn claim_key(conn: &Connection, claim: &KeyClaim, now: Timestamp) -> Res<KeyDecision> {
-    let stored = stored_record(conn, &claim.scope, &claim.key)?;
-    let decision = decide(stored.as_ref(), &claim.digest, now);
-    if decision == KeyDecision::Proceed {
-        put_record(conn, &claim.pending_record(now))?;
+/// A record replaces whatever is stored under its key: the writer thread runs one transaction
+/// at a time, so none can appear under it.
+impl KeyRows for Rows<'_> {
+    async fn put_record(&self, record: &IdempotencyRecord, _existed: bool) -> Res<()> {
+        put_record(self.0, record)
     }
-    Ok(decision)
 }
 
-/// P-1, I-8: a model and its key's answered record, in one transaction; nothing when another
-/// request answered under the key meanwhile or the id is taken.
+/// Decides a request under its key; holds the key when it proceeds (the codec's
+/// [`flows::claim_key`]).
+pub fn claim_key(conn: &Connection, claim: &KeyClaim, now: Timestamp) -> Res<KeyDecision> {
+    run(flows::claim_key(&Rows(conn), claim, now))
+}
+
+/// P-1, I-8: a model and its key's answered record, in one transaction
+/// ([`flows::insert_model_with_key`]).
 pub fn insert_model_with_key(
     conn: &Connection,
     model: &ModelRecord,
     record: &IdempotencyRecord,
 ) -> Res<KeyedInsert> {
-    let stored = stored_record(conn, &record.scope, &record.key)?;
-    if let Some(answered) = answered_key(stored.as_ref(), record.created_at) {
-        return Ok(KeyedInsert::KeyAnswered(answered.clone()));
-    }
-    if !insert_model(conn, model)? {
-        return Ok(KeyedInsert::Taken);
-    }
-    put_record(conn, record)?;
-    Ok(KeyedInsert::Inserted)
+    run(flows::insert_model_with_key(&Rows(conn), model, record))
 }
 
-/// I-8: keeps a final reply with its key while the key still keeps `expected` ([`settle`]).
+/// I-8: keeps a final reply with its key while the key still keeps `expected`
+/// ([`flows::settle_key`]).
 pub fn settle_key(
     conn: &Connection,
     scope: &IdempotencyScope,
@@ -89,14 +74,13 @@ pub fn settle_key(
     expected: &StoredReply,
     reply: StoredReply,
 ) -> Res<bool> {
-    let stored = stored_record(conn, scope, key_text)?;
-    match settle(stored.as_ref(), expected, reply) {
-        Some(record) => {
-            put_record(conn, &record)?;
-            Ok(true)
-        }
-        None => Ok(false),
-    }
+    run(flows::settle_key(
+        &Rows(conn),
+        scope,
+        key_text,
+        expected,
+        reply,
+    ))
 }
 
 /// Ends a key's hold: a pending record goes, an answered one stays.
@@ -105,18 +89,7 @@ pub fn release_key(
     scope: &IdempotencyScope,
     key_text: &IdempotencyKey,
 ) -> Res<()> {
-    let id = client_key(scope.client_id);
-    prepare(conn, sql::DELETE_PENDING_KEY)?.execute(params![
-        id,
-        scope.operation.as_str(),
-        key_text.as_str()
-    ])?;
-    prepare(conn, sql::UNHOLD_KEY)?.execute(params![
-        id,
-        scope.operation.as_str(),
-        key_text.as_str()
-    ])?;
-    Ok(())
+    run(flows::release_key(&Rows(conn), scope, key_text))
 }
 
 /// Deletes up to `batch` expired records.
@@ -132,8 +105,5 @@ pub fn purge_idempotency(conn: &Connection, at: Timestamp, batch: usize) -> Res<
 
 /// Ends every hold of a stopped instance: its pending records go, its answered ones replay.
 pub fn release_holds_of(conn: &Connection, instance: InstanceId) -> Res<()> {
-    let id = instance_key(instance);
-    prepare(conn, sql::DELETE_PENDING_KEYS_OF)?.execute([id])?;
-    prepare(conn, sql::UNHOLD_KEYS_OF)?.execute([id])?;
-    Ok(())
+    run(flows::release_holds_of(&Rows(conn), instance))
 }

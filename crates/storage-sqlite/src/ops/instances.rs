@@ -5,7 +5,7 @@
 
 use lmsp_domain::event::{Event, EventPayload};
 use lmsp_domain::ids::{InstanceId, TaskId};
-use lmsp_domain::ports::{InstanceInfo, RecoveryReport, Registration};
+use lmsp_domain::ports::{InstanceInfo, Registration};
 use lmsp_domain::recovery::{cells_of, move_event, Move};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::{snapshot_change, SnapshotChange};
@@ -87,7 +87,7 @@ pub fn mark_recovered(conn: &Connection, instance: InstanceId, at: Timestamp) ->
     Ok(())
 }
 
-pub use crate::codec::{RecoveryCursor, RecoveryStep};
+pub use crate::codec::{Recovered, RecoveryBatch, RecoveryStep};
 
 /// The tasks of one cell of the table that a statement applies to, bound as `?1`…`?5` (`t` is
 /// `tasks`): of the stopped instance, in the cell's status under its policy, in the batch's range
@@ -132,17 +132,15 @@ impl CellSlice {
 /// `restarts + 1` (P-11). A moved task leaves the stopped instance, so a second pass finds
 /// nothing to move (I-5); the `queued` tasks the table leaves alone are only counted. A batch
 /// covers a range of consecutive keys of one status, so its statements touch neighbouring rows.
-pub fn recover_batch(
-    conn: &Connection,
-    stopped: InstanceId,
-    rescuer: InstanceId,
-    at: Timestamp,
-    cursor: RecoveryCursor,
-    limit: usize,
-) -> Res<(RecoveryStep, Vec<Event>)> {
-    let mut report = RecoveryReport::default();
-    let mut all_events = Vec::new();
-    let mut cursor = cursor;
+pub fn recover_batch(conn: &Connection, batch: RecoveryBatch) -> Res<(RecoveryStep, Vec<Event>)> {
+    let RecoveryBatch {
+        stopped,
+        rescuer,
+        at,
+        mut cursor,
+        limit,
+    } = batch;
+    let mut recovered = Recovered::default();
     let mut room = limit.max(1);
     while let Some(status) = cursor.status() {
         let mut slice = CellSlice {
@@ -166,13 +164,14 @@ pub fn recover_batch(
                     let count: i64 = conn
                         .prepare_cached(&sql)?
                         .query_row(&slice.params()[..], |row| row.get(0))?;
-                    report.untouched += from_i64(count)?;
+                    recovered.report.untouched += from_i64(count)?;
                     covered += from_i64(count)?;
                 }
                 moved @ Move::Moved { .. } => {
-                    let applied = apply_cell(conn, &slice, moved, rescuer, at, &mut all_events)?;
-                    report.moved += applied.moved;
-                    report.resumed.extend(applied.resumed);
+                    let events = &mut recovered.events;
+                    let applied = apply_cell(conn, &slice, moved, rescuer, at, events)?;
+                    recovered.report.moved += applied.moved;
+                    recovered.report.resumed.extend(applied.resumed);
                     covered += applied.moved;
                 }
             }
@@ -189,8 +188,7 @@ pub fn recover_batch(
             break;
         }
     }
-    let next = cursor.unless_done();
-    Ok(((report, next), all_events))
+    Ok(recovered.until(cursor.unless_done()))
 }
 
 /// The key of the `n`-th leftover of the slice's status (from its cursor on), if it has that

@@ -16,17 +16,18 @@ pub mod service;
 pub mod tasks;
 pub mod webhooks;
 
+use futures::FutureExt;
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::columns::{Columns, ReadRow};
+use lmsp_storage_codec::flows;
 use lmsp_storage_codec::query::{Param, Query};
 use rusqlite::types::Value;
 use rusqlite::{
     params, params_from_iter, CachedStatement, Connection, OptionalExtension, Row, Statement,
 };
-use ulid::Ulid;
 
 use crate::codec;
 use crate::error::DbError;
@@ -87,6 +88,15 @@ pub fn read<T: ReadRow>(row: &Row<'_>) -> rusqlite::Result<T> {
     T::read(&SqliteColumns(row))
 }
 
+/// The values bound to a statement of the codec's ([`Param`]), as SQLite takes them.
+fn values(params: &[Param]) -> impl Iterator<Item = Value> + '_ {
+    params.iter().map(|param| match param {
+        Param::Blob(bytes) => Value::Blob(bytes.clone()),
+        Param::Text(text) => Value::Text(text.clone()),
+        Param::Integer(number) => Value::Integer(*number),
+    })
+}
+
 /// Runs a list read built by `codec::query` (its `$N` placeholders as `?N`), each row read by
 /// `read`.
 pub fn query_rows<T>(
@@ -94,14 +104,45 @@ pub fn query_rows<T>(
     query: &Query,
     read: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
 ) -> Res<Vec<T>> {
-    let values = query.params.iter().map(|param| match param {
-        Param::Blob(bytes) => Value::Blob(bytes.clone()),
-        Param::Text(text) => Value::Text(text.clone()),
-        Param::Integer(number) => Value::Integer(*number),
-    });
     Ok(prepare(conn, &query.sql)?
-        .query_map(params_from_iter(values), read)?
+        .query_map(params_from_iter(values(&query.params)), read)?
         .collect::<Result<_, _>>()?)
+}
+
+/// The row access of the codec's shared flows ([`flows`]) on a connection, inside the current
+/// transaction. Its bodies never wait (rusqlite is synchronous), so a flow over it is done when
+/// first polled: [`run`] drives it.
+#[derive(Debug, Clone, Copy)]
+pub struct Rows<'c>(pub &'c Connection);
+
+impl flows::Rows for Rows<'_> {
+    type Error = DbError;
+
+    // The writer thread runs one transaction at a time: nothing to lock against.
+    const LOCK: &'static str = "";
+    const SHARE: &'static str = "";
+
+    async fn execute(&self, sql: &str, params: &[Param]) -> Res<u64> {
+        let changed = prepare(self.0, sql)?.execute(params_from_iter(values(params)))?;
+        Ok(changed as u64)
+    }
+
+    async fn read_one<T: ReadRow>(&self, sql: &str, params: &[Param]) -> Res<Option<T>> {
+        Ok(prepare(self.0, sql)?
+            .query_row(params_from_iter(values(params)), read::<T>)
+            .optional()?)
+    }
+}
+
+/// Runs one of the codec's shared flows over [`Rows`] to its end. SQLite's row access never
+/// waits, so the flow is done when first polled; one that is not is a bug, reported as an error
+/// (never a panic) rather than left half done.
+pub fn run<T>(flow: impl std::future::Future<Output = Res<T>>) -> Res<T> {
+    flow.now_or_never().unwrap_or_else(|| {
+        Err(corrupt(
+            "a shared storage flow waited on SQLite, whose row access never waits",
+        ))
+    })
 }
 
 /// The stored key of a task id: its ULID's 16 bytes (so key order is creation order).
@@ -119,10 +160,8 @@ pub fn instance_key(id: InstanceId) -> [u8; 16] {
     id.ulid().to_bytes()
 }
 
-/// A ULID from its stored 16 bytes.
-pub fn ulid_of(bytes: &[u8]) -> Res<Ulid> {
-    Ok(codec::ulid_of(bytes)?)
-}
+/// A ULID from its stored 16 bytes (the codec's, its error converting with `?`).
+pub use codec::ulid_of;
 
 /// The owner of every task the first release wrote (see the v2 migration).
 const LEGACY_OWNER: [u8; 16] = crate::schema::LEGACY_INSTANCE;
@@ -265,15 +304,13 @@ pub fn delete_snapshot(conn: &Connection, id: TaskId) -> Res<()> {
 
 /// Reads a `service_config` value.
 pub fn config_value(conn: &Connection, name: &str) -> Res<Option<String>> {
-    Ok(conn
-        .prepare_cached("SELECT value FROM service_config WHERE key = ?1")?
+    Ok(prepare(conn, codec::sql::CONFIG_VALUE)?
         .query_row([name], |row| row.get(0))
         .optional()?)
 }
 
 /// Writes a `service_config` value.
 pub fn set_config_value(conn: &Connection, name: &str, value: &str) -> Res<()> {
-    conn.prepare_cached("INSERT OR REPLACE INTO service_config (key, value) VALUES (?1, ?2)")?
-        .execute([name, value])?;
+    prepare(conn, codec::sql::SET_CONFIG_VALUE)?.execute([name, value])?;
     Ok(())
 }

@@ -3,45 +3,40 @@
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use rusqlite::{params, Connection, OptionalExtension};
 
+use lmsp_storage_codec::flows::{self, ModelRows};
+
 use crate::codec::{sql, ModelRow};
-use crate::ops::{prepare, read, to_i64, Res};
+use crate::ops::{prepare, read, run, to_i64, Res, Rows};
 
 fn build_model(row: ModelRow) -> Res<ModelRecord> {
     Ok(row.decode()?)
 }
 
-/// Stores a model unless the id exists.
-pub fn insert_model(conn: &Connection, model: &ModelRecord) -> Res<bool> {
-    let row = ModelRow::encode(model)?;
-    let changed = prepare(conn, &sql::insert_model())?.execute(params![
-        row.id,
-        row.format,
-        row.path,
-        row.size_bytes,
-        row.modified_millis,
-        row.digest,
-        row.upstream_model,
-        row.created_at,
-    ])?;
-    if changed == 1 {
-        if let Some(path) = &row.path {
-            prepare(conn, sql::FORGET_REMOVED_MODEL_FILE)?.execute([path])?;
-        }
+/// The model row's insert, for the codec's model flows.
+impl ModelRows for Rows<'_> {
+    async fn insert_model_row(&self, row: &ModelRow) -> Res<bool> {
+        let changed = prepare(self.0, &sql::insert_model())?.execute(params![
+            row.id,
+            row.format,
+            row.path,
+            row.size_bytes,
+            row.modified_millis,
+            row.digest,
+            row.upstream_model,
+            row.created_at,
+        ])?;
+        Ok(changed == 1)
     }
-    Ok(changed == 1)
+}
+
+/// Stores a model unless the id exists ([`flows::insert_model`]).
+pub fn insert_model(conn: &Connection, model: &ModelRecord) -> Res<bool> {
+    run(flows::insert_model(&Rows(conn), model))
 }
 
 /// Stores a model found at startup unless its id exists or its file's model was deleted.
 pub fn insert_found_model(conn: &Connection, model: &ModelRecord) -> Res<bool> {
-    if let Some(file) = model.file() {
-        let removed: Option<i64> = prepare(conn, sql::REMOVED_MODEL_FILE)?
-            .query_row([file.path.as_str()], |row| row.get(0))
-            .optional()?;
-        if removed.is_some() {
-            return Ok(false);
-        }
-    }
-    insert_model(conn, model)
+    run(flows::insert_found_model(&Rows(conn), model))
 }
 
 /// A model by id.
@@ -60,15 +55,9 @@ pub fn list_models(conn: &Connection) -> Res<Vec<ModelRecord>> {
     rows.into_iter().map(build_model).collect()
 }
 
-/// Deletes a model, remembering its file.
+/// Deletes a model, remembering its file ([`flows::delete_model`]).
 pub fn delete_model(conn: &Connection, id: &ModelId) -> Res<bool> {
-    let Some(found) = model(conn, id)? else {
-        return Ok(false);
-    };
-    if let Some(file) = found.file() {
-        prepare(conn, sql::REMEMBER_REMOVED_MODEL_FILE)?.execute([file.path.as_str()])?;
-    }
-    Ok(prepare(conn, sql::DELETE_MODEL)?.execute([id.as_str()])? == 1)
+    run(flows::delete_model(&Rows(conn), id))
 }
 
 /// Records a model's new fingerprint.

@@ -2,16 +2,16 @@
 
 use lmsp_domain::ports::PurgeReport;
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::{purge_batch, PURGED_STATUSES};
+use lmsp_domain::writes::PURGED_STATUSES;
+use lmsp_storage_codec::flows;
 use rusqlite::{params, Connection};
 
-use crate::ops::tasks::delete_task_rows;
-use crate::ops::{from_i64, to_i64, Res};
+use crate::ops::{from_i64, run, to_i64, Res, Rows};
 
 /// One bounded purge batch: finished tasks (the domain's [`PURGED_STATUSES`]: never an unfinished
-/// one, P-6) with `finished_at < cutoff`, oldest first, as many as the domain's [`purge_batch`]
-/// takes of them, so one transaction stays short whatever the tasks' sizes. A batch's tasks are
-/// left to [`crate::ops::batches::purge_batches`]: they go with their batch, from its end.
+/// one, P-6) with `finished_at < cutoff`, oldest first, as many as the codec's
+/// [`flows::purge_finished`] takes of them. A batch's tasks are left to
+/// [`crate::ops::batches::purge_batches`]: they go with their batch, from its end.
 pub fn purge_finished(
     conn: &Connection,
     cutoff: Timestamp,
@@ -36,14 +36,14 @@ pub fn purge_finished(
             |row| Ok((row.get(0)?, row.get(1)?)),
         )?
         .collect::<Result<_, _>>()?;
-    let sizes = candidates
-        .iter()
-        .map(|(_, events)| from_i64(*events))
-        .collect::<Result<Vec<u64>, _>>()?;
-    let batch = purge_batch(&sizes, max_tasks, max_events);
-    let mut events = 0;
-    for (id, _) in candidates.iter().take(batch.tasks) {
-        events += delete_task_rows(conn, id)?;
-    }
-    Ok(batch.report(events))
+    let candidates = candidates
+        .into_iter()
+        .map(|(id, events)| Ok((id, from_i64(events)?)))
+        .collect::<Res<Vec<_>>>()?;
+    run(flows::purge_finished(
+        &Rows(conn),
+        &candidates,
+        max_tasks,
+        max_events,
+    ))
 }

@@ -14,10 +14,11 @@ use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::{
-    decide_delete, plan_append, plan_claim, plan_create, CreatePlan, SnapshotChange, TaskWrite,
+    plan_append, plan_claim, plan_create, CreatePlan, SnapshotChange, TaskWrite,
 };
 use std::sync::LazyLock;
 
+use lmsp_storage_codec::flows::{self, TaskRows};
 use lmsp_storage_codec::schema::OPEN_FRONT;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -26,7 +27,7 @@ use crate::ops::clients;
 use crate::ops::idempotency::{put_record, stored_record};
 use crate::ops::{
     client_key, corrupt, delete_snapshot, events, from_i64, insert_task_rows, instance_key, key,
-    load_task, prepare, query_rows, raw_task, to_i64, write_advanced, RawTask, Res, TASK_COLUMNS,
+    load_task, query_rows, raw_task, run, to_i64, write_advanced, RawTask, Res, Rows, TASK_COLUMNS,
     TASK_FROM,
 };
 use lmsp_domain::transition::Step;
@@ -274,30 +275,26 @@ pub fn cancel(
     Ok((plan.outcome, write.events))
 }
 
-/// Removes one task's rows; its idempotency records stay, pointing at nothing (a key outlives
-/// its task and keeps its reply until it expires).
+/// Removes one task's rows (the codec's [`flows::delete_task_rows`]); how many events went.
 pub fn delete_task_rows(conn: &Connection, id: &[u8]) -> Res<u64> {
-    let events = prepare(conn, codec::sql::DELETE_TASK_EVENTS)?.execute([id])?;
-    for statement in codec::sql::DELETE_TASK_ROWS {
-        prepare(conn, statement)?.execute([id])?;
-    }
-    Ok(events as u64)
+    run(flows::delete_task_rows(&Rows(conn), id))
 }
 
-/// Deletes one finished task now (P-6: never an unfinished one).
+/// A task as the writer thread reads it for a write: the one transaction there is, so nothing
+/// to lock.
+impl TaskRows for Rows<'_> {
+    async fn lock_task(&self, id: TaskId) -> Res<Option<Task>> {
+        load_task(self.0, id)
+    }
+}
+
+/// Deletes one finished task now (P-6: never an unfinished one; [`flows::delete_finished`]).
 pub fn delete_finished(
     conn: &Connection,
     task_id: TaskId,
     client_id: Option<ClientId>,
 ) -> Res<DeleteOutcome> {
-    let Some(task) = load_task(conn, task_id)? else {
-        return Ok(DeleteOutcome::NotFound);
-    };
-    let outcome = decide_delete(&task, client_id);
-    if outcome == DeleteOutcome::Deleted {
-        delete_task_rows(conn, &key(task_id))?;
-    }
-    Ok(outcome)
+    run(flows::delete_finished(&Rows(conn), task_id, client_id))
 }
 
 /// The task whose response has this id: a task's own response id is its ULID, unless the first

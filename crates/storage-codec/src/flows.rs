@@ -1,0 +1,319 @@
+//! The flows both adapters run with the same shape (load the rows, ask the domain, write what it
+//! says), written once over [`Rows`] and the row-access traits beside it, which each adapter
+//! implements over its own connection or transaction. The SQL is this crate's ([`crate::sql`],
+//! with `$N` placeholders); what stays the adapters' is where the databases differ: how a read
+//! locks the rows it goes on to change ([`Rows::LOCK`]), how a row with `NULL`s is bound, which
+//! candidates a purge picks.
+//!
+//! One flow, two drivers: PostgreSQL implements the traits over its transaction, with real
+//! awaits; SQLite implements them over its connection with bodies that never wait, and drives a
+//! flow with `now_or_never` (its futures never pend, so a flow is done when first polled).
+
+use lmsp_domain::auth::{Client, SecretHash};
+use lmsp_domain::idempotency::{
+    decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
+    StoredReply,
+};
+use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
+use lmsp_domain::model::{ModelId, ModelRecord};
+use lmsp_domain::ports::{DeleteOutcome, KeyedInsert, PurgeReport, Redemption};
+use lmsp_domain::task::Task;
+use lmsp_domain::time::Timestamp;
+use lmsp_domain::writes::{answered_key, decide_delete, purge_batch};
+
+use crate::columns::ReadRow;
+use crate::pairing::{plan_redemption, PAIRING_LIMIT_KEY};
+use crate::query::Param;
+use crate::records::{IdempotencyRow, ModelRow};
+use crate::rows::key_of;
+use crate::{sql, DbError};
+
+/// Statements and row reads inside one transaction, as a shared flow runs them: the row access
+/// every flow needs.
+///
+/// One flow, two drivers: PostgreSQL implements this over its transaction, its futures awaiting
+/// the server; SQLite over its connection, with bodies that never wait, so that its futures never
+/// pend and it runs a flow to its end with `now_or_never`. `async fn` with static dispatch (each
+/// adapter's own type, no `dyn`): nothing is boxed, and a flow's future is `Send` where the
+/// adapter's is.
+#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
+pub trait Rows {
+    /// The adapter's error; a stored row that makes no sense converts into it.
+    type Error: From<DbError>;
+
+    /// Appended to a read of the rows a flow goes on to change, so that they cannot change under
+    /// it: PostgreSQL locks them to the transaction's end (` FOR UPDATE`); SQLite adds nothing,
+    /// its one writer running one transaction at a time.
+    const LOCK: &'static str;
+
+    /// Appended to a read whose rows must not change before the transaction ends, though it
+    /// changes none of them (PostgreSQL's ` FOR SHARE`).
+    const SHARE: &'static str;
+
+    /// Runs a statement of [`crate::sql`]; how many rows it changed.
+    async fn execute(&self, sql: &str, params: &[Param]) -> Result<u64, Self::Error>;
+
+    /// Runs a read of at most one row, read as `T`.
+    async fn read_one<T: ReadRow>(
+        &self,
+        sql: &str,
+        params: &[Param],
+    ) -> Result<Option<T>, Self::Error>;
+}
+
+/// The writes of the idempotency flows (I-8) whose values may be `NULL`.
+#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
+pub trait KeyRows: Rows {
+    /// Writes a record; `existed` says whether [`stored_record`] found one under its key in this
+    /// transaction (PostgreSQL runs the transaction again when one appeared meanwhile).
+    async fn put_record(
+        &self,
+        record: &IdempotencyRecord,
+        existed: bool,
+    ) -> Result<(), Self::Error>;
+}
+
+/// The model row's insert (its values may be `NULL`).
+#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
+pub trait ModelRows: Rows {
+    /// Inserts a model's row unless its id exists; whether it did.
+    async fn insert_model_row(&self, row: &ModelRow) -> Result<bool, Self::Error>;
+}
+
+/// The client row's insert (its values may be `NULL`).
+#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
+pub trait ClientRows: Rows {
+    /// Stores a client.
+    async fn insert_client(&self, client: &Client) -> Result<(), Self::Error>;
+}
+
+/// The reads of the task flows that differ: how a task row is read and locked.
+#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
+pub trait TaskRows: Rows {
+    /// A task, its row locked until the transaction ends where the store locks.
+    async fn lock_task(&self, id: TaskId) -> Result<Option<Task>, Self::Error>;
+}
+
+/// A client's stored key as a bound value.
+fn client_param(id: ClientId) -> Param {
+    Param::Blob(key_of(id.ulid()).to_vec())
+}
+
+/// The values of a key's three columns: client `$1`, operation `$2`, key `$3`.
+fn key_params(scope: &IdempotencyScope, key: &IdempotencyKey) -> [Param; 3] {
+    [
+        client_param(scope.client_id),
+        Param::Text(scope.operation.as_str().to_owned()),
+        Param::Text(key.as_str().to_owned()),
+    ]
+}
+
+/// The record stored under a key, expired or not, its row locked ([`Rows::LOCK`]).
+pub async fn stored_record<R: Rows>(
+    rows: &R,
+    scope: &IdempotencyScope,
+    key: &IdempotencyKey,
+) -> Result<Option<IdempotencyRecord>, R::Error> {
+    let sql = format!("{}{}", sql::idempotency_record(), R::LOCK);
+    let row: Option<IdempotencyRow> = rows.read_one(&sql, &key_params(scope, key)).await?;
+    Ok(row.map(|row| row.decode(scope, key)).transpose()?)
+}
+
+/// I-8: decides a request under its key; holds the key when it proceeds.
+pub async fn claim_key<R: KeyRows>(
+    rows: &R,
+    claim: &KeyClaim,
+    now: Timestamp,
+) -> Result<KeyDecision, R::Error> {
+    let stored = stored_record(rows, &claim.scope, &claim.key).await?;
+    let decision = decide(stored.as_ref(), &claim.digest, now);
+    if decision == KeyDecision::Proceed {
+        rows.put_record(&claim.pending_record(now), stored.is_some())
+            .await?;
+    }
+    Ok(decision)
+}
+
+/// P-1, I-8: a model and its key's answered record, in one transaction; nothing when another
+/// request answered under the key meanwhile or the id is taken.
+pub async fn insert_model_with_key<R: KeyRows + ModelRows>(
+    rows: &R,
+    model: &ModelRecord,
+    record: &IdempotencyRecord,
+) -> Result<KeyedInsert, R::Error> {
+    let stored = stored_record(rows, &record.scope, &record.key).await?;
+    if let Some(answered) = answered_key(stored.as_ref(), record.created_at) {
+        return Ok(KeyedInsert::KeyAnswered(answered.clone()));
+    }
+    if !insert_model(rows, model).await? {
+        return Ok(KeyedInsert::Taken);
+    }
+    rows.put_record(record, stored.is_some()).await?;
+    Ok(KeyedInsert::Inserted)
+}
+
+/// I-8: keeps a final reply with its key while the key still keeps `expected` ([`settle`]).
+pub async fn settle_key<R: KeyRows>(
+    rows: &R,
+    scope: &IdempotencyScope,
+    key: &IdempotencyKey,
+    expected: &StoredReply,
+    reply: StoredReply,
+) -> Result<bool, R::Error> {
+    let stored = stored_record(rows, scope, key).await?;
+    match settle(stored.as_ref(), expected, reply) {
+        Some(record) => {
+            rows.put_record(&record, true).await?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
+/// Ends a key's hold: a pending record goes, an answered one stays.
+pub async fn release_key<R: Rows>(
+    rows: &R,
+    scope: &IdempotencyScope,
+    key: &IdempotencyKey,
+) -> Result<(), R::Error> {
+    let params = key_params(scope, key);
+    rows.execute(sql::DELETE_PENDING_KEY, &params).await?;
+    rows.execute(sql::UNHOLD_KEY, &params).await?;
+    Ok(())
+}
+
+/// Ends every hold of a stopped instance: its pending records go, its answered ones replay.
+pub async fn release_holds_of<R: Rows>(rows: &R, instance: InstanceId) -> Result<(), R::Error> {
+    let params = [Param::Blob(key_of(instance.ulid()).to_vec())];
+    rows.execute(sql::DELETE_PENDING_KEYS_OF, &params).await?;
+    rows.execute(sql::UNHOLD_KEYS_OF, &params).await?;
+    Ok(())
+}
+
+/// P-1: stores a model unless the id exists; a stored model's file is no longer one whose model
+/// a user deleted.
+pub async fn insert_model<R: ModelRows>(rows: &R, model: &ModelRecord) -> Result<bool, R::Error> {
+    let row = ModelRow::encode(model)?;
+    let inserted = rows.insert_model_row(&row).await?;
+    if inserted {
+        if let Some(path) = &row.path {
+            let params = [Param::Text(path.clone())];
+            rows.execute(sql::FORGET_REMOVED_MODEL_FILE, &params)
+                .await?;
+        }
+    }
+    Ok(inserted)
+}
+
+/// Stores a model found at startup unless its id exists or its file's model was deleted.
+pub async fn insert_found_model<R: ModelRows>(
+    rows: &R,
+    model: &ModelRecord,
+) -> Result<bool, R::Error> {
+    if let Some(file) = model.file() {
+        let sql = format!("{}{}", sql::REMOVED_MODEL_FILE, R::SHARE);
+        let removed: Option<i64> = rows
+            .read_one(&sql, &[Param::Text(file.path.clone())])
+            .await?;
+        if removed.is_some() {
+            return Ok(false);
+        }
+    }
+    insert_model(rows, model).await
+}
+
+/// Deletes a model (its row locked first), remembering its file so that a scan at startup does
+/// not bring it back.
+pub async fn delete_model<R: Rows>(rows: &R, id: &ModelId) -> Result<bool, R::Error> {
+    let id = [Param::Text(id.as_str().to_owned())];
+    let sql = format!("{}{}", sql::model_by_id(), R::LOCK);
+    let Some(found) = rows.read_one::<ModelRow>(&sql, &id).await? else {
+        return Ok(false);
+    };
+    if let Some(file) = found.decode()?.file() {
+        let path = [Param::Text(file.path.clone())];
+        rows.execute(sql::REMEMBER_REMOVED_MODEL_FILE, &path)
+            .await?;
+    }
+    Ok(rows.execute(sql::DELETE_MODEL, &id).await? == 1)
+}
+
+/// Removes one task's rows (`id` its stored key); its idempotency records stay, pointing at
+/// nothing (a key outlives its task and keeps its reply until it expires). How many events went.
+pub async fn delete_task_rows<R: Rows>(rows: &R, id: &[u8]) -> Result<u64, R::Error> {
+    let key = [Param::Blob(id.to_vec())];
+    let events = rows.execute(sql::DELETE_TASK_EVENTS, &key).await?;
+    for statement in sql::DELETE_TASK_ROWS {
+        rows.execute(statement, &key).await?;
+    }
+    Ok(events)
+}
+
+/// Deletes one finished task now (P-6: never an unfinished one, the domain's [`decide_delete`]
+/// on the task as read and locked).
+pub async fn delete_finished<R: TaskRows>(
+    rows: &R,
+    task_id: TaskId,
+    client_id: Option<ClientId>,
+) -> Result<DeleteOutcome, R::Error> {
+    let Some(task) = rows.lock_task(task_id).await? else {
+        return Ok(DeleteOutcome::NotFound);
+    };
+    let outcome = decide_delete(&task, client_id);
+    if outcome == DeleteOutcome::Deleted {
+        delete_task_rows(rows, &key_of(task_id.ulid())).await?;
+    }
+    Ok(outcome)
+}
+
+/// One bounded purge batch (P-5, P-6, I-4): of `candidates` (finished tasks past the retention,
+/// oldest first, each one's stored key and event count, as the adapter picks and locks them), as
+/// many as the domain's [`purge_batch`] takes, so one transaction stays short whatever the tasks'
+/// sizes.
+pub async fn purge_finished<R: Rows>(
+    rows: &R,
+    candidates: &[(Vec<u8>, u64)],
+    max_tasks: usize,
+    max_events: u64,
+) -> Result<PurgeReport, R::Error> {
+    let sizes: Vec<u64> = candidates.iter().map(|(_, events)| *events).collect();
+    let batch = purge_batch(&sizes, max_tasks, max_events);
+    let mut events = 0;
+    for (id, _) in candidates.iter().take(batch.tasks) {
+        events += delete_task_rows(rows, id).await?;
+    }
+    Ok(batch.report(events))
+}
+
+/// Redeems a pairing code under the pairing limit, all in the current transaction: the limit's
+/// row and the code's are read (and locked) first, so redemptions take their turn, and what
+/// [`plan_redemption`] returns is written.
+pub async fn redeem_pairing<R: ClientRows>(
+    rows: &R,
+    hash: &SecretHash,
+    client: &Client,
+    at: Timestamp,
+) -> Result<Redemption, R::Error> {
+    let limit_key = Param::Text(PAIRING_LIMIT_KEY.to_owned());
+    let sql = format!("{}{}", sql::CONFIG_VALUE, R::LOCK);
+    let limit: Option<String> = rows
+        .read_one(&sql, std::slice::from_ref(&limit_key))
+        .await?;
+    let code = Param::Text(hash.to_hex());
+    let sql = format!("{}{}", sql::PAIRING_SCOPES, R::LOCK);
+    let params = [code.clone(), Param::Integer(at.as_millis())];
+    let scopes: Option<String> = rows.read_one(&sql, &params).await?;
+    let plan = plan_redemption(limit.as_deref(), scopes.as_deref(), &client.scopes, at)?;
+    if let Some(limit) = plan.limit {
+        let params = [limit_key, Param::Text(limit)];
+        rows.execute(sql::SET_CONFIG_VALUE, &params).await?;
+    }
+    if plan.burn_codes {
+        rows.execute(sql::DELETE_PAIRINGS, &[]).await?;
+    }
+    if plan.pair {
+        rows.execute(sql::DELETE_PAIRING, &[code]).await?;
+        rows.insert_client(client).await?;
+    }
+    Ok(plan.redemption)
+}
