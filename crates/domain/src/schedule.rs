@@ -238,12 +238,14 @@ pub fn claim_window(
 pub struct ClientLimits {
     /// The most of its tasks that run at once; its other tasks wait while others' run.
     pub max_running: Option<u32>,
-    /// The most of its tasks that may be queued; a submit past it is refused.
+    /// The most of its tasks submitted one by one that may be queued; a submit past it is
+    /// refused. A batch's lines do not count (a batch is bounded by its lines).
     pub max_queued: Option<u32>,
 }
 
 /// The queue limits a submit is checked against (`max_queued` of its client, `--max-queued` of
-/// the service; `None`: no limit).
+/// the service; `None`: no limit), over the queued tasks submitted one by one: a batch's lines
+/// never count, so a queued batch makes no other request wait for a place (API §14, §16).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueueLimits {
     /// The client's `max_queued`.

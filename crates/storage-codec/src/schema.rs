@@ -689,11 +689,17 @@ CREATE INDEX queue_fronts_age ON queue_fronts (tier, head_created_at)
     )
 }
 
-/// The index that finds a validating batch's kept lines by `custom_id`
-/// (`sql::STAGED_DUPLICATES`): a batch's `custom_id`s are checked unique in the store, so that
-/// validation's memory does not grow with the file.
-pub const STAGING_CUSTOM_IDS: &str =
-    "CREATE INDEX batch_staging_custom_id ON batch_staging (batch_id, custom_id, line);";
+/// Batch lines kept apart, two indexes:
+///
+/// - `batch_staging_custom_id` finds a validating batch's kept lines by `custom_id`
+///   (`sql::STAGED_DUPLICATES`): a batch's `custom_id`s are checked unique in the store, so that
+///   validation's memory does not grow with the file;
+/// - `tasks_queued_direct` holds the queued tasks submitted one by one (no batch), which the
+///   queue limits count (`max_queued` of a client, `--max-queued` of the service): a batch's
+///   lines never make another request wait for a place, and the count never reads past them.
+pub const BATCH_LINES_APART: &str =
+    "CREATE INDEX batch_staging_custom_id ON batch_staging (batch_id, custom_id, line);
+CREATE INDEX tasks_queued_direct ON tasks (client_id) WHERE status = 'queued' AND batch_id IS NULL;";
 
 #[cfg(test)]
 mod tests {

@@ -5,13 +5,15 @@
 //! batches with their tasks and written files, which the purge of finished tasks leaves alone
 //! (P-5, P-6).
 
+use lmsp_domain::auth::Scope;
 use lmsp_domain::batch::{
     Batch, BatchEndpoint, BatchLine, BatchStatus, DuplicateLine, FilePurpose, LineError,
     LineErrorCode, NewBatch, RequestCounts, StoredFile,
 };
 use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId};
-use lmsp_domain::ports::{BatchStore, FileDeleteOutcome, Store, TaskFilter};
+use lmsp_domain::ports::{BatchStore, CreateOutcome, FileDeleteOutcome, Store, TaskFilter};
 use lmsp_domain::recovery::RestartPolicy;
+use lmsp_domain::schedule::{ClientLimits, QueueFull};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Metadata, Task};
 use lmsp_domain::time::Timestamp;
@@ -987,4 +989,58 @@ pub async fn purging_finished_tasks_leaves_batch_tasks_to_their_batch_p5<F: Stor
         assert!(store.task(task.id).await.unwrap().is_some());
     }
     assert_eq!(reread(&store, &batch).await.counts, counts(2, 1, 1));
+}
+
+/// API §14, §16: a batch's lines do not count toward the queue limits (`max_queued` of a
+/// client, `--max-queued` of the service), which bound the tasks submitted one by one: a queued
+/// batch never makes another request 429 or 503. A batch is bounded by its lines.
+pub async fn batch_lines_do_not_count_toward_the_queue_limits<F: StoreFactory>(factory: &F) {
+    let (store, _) = fresh_store(factory).await;
+    let worker = instance_id();
+    let (client, _) = crate::fixtures::client(&[Scope::ResponsesWrite]);
+    store.insert_client(client.clone()).await.unwrap();
+    let limits = ClientLimits {
+        max_running: None,
+        max_queued: Some(1),
+    };
+    assert!(store.set_client_limits(client.id, limits).await.unwrap());
+    let (_, lines) = started(&store, client.id, 3, worker).await;
+    assert_eq!(lines.len(), 3);
+    let direct = |worker| {
+        let mut task = task(worker, RestartPolicy::Fail);
+        task.client_id = client.id;
+        task
+    };
+    let first = direct(worker);
+    let outcome = store
+        .create_task_within(first.clone(), None, Some(1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, CreateOutcome::Created(_)),
+        "3 batch lines queued, none submitted: {outcome:?}"
+    );
+    let second = direct(worker);
+    let outcome = store
+        .create_task_within(second.clone(), None, Some(5))
+        .await
+        .unwrap();
+    assert_eq!(outcome, CreateOutcome::QueueFull(QueueFull::Client(1)));
+    let outcome = store
+        .create_task_within(second.clone(), None, Some(1))
+        .await
+        .unwrap();
+    assert_eq!(outcome, CreateOutcome::QueueFull(QueueFull::Client(1)));
+    let other = task(worker, RestartPolicy::Fail);
+    let outcome = store
+        .create_task_within(other.clone(), None, Some(1))
+        .await
+        .unwrap();
+    assert_eq!(outcome, CreateOutcome::QueueFull(QueueFull::Service(1)));
+    let outcome = store
+        .create_task_within(other, None, Some(2))
+        .await
+        .unwrap();
+    assert!(matches!(outcome, CreateOutcome::Created(_)), "{outcome:?}");
+    assert_eq!(store.task(second.id).await.unwrap(), None);
 }

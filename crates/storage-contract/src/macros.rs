@@ -23,6 +23,7 @@ macro_rules! storage_contract_tests {
             batches::batches_are_listed_newest_first_per_client_i7,
             batches::purging_batches_removes_only_ended_ones_with_their_tasks_and_files_p5_p6,
             batches::purging_finished_tasks_leaves_batch_tasks_to_their_batch_p5,
+            batches::batch_lines_do_not_count_toward_the_queue_limits,
             cancel::a_cancel_follows_the_table_in_every_status_p4,
             cancel::after_an_accepted_cancel_the_worker_can_only_acknowledge_it_p4_i3,
             cancel::a_cancel_for_a_client_finds_only_that_clients_tasks_i7,

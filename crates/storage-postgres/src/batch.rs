@@ -621,12 +621,13 @@ struct Overlay {
 /// The `max_queued` of the clients `$1` that have one, with their queued tasks counted up to it.
 const CLIENT_QUEUED_SQL: &str = "SELECT cq.client_id, cq.max_queued, \
      (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.status = 'queued' \
-      AND t.client_id = cq.client_id LIMIT cq.max_queued) x) \
+      AND t.batch_id IS NULL AND t.client_id = cq.client_id LIMIT cq.max_queued) x) \
      FROM client_queues cq WHERE cq.client_id = ANY($1) AND cq.max_queued IS NOT NULL";
 
 /// The store's queued tasks, counted up to `$1`.
 const SERVICE_QUEUED_SQL: &str =
-    "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' LIMIT $1) x";
+    "SELECT count(*) FROM (SELECT 1 FROM tasks WHERE status = 'queued' AND batch_id IS NULL \
+     LIMIT $1) x";
 
 /// The tasks a batch names, locked in key order.
 fn lock_tasks_sql() -> String {

@@ -120,8 +120,8 @@ pub const SCHEMA_VERSION: i64 = 6;
 
 /// The migrations, in order: version `n` is `MIGRATIONS[n - 1]`. Never change what a released
 /// one creates; append a new version. Versions 3 (service tiers and fairness between clients)
-/// and 5 (webhooks) are the SQLite adapter's, in this dialect; version 6 finds kept batch lines
-/// by `custom_id` (`schema::STAGING_CUSTOM_IDS`, SQLite's version 7).
+/// and 5 (webhooks) are the SQLite adapter's, in this dialect; version 6 keeps batch lines
+/// apart (`schema::BATCH_LINES_APART`, SQLite's version 7).
 static MIGRATIONS: LazyLock<[String; SCHEMA_VERSION as usize]> = LazyLock::new(|| {
     [
         v1(),
@@ -129,7 +129,7 @@ static MIGRATIONS: LazyLock<[String; SCHEMA_VERSION as usize]> = LazyLock::new(|
         schema::tiers_and_fairness(POSTGRES),
         v4(),
         schema::webhooks(POSTGRES),
-        schema::STAGING_CUSTOM_IDS.to_owned(),
+        schema::BATCH_LINES_APART.to_owned(),
     ]
 });
 

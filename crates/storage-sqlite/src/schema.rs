@@ -227,7 +227,7 @@ static V5: LazyLock<String> = LazyLock::new(|| schema::webhooks(SQLITE));
 /// claimed.
 static V6: LazyLock<String> = LazyLock::new(|| schema::queue_fronts(SQLITE));
 
-// Version 7: kept batch lines found by `custom_id` (`schema::STAGING_CUSTOM_IDS`).
+// Version 7: batch lines kept apart (`schema::BATCH_LINES_APART`).
 
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
@@ -237,7 +237,7 @@ fn migrations() -> Migrations<'static> {
         M::up(V4.as_str()),
         M::up(V5.as_str()),
         M::up(V6.as_str()),
-        M::up(schema::STAGING_CUSTOM_IDS),
+        M::up(schema::BATCH_LINES_APART),
     ])
 }
 

@@ -203,10 +203,11 @@ pub fn plan(request: &Request, rows: &Rows) -> Result<Option<Fast>, DbError> {
 /// service's over all of them, as `QueueLimits::admit`).
 const FAST_CREATE_SQL: &str = "WITH go AS (SELECT 1 WHERE \
      (SELECT cq.max_queued IS NULL OR (SELECT count(*) FROM (SELECT 1 FROM tasks q \
-        WHERE q.status = 'queued' AND q.client_id = $2 LIMIT cq.max_queued) x) < cq.max_queued \
+        WHERE q.status = 'queued' AND q.batch_id IS NULL AND q.client_id = $2 \
+        LIMIT cq.max_queued) x) < cq.max_queued \
       FROM client_queues cq WHERE cq.client_id = $2) IS NOT FALSE \
      AND ($29::bigint IS NULL OR (SELECT count(*) FROM (SELECT 1 FROM tasks q \
-        WHERE q.status = 'queued' LIMIT $29) x) < $29)), \
+        WHERE q.status = 'queued' AND q.batch_id IS NULL LIMIT $29) x) < $29)), \
      t AS (INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, started_at, \
      finished_at, last_sequence_number, restarts, error, response_id, owner, background, \
      items_opened, item_open, tier, batch_id, batch_line) \

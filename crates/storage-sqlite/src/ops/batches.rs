@@ -211,15 +211,30 @@ pub fn stage_batch_tasks(conn: &Connection, tasks: &[Task]) -> Res<()> {
 /// The kept lines of a batch whose `custom_id` an earlier kept line of it has, in line order,
 /// at most `limit`.
 pub fn staged_duplicates(conn: &Connection, id: BatchId, limit: usize) -> Res<Vec<DuplicateLine>> {
-    let rows = prepare(conn, codec::sql::STAGED_DUPLICATES)?
-        .query_map(params![batch_key(id), to_i64(limit as u64)?], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
-    rows.into_iter()
+    // A one-off pass over every kept line: run with a small page cache, so that it neither grows
+    // the reading connection's cache (up to 2 MiB, memory a batch's validation would otherwise
+    // add) nor evicts the pages other reads keep warm there. The cache is restored whatever the
+    // pass came to.
+    let limit = to_i64(limit as u64)?;
+    let cache: i64 = conn.query_row("PRAGMA cache_size", [], |row| row.get(0))?;
+    conn.pragma_update(None, "cache_size", SCAN_CACHE_KIB)?;
+    let rows = prepare(conn, codec::sql::STAGED_DUPLICATES).and_then(|mut statement| {
+        statement
+            .query_map(params![batch_key(id), limit], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+            })?
+            .collect::<Result<Vec<_>, _>>()
+    });
+    conn.pragma_update(None, "cache_size", cache)?;
+    rows?
+        .into_iter()
         .map(|(line, custom_id)| Ok(codec::batches::duplicate_line(line, custom_id)?))
         .collect()
 }
+
+/// The page cache of a one-off pass over a batch's kept lines, as `PRAGMA cache_size` takes it
+/// (negative: KiB).
+const SCAN_CACHE_KIB: i64 = -256;
 
 /// How many kept-aside lines one write removes once their batch has left `validating`.
 pub const STAGED_DROP_CHUNK: usize = 1_000;
@@ -419,4 +434,29 @@ pub fn purge_batches(conn: &Connection, cutoff: Timestamp, max_tasks: usize) -> 
         }
     }
     Ok(purge)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use lmsp_domain::ids::BatchId;
+    use rusqlite::Connection;
+    use ulid::Ulid;
+
+    /// The pass over a batch's kept lines runs with a small cache and gives the connection its
+    /// own back, so that a validation neither grows a reader's cache nor changes it for later
+    /// reads.
+    #[test]
+    fn the_duplicates_pass_restores_the_connections_cache() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        crate::schema::migrate(&mut conn).unwrap();
+        conn.pragma_update(None, "cache_size", -3000).unwrap();
+        let found = super::staged_duplicates(&conn, BatchId::from_ulid(Ulid::new()), 10).unwrap();
+        assert!(found.is_empty());
+        let cache: i64 = conn
+            .query_row("PRAGMA cache_size", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(cache, -3000);
+    }
 }

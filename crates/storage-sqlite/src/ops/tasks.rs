@@ -63,16 +63,16 @@ pub fn create_task(
         };
         let client_queued = match limits.client {
             Some(max) => count(
-                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queue \
-                 WHERE status = 'queued' AND client_id = ?1 LIMIT ?2)",
+                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queued_direct \
+                 WHERE status = 'queued' AND batch_id IS NULL AND client_id = ?1 LIMIT ?2)",
                 &[&client_key(task.client_id), &max],
             )?,
             None => 0,
         };
         let service_queued = match limits.service {
             Some(max) => count(
-                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queue \
-                 WHERE status = 'queued' LIMIT ?1)",
+                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queued_direct \
+                 WHERE status = 'queued' AND batch_id IS NULL LIMIT ?1)",
                 &[&max],
             )?,
             None => 0,
