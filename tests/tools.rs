@@ -298,6 +298,79 @@ async fn chat_text_ends_before_the_first_stop_string() {
     let (status, _, completion) = server.post("/v1/chat/completions", stopped).await;
     assert_eq!(status, 200, "{completion}");
     assert_eq!(completion["choices"][0]["message"]["content"], &text[..cut]);
+    // The generation ended at the word that completed the stop string (each word is a token):
+    // fewer tokens than the budget, and finish_reason `stop`, as the unstopped run's is `length`.
+    assert_eq!(full["choices"][0]["finish_reason"], "length");
+    assert_eq!(full["usage"]["completion_tokens"], 12);
+    let words_to_stop = text[..cut + stop.len()].split_whitespace().count();
+    assert!(words_to_stop < 12, "{text}");
+    assert_eq!(
+        completion["choices"][0]["finish_reason"], "stop",
+        "{completion}"
+    );
+    assert_eq!(
+        completion["usage"]["completion_tokens"], words_to_stop,
+        "{completion}"
+    );
+}
+
+/// The reference engine answers every schema keyword it takes with a valid instance
+/// (`multipleOf`, `minProperties`, `uniqueItems`, …) and refuses the ones it cannot build for
+/// with a 400 naming the keyword, before anything is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_engine_builds_valid_instances_or_refuses_the_keyword() {
+    let server = TestServer::start(&[]);
+    let schema = json!({"type": "object", "properties": {
+        "n": {"type": "integer", "multipleOf": 7, "minimum": 1},
+        "o": {"type": "object", "minProperties": 1},
+        "u": {"type": "array", "items": {"enum": [1, 2]}, "minItems": 2, "uniqueItems": true}},
+        "required": ["n", "o", "u"]});
+    let (status, _, response) = server
+        .post(
+            "/v1/responses",
+            json!({"model": "reference", "input": "x",
+                   "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{response}");
+    let parsed: Value = serde_json::from_str(response["output_text"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        parsed,
+        json!({"n": 7, "o": {"property0": null}, "u": [1, 2]})
+    );
+    let cases = [
+        (
+            json!({"model": "reference", "input": "x", "text": {"format": {"type": "json_schema",
+                   "name": "s", "schema": {"type": "object", "properties": {
+                       "a": {"type": "string", "pattern": "^a+$"}}, "required": ["a"]}}}}),
+            "text.format.schema.properties.a.pattern",
+        ),
+        (
+            json!({"model": "reference", "input": "x", "text": {"format": {"type": "json_schema",
+                   "name": "s", "schema": {"type": "object", "properties": {
+                       "a": {"type": "integer", "minimum": 5, "maximum": 1}},
+                       "required": ["a"]}}}}),
+            "text.format.schema.properties.a.minimum",
+        ),
+        (
+            json!({"model": "reference", "input": "x", "tool_choice": "required",
+                   "tools": [{"type": "function", "name": "f", "parameters": {"type": "object",
+                       "properties": {"n": {"type": "integer", "multipleOf": 7, "maximum": 6,
+                           "minimum": 1}}, "required": ["n"]}}]}),
+            "tools[0].parameters.properties.n.multipleOf",
+        ),
+    ];
+    for (body, param) in cases {
+        let (status, _, reply) = server.post("/v1/responses", body.clone()).await;
+        assert_eq!(status, 400, "{body}: {reply}");
+        assert_envelope(status, &reply, "invalid_request", param);
+        assert_eq!(reply["error"]["param"], param, "{body}: {reply}");
+    }
+    assert_eq!(
+        server.task_count().await,
+        1,
+        "only the valid request created a task"
+    );
 }
 
 /// Log probabilities: Chat's `logprobs` + `top_logprobs` on each streamed chunk, Responses'

@@ -1209,6 +1209,20 @@ class OpenAiSdk(unittest.TestCase):
             model=MODEL, messages=messages, max_completion_tokens=TOKENS, seed=SEED,
             stop=[stop])
         self.assertEqual(stopped.choices[0].message.content, text[: text.index(stop)])
+        # The generation ends at the token that completes the stop string (one word a token).
+        self.assertEqual(full.choices[0].finish_reason, "length")
+        self.assertEqual(stopped.choices[0].finish_reason, "stop")
+        ended = len(text[: text.index(stop) + len(stop)].split())
+        self.assertLess(ended, TOKENS)
+        self.assertEqual(stopped.usage.completion_tokens, ended)
+        # The SDK's streaming helper takes it as a complete answer (a `length` ending would
+        # raise LengthFinishReasonError).
+        with self.client.chat.completions.stream(
+            model=MODEL, messages=messages, max_completion_tokens=TOKENS, seed=SEED, stop=[stop]
+        ) as stream:
+            final = stream.get_final_completion()
+        self.assertEqual(final.choices[0].finish_reason, "stop")
+        self.assertEqual(final.choices[0].message.content, text[: text.index(stop)])
         with self.assertRaises(openai.BadRequestError) as caught:
             self.client.chat.completions.create(
                 model=MODEL, messages=messages, stop=["a", "b", "c", "d", "e"])

@@ -2,14 +2,18 @@
 //! digest; [`output_budget`], what a (resumed) generation may still produce; and the snapshot
 //! envelope ([`ResumeState`], in [`envelope`]), the frame of every engine's resume state: the
 //! output tokens produced so far, checked against the budget the same way for every engine, and
-//! the engine's own bytes, under the tag of the engine that wrote them.
+//! the engine's own bytes, under the tag of the engine that wrote them; and the [`StopWatch`]
+//! (in [`stop`]), which tells an engine that makes its text in process when the text has written
+//! one of the task's stop strings, so the generation ends there.
 //!
 //! An engine adapter keeps only what is its own: how a model file is loaded, how tokens are made
 //! and what its own bytes of a resume state hold.
 
 pub mod envelope;
+pub mod stop;
 
 pub use envelope::{EngineTag, ResumeState, StateError};
+pub use stop::StopWatch;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -76,6 +80,27 @@ impl<T> ModelCache<T> {
         self.loaded.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+/// The JSON Schema keywords that constrain nothing (annotations): an engine that refuses the
+/// keywords of a schema it cannot enforce (a format's, a tool's parameters) takes these anywhere.
+pub const SCHEMA_ANNOTATIONS: &[&str] = &[
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$schema",
+    "$id",
+    "$anchor",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$defs",
+    "definitions",
+    // OpenAPI's tag of a union (pydantic's discriminated unions): the branches' `const` tags
+    // constrain the value already.
+    "discriminator",
+];
 
 /// How many tokens a generation may still produce when `produced` of the task's
 /// `max_output_tokens` are already out (0 for a fresh one). A resume state past the end of the

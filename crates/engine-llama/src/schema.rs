@@ -12,6 +12,9 @@
 
 use serde_json::{Map, Value};
 
+// The keywords that constrain nothing.
+use lmsp_engine_kit::SCHEMA_ANNOTATIONS as ANNOTATIONS;
+
 /// Why a JSON schema cannot constrain the llama engine's output.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SchemaError {
@@ -49,26 +52,6 @@ impl SchemaError {
         }
     }
 }
-
-/// Keywords that constrain nothing.
-const ANNOTATIONS: &[&str] = &[
-    "title",
-    "description",
-    "default",
-    "examples",
-    "$schema",
-    "$id",
-    "$anchor",
-    "$comment",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "$defs",
-    "definitions",
-    // OpenAPI's tag of a union (pydantic's discriminated unions): the branches' `const` tags
-    // constrain the value already. (Their `oneOf` is refused on its own.)
-    "discriminator",
-];
 
 /// String formats the converter turns into grammar rules.
 const FORMATS: &[&str] = &[

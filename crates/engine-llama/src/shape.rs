@@ -6,6 +6,12 @@
 //! sent already). Each token yields at most one [`Piece`] (a call's start never shares a token
 //! with text: the trigger and the name are written by the grammar in tokens of their own, see
 //! `steer`), so the state sent with a piece says exactly which pieces were sent.
+//!
+//! The stop strings and the trigger are each watched by a [`StopWatch`] of `lmsp-engine-kit`
+//! (the reference engine's too): text is held back while either may be starting, and a stop
+//! string ends the output (and the generation) at the token that completes it.
+
+use lmsp_engine_kit::StopWatch;
 
 /// The text a model writes before a call when it may choose between text and a call: the name
 /// (a JSON string) and the arguments (a JSON object) follow, both written under a grammar.
@@ -74,11 +80,12 @@ pub(crate) struct Step {
 /// The shaping of one run's output.
 #[derive(Debug, Clone)]
 pub(crate) struct Shaper {
-    stops: Vec<String>,
+    /// The stop strings over the text.
+    stops: StopWatch,
     /// The names a call may have (empty: no call).
     names: Vec<String>,
-    /// Whether text may turn into a call at [`TRIGGER`].
-    watch_trigger: bool,
+    /// [`TRIGGER`] over the text, when text may turn into a call there.
+    trigger: Option<StopWatch>,
     phase: Phase,
 }
 
@@ -86,7 +93,6 @@ impl Shaper {
     /// A shaper of output in `mode`, ending text before the first of `stops`; and the pieces
     /// that come before any token (a named call's start).
     pub(crate) fn new(mode: Mode, stops: Vec<String>) -> (Self, Step) {
-        let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
         let mut first = Step::default();
         let (names, watch_trigger, phase) = match mode {
             Mode::Text => (
@@ -118,9 +124,9 @@ impl Shaper {
         };
         (
             Self {
-                stops,
+                stops: StopWatch::new(&stops),
                 names,
-                watch_trigger,
+                trigger: watch_trigger.then(|| StopWatch::new(&[TRIGGER.to_owned()])),
                 phase,
             },
             first,
@@ -150,16 +156,17 @@ impl Shaper {
             Phase::Text { held } => {
                 held.push_str(text);
                 let held = std::mem::take(held);
+                // The watches hold no more than `held` ends with: where they met a stop string
+                // or the trigger is as far from its end.
                 let stop = self
                     .stops
-                    .iter()
-                    .filter_map(|s| held.find(s.as_str()))
-                    .min();
-                let trigger = if self.watch_trigger {
-                    held.find(TRIGGER)
-                } else {
-                    None
-                };
+                    .feed(text)
+                    .map(|from| held.len().saturating_sub(from));
+                let trigger = self
+                    .trigger
+                    .as_mut()
+                    .and_then(|trigger| trigger.feed(text))
+                    .map(|from| held.len().saturating_sub(from));
                 match (stop, trigger) {
                     (Some(at), trigger) if trigger.is_none_or(|t| at <= t) => {
                         if at > 0 {
@@ -175,7 +182,8 @@ impl Shaper {
                         self.name_written(held[at + TRIGGER.len()..].to_owned(), &mut step);
                     }
                     _ => {
-                        let keep = self.holdback(&held);
+                        let trigger = self.trigger.as_ref().map_or(0, StopWatch::held);
+                        let keep = self.stops.held().max(trigger);
                         let (send, keep) = held.split_at(held.len() - keep);
                         if !send.is_empty() {
                             step.pieces.push(Piece::Text(send.to_owned()));
@@ -209,21 +217,6 @@ impl Shaper {
             }
         }
         self.phase = Phase::Name { written };
-    }
-
-    /// How many bytes at the end of `text` may start a stop string or the trigger (a character
-    /// boundary).
-    fn holdback(&self, text: &str) -> usize {
-        let trigger = self.watch_trigger.then_some(TRIGGER);
-        let mut held = 0;
-        for watched in self.stops.iter().map(String::as_str).chain(trigger) {
-            for (cut, _) in watched.char_indices().skip(1) {
-                if cut > held && text.ends_with(&watched[..cut]) {
-                    held = cut;
-                }
-            }
-        }
-        held
     }
 
     /// The text still held back when the output ends (none was a stop string's start).

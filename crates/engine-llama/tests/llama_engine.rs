@@ -598,3 +598,53 @@ async fn a_budget_beyond_the_context_ends_when_the_context_is_full() {
         Err(EngineError::Failed(_))
     ));
 }
+
+/// A stop string ends the generation at the token that completes it (within one token, across
+/// tokens, inside a character of several tokens): the text before it is the unstopped run's,
+/// and the usage counts the tokens generated, fewer than the budget. Resumed from any delta's
+/// state before the stop, a run ends at the same token with the same usage (I-6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_string_ends_the_generation_at_its_last_token_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(&dir);
+    let engine = engine();
+    let max = 30;
+    let free = tiny::next_text(b' ', max);
+    // The greedy text is `0123456789!€ 0123…`: `€` is three byte tokens, every other character
+    // one.
+    for (stop, tokens) in [("5", 6), ("€ 01", 17), ("9!€", 14), ("never", max)] {
+        let mut stopped = (*spec(Input::Text("hi".into()), max as u32, 0, Some(0.0))).clone();
+        stopped.controls.stop = vec![String::from("x-never-written"), String::from(stop)];
+        let job = |resume| GenerationJob {
+            model: model.clone(),
+            spec: Arc::new(stopped.clone()),
+            resume,
+        };
+        let (deltas, usage) = run(&engine, job(None)).await;
+        let before = free.find(stop).map_or(free.as_str(), |at| &free[..at]);
+        assert_eq!(text(&deltas), before, "stop {stop:?}");
+        assert_eq!(
+            usage,
+            Usage {
+                input_tokens: input_tokens(PROMPT_HI),
+                output_tokens: tokens as u64,
+                cached_tokens: 0
+            },
+            "stop {stop:?}"
+        );
+        for k in 1..deltas.len() {
+            let so_far = text(&deltas[..k]);
+            let resume = ResumePoint {
+                state: deltas[k - 1].1.clone(),
+                text_so_far: so_far.clone(),
+            };
+            let (rest, resumed_usage) = run(&engine, job(Some(resume))).await;
+            assert_eq!(
+                format!("{so_far}{}", text(&rest)),
+                before,
+                "stop {stop:?}, k {k}"
+            );
+            assert_eq!(resumed_usage, usage, "stop {stop:?}, k {k}");
+        }
+    }
+}

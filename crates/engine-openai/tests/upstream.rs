@@ -195,6 +195,27 @@ async fn streamed_chunks_become_deltas_then_finished_with_the_upstreams_usage() 
     assert_eq!(request["max_tokens"], 10);
 }
 
+/// A task's stop strings go to the upstream, which ends its stream at the first one (without
+/// it): `Finished` counts the upstream's tokens, fewer than the budget, so the service answers
+/// finish reason `stop` as it does for the in-process engines, which end there themselves.
+#[tokio::test]
+async fn the_upstreams_stop_ends_the_generation_with_its_own_usage() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let base = upstream(Reply::Chunks(words(&["alpha ", "beta "], 31)), seen.clone()).await;
+    let engine = engine(base);
+    let mut job = job(10, None);
+    Arc::make_mut(&mut job.spec).controls.stop = vec![String::from("gamma")];
+    let mut generation = engine.generate(job).await.unwrap();
+    let (items, ended) = run(&mut generation).await;
+    ended.unwrap();
+    assert_eq!(text(&items), "alpha beta ");
+    match items.last() {
+        Some(GenerationItem::Finished { usage }) => assert_eq!(usage.output_tokens, 2),
+        other => panic!("not finished: {other:?}"),
+    }
+    assert_eq!(seen.lock().unwrap()[0]["stop"], json!(["gamma"]));
+}
+
 /// A character split between two network chunks arrives intact, not as U+FFFD.
 #[tokio::test]
 async fn a_character_split_across_network_chunks_arrives_intact() {

@@ -10,10 +10,15 @@
 //!
 //! Tools and structured outputs are answered by a script ([`structured`]): a call of the chosen
 //! tool with the smallest valid arguments, or the smallest valid instance of the format's schema,
-//! in pieces; its state is the number of pieces written. With `top_logprobs` asked for, each
+//! in pieces; its state is the number of pieces written. A schema the engine cannot answer with
+//! a valid instance is refused before the task is created ([`Engine::check`]). With `top_logprobs` asked for, each
 //! delta comes after its token's log probability: the share of the chosen word among the
 //! context's followers, with the most frequent followers as the alternatives (a scripted piece
 //! is certain: 0).
+//!
+//! A run ends at the token whose text completes one of the task's stop strings (a
+//! [`StopWatch`] over the text, rebuilt on a resume from the text so far): its usage counts the
+//! tokens up to and including that one. The app cuts the text before the stop string.
 
 pub mod structured;
 
@@ -23,13 +28,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lmsp_domain::model::{Digest, ModelToLoad};
-use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationItem, GenerationJob};
-use lmsp_domain::task::{Fraction, Usage};
+use lmsp_domain::ports::{
+    Engine, EngineError, Generation, GenerationItem, GenerationJob, Unsupported,
+};
+use lmsp_domain::task::{Fraction, TaskSpec, Usage};
 use lmsp_domain::{Logprob, TokenLogprob, TopLogprob};
 
 use crate::structured::Script;
 use lmsp_engine_kit::envelope::Reader;
-use lmsp_engine_kit::{EngineTag, ModelCache, ResumeState, StateError};
+use lmsp_engine_kit::{EngineTag, ModelCache, ResumeState, StateError, StopWatch};
 
 /// How slow the reference engine pretends to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -91,6 +98,12 @@ impl ReferenceEngine {
 
 #[async_trait]
 impl Engine for ReferenceEngine {
+    /// Refuses a format or tool parameters whose schema the engine cannot answer with a valid
+    /// instance (a keyword it does not build for, or constraints nothing meets).
+    fn check(&self, spec: &TaskSpec) -> Result<(), Unsupported> {
+        structured::check_controls(&spec.controls)
+    }
+
     async fn load(&self, model: &ModelToLoad) -> Result<(), EngineError> {
         self.corpus(model).await.map(|_| ())
     }
@@ -107,6 +120,10 @@ impl Engine for ReferenceEngine {
         let max = u64::from(job.spec.max_output_tokens);
         let input_tokens = prompt.split_whitespace().count() as u64;
         let top_logprobs = job.spec.controls.top_logprobs;
+        let watch = match &job.resume {
+            Some(resume) => StopWatch::resumed(&job.spec.controls, &resume.text_so_far),
+            None => StopWatch::of(&job.spec.controls),
+        };
         let resumed = match &job.resume {
             Some(resume) => {
                 let state = read_state(&resume.state)?;
@@ -115,7 +132,9 @@ impl Engine for ReferenceEngine {
             }
             None => None,
         };
-        if let Some(script) = Script::of(&job.spec) {
+        let script =
+            Script::of(&job.spec).map_err(|refused| EngineError::Failed(refused.message))?;
+        if let Some(script) = script {
             let next = match &resumed {
                 Some(state) => script_position(state)?,
                 None => 0,
@@ -127,6 +146,7 @@ impl Engine for ReferenceEngine {
                 input_tokens,
                 self.settings,
                 top_logprobs,
+                watch,
             )));
         }
         let (next, context) = match &resumed {
@@ -146,6 +166,7 @@ impl Engine for ReferenceEngine {
             due: None,
             top_logprobs,
             queued: None,
+            watch,
         }))
     }
 }
@@ -316,6 +337,8 @@ struct ReferenceGeneration {
     top_logprobs: Option<u8>,
     /// The delta whose log probabilities were just sent.
     queued: Option<GenerationItem>,
+    /// The stop strings: the run ends after the word that completes one.
+    watch: StopWatch,
 }
 
 /// Waits until the next word is due, `delay` after the pull that first asked for it.
@@ -339,12 +362,12 @@ impl Generation for ReferenceGeneration {
         if self.done {
             return Ok(None);
         }
-        if self.next >= self.max {
+        if self.next >= self.max || self.watch.is_met() {
             self.done = true;
             return Ok(Some(GenerationItem::Finished {
                 usage: Usage {
                     input_tokens: self.input_tokens,
-                    output_tokens: self.max,
+                    output_tokens: self.next,
                     cached_tokens: 0,
                 },
             }));
@@ -366,6 +389,7 @@ impl Generation for ReferenceGeneration {
         }
         self.next += 1;
         let text = format!("{} ", self.corpus.word(word));
+        self.watch.feed(&text);
         let delta = GenerationItem::Delta {
             text: text.clone(),
             state: encode_text_state(self.next, &self.context, &self.corpus),
@@ -448,6 +472,9 @@ struct ScriptedGeneration {
     queued: Option<GenerationItem>,
     due: Option<tokio::time::Instant>,
     done: bool,
+    /// The stop strings over the JSON text (a call's arguments are not text): the run ends after
+    /// the piece that completes one.
+    watch: StopWatch,
 }
 
 impl ScriptedGeneration {
@@ -458,6 +485,7 @@ impl ScriptedGeneration {
         input_tokens: u64,
         settings: ReferenceSettings,
         top_logprobs: Option<u8>,
+        watch: StopWatch,
     ) -> Self {
         let pieces = script.pieces();
         let call = match script {
@@ -476,6 +504,7 @@ impl ScriptedGeneration {
             queued: None,
             due: None,
             done: false,
+            watch,
         }
     }
 }
@@ -489,12 +518,12 @@ impl Generation for ScriptedGeneration {
         if self.done {
             return Ok(None);
         }
-        if self.next >= self.total {
+        if self.next >= self.total || self.watch.is_met() {
             self.done = true;
             return Ok(Some(GenerationItem::Finished {
                 usage: Usage {
                     input_tokens: self.input_tokens,
-                    output_tokens: self.total,
+                    output_tokens: self.next.min(self.total),
                     cached_tokens: 0,
                 },
             }));
@@ -516,6 +545,7 @@ impl Generation for ScriptedGeneration {
         }
         let piece = usize::try_from(index).unwrap_or(usize::MAX);
         let text = self.pieces.get(piece).cloned().unwrap_or_default();
+        self.watch.feed(&text);
         let delta = GenerationItem::Delta {
             text: text.clone(),
             state,

@@ -380,3 +380,162 @@ async fn a_missing_model_file_is_unavailable() {
         Err(EngineError::ModelUnavailable(_))
     ));
 }
+
+/// A job of `job_with`'s with these controls.
+fn job_controlled(
+    model: &ModelToLoad,
+    max: u32,
+    controls: lmsp_domain::tools::Controls,
+    resume: Option<ResumePoint>,
+) -> GenerationJob {
+    let mut job = job(model, "tell me about the forest", 42, max, resume);
+    Arc::make_mut(&mut job.spec).controls = controls;
+    job
+}
+
+fn stopping_at(stop: &[&str]) -> lmsp_domain::tools::Controls {
+    lmsp_domain::tools::Controls {
+        stop: stop.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+/// How many of `full`'s deltas it takes to complete the first of `stops` in their text.
+fn tokens_to_stop(full: &[(String, Vec<u8>)], stops: &[&str]) -> usize {
+    let all = text(full);
+    let end = stops
+        .iter()
+        .filter_map(|stop| all.find(stop).map(|at| (at, at + stop.len())))
+        .min()
+        .map(|(_, end)| end)
+        .unwrap();
+    let mut written = 0;
+    full.iter()
+        .position(|(delta, _)| {
+            written += delta.len();
+            written >= end
+        })
+        .unwrap()
+        + 1
+}
+
+/// A stop string ends the generation at the word that completes it (whether it lies in one word
+/// or across two): the text up to there is the unstopped run's, and the usage counts the words
+/// generated, fewer than the budget.
+#[tokio::test]
+async fn a_stop_string_ends_the_generation_at_the_word_that_completes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model(&dir);
+    let engine = ReferenceEngine::new(ReferenceSettings::default());
+    let (full, _) = run(
+        &engine,
+        job(&model, "tell me about the forest", 42, 50, None),
+    )
+    .await;
+    let across = format!(
+        "{}{}",
+        &full[20].0[full[20].0.len() - 2..],
+        &full[21].0[..2]
+    );
+    let within = full[12].0.trim().to_owned();
+    for stops in [
+        vec![within.as_str()],
+        vec!["never-written", across.as_str()],
+    ] {
+        let expected = tokens_to_stop(&full, &stops);
+        assert!(expected < 50, "{stops:?}");
+        let (stopped, end) = run(
+            &engine,
+            job_controlled(&model, 50, stopping_at(&stops), None),
+        )
+        .await;
+        assert_eq!(stopped, full[..expected], "{stops:?}");
+        assert_eq!(
+            end,
+            GenerationItem::Finished {
+                usage: Usage {
+                    input_tokens: 5,
+                    output_tokens: expected as u64,
+                    cached_tokens: 0
+                }
+            },
+            "{stops:?}"
+        );
+    }
+}
+
+/// I-6 with a stop string: resumed from any snapshot before the stop (even one whose text ends
+/// with the start of the stop string), a run ends at the same word with the same usage.
+#[tokio::test]
+async fn a_resumed_run_ends_at_the_same_stop_with_the_same_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = model(&dir);
+    let engine = ReferenceEngine::new(ReferenceSettings::default());
+    let (free, _) = run(
+        &engine,
+        job(&model, "tell me about the forest", 42, 60, None),
+    )
+    .await;
+    let stop = format!("{}{}", free[30].0, &free[31].0[..2]);
+    let controls = stopping_at(&[stop.as_str()]);
+    let (full, full_end) = run(&engine, job_controlled(&model, 60, controls.clone(), None)).await;
+    let stopped_at = tokens_to_stop(&free, &[stop.as_str()]);
+    assert_eq!(full.len(), stopped_at);
+    for cut in 1..full.len() {
+        let resume = ResumePoint {
+            state: full[cut - 1].1.clone(),
+            text_so_far: text(&full[..cut]),
+        };
+        let (after, end) = run(
+            &engine,
+            job_controlled(&model, 60, controls.clone(), Some(resume)),
+        )
+        .await;
+        assert_eq!(after, full[cut..], "cut {cut}");
+        assert_eq!(end, full_end, "cut {cut}");
+    }
+}
+
+/// A structured output ends at a stop string too; and a schema the engine cannot answer with a
+/// valid instance is refused before a task is created, naming the keyword.
+#[tokio::test]
+async fn a_scripted_output_stops_and_unbuildable_schemas_are_refused() {
+    use lmsp_domain::tools::{Controls, JsonText, OutputFormat};
+    let dir = tempfile::tempdir().unwrap();
+    let model = model(&dir);
+    let engine = ReferenceEngine::new(ReferenceSettings::default());
+    let format = |schema: &str| OutputFormat::JsonSchema {
+        name: String::from("x"),
+        schema: JsonText::parsed(schema),
+        strict: true,
+    };
+    let schema =
+        r#"{"type":"object","properties":{"a":{"type":"string","minLength":10}},"required":["a"]}"#;
+    let controls = Controls {
+        format: format(schema),
+        stop: vec![String::from(":")],
+        ..Controls::default()
+    };
+    let (deltas, end) = run(&engine, job_controlled(&model, 50, controls, None)).await;
+    assert_eq!(text(&deltas), "{\"a\":\"aa");
+    assert_eq!(
+        end,
+        GenerationItem::Finished {
+            usage: Usage {
+                input_tokens: 5,
+                output_tokens: 2,
+                cached_tokens: 0
+            }
+        }
+    );
+    let refused = Controls {
+        format: format(
+            r#"{"type":"object","properties":{"a":{"type":"string","pattern":"^a+$"}},"required":["a"]}"#,
+        ),
+        ..Controls::default()
+    };
+    let job = job_controlled(&model, 50, refused, None);
+    let unsupported = engine.check(&job.spec).unwrap_err();
+    assert_eq!(unsupported.param, "text.format.schema.properties.a.pattern");
+    assert!(engine.generate(job).await.is_err());
+}

@@ -28,8 +28,10 @@ pub fn completion_id(task: &Task) -> String {
     format!("chatcmpl-{}", task.id.ulid())
 }
 
-/// Why the output ended: `tool_calls` when the run made calls, `length` when it reached the
-/// budget, else `stop`.
+/// Why the output ended: `tool_calls` when the run made calls, `length` when it used its whole
+/// budget (`max_output_tokens`), else `stop` (the model ended it, or a stop string did: an engine
+/// ends its generation at the token that completes a stop string, so its usage counts fewer
+/// tokens than the budget unless that token was the budget's last).
 fn finish_reason(task: &Task, response: &Response) -> &'static str {
     if !response.calls.is_empty() {
         "tool_calls"
