@@ -371,7 +371,8 @@ impl Service {
             Input::Messages(all) => all.len().saturating_sub(request.input.messages().len()),
             Input::Text(_) => 0,
         };
-        check_tool_answers(&input, earlier).map_err(AppError::Invalid)?;
+        check_tool_answers(&input, earlier)
+            .map_err(|error| AppError::Invalid(error.in_shape(request.shape)))?;
         let seed = request.seed.unwrap_or_else(|| rand::rngs::OsRng.next_u64());
         let (on_restart, service_tier) = match batch {
             // A batch's lines resume by default, and never hold up interactive work.
@@ -415,7 +416,8 @@ impl Service {
             .and_then(|kind| self.inner.workers.engines().get(kind));
         if let Some(engine) = engine {
             engine.check(&task.spec).map_err(|unsupported| {
-                AppError::Invalid(ValidationError::new(unsupported.param, unsupported.message))
+                let error = ValidationError::new(unsupported.param, unsupported.message);
+                AppError::Invalid(error.in_shape(request.shape))
             })?;
         }
         Ok(task)

@@ -56,3 +56,91 @@ async fn a_task_error_names_the_model_not_its_files_path() {
         assert!(!mentions(shown, "gone.txt"), "{shown}");
     }
 }
+
+/// A 400's `param` and message, after checking it is the error envelope.
+async fn refused(app: &TestApp, path: &str, body: Value) -> (String, String) {
+    let token = Some(app.admin_token.as_str());
+    let reply = send(&app.router, request(Method::POST, path, token, Some(body))).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    let error = &reply.body["error"];
+    assert_eq!(error["code"], "invalid_request", "{error}");
+    assert_eq!(error["type"], "invalid_request_error", "{error}");
+    (
+        error["param"].as_str().unwrap_or_default().to_owned(),
+        error["message"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// A chat request with `extra` fields over a user message.
+fn chat(extra: Value) -> Value {
+    let mut body = json!({"model": "reference", "max_completion_tokens": 3,
+        "messages": [{"role": "user", "content": "Once upon a time"}]});
+    for (key, value) in extra.as_object().unwrap() {
+        body[key] = value.clone();
+    }
+    body
+}
+
+/// Every rule a chat request breaks names the Chat field (`messages[i]…`, `max_tokens` or
+/// `max_completion_tokens`, `response_format.json_schema…`, `tools[i].function…`), never the
+/// Responses field the rule is written for; a Responses request still names its own.
+#[tokio::test]
+async fn chat_errors_name_chat_fields() {
+    let app = test_app().await;
+    let tool = |name: &str| json!([{"type": "function", "function": {"name": name}}]);
+    let cases = [
+        (
+            json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "tool", "tool_call_id": "call_zzz", "content": "1"}]}),
+            "messages[1].tool_call_id",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "tool", "content": "1"}]}),
+            "messages[1].tool_call_id",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "bot", "content": "1"}]}),
+            "messages[1].role",
+        ),
+        (json!({"max_completion_tokens": 0}), "max_completion_tokens"),
+        (
+            json!({"max_completion_tokens": null, "max_tokens": 100_001}),
+            "max_tokens",
+        ),
+        (
+            json!({"tools": tool("two words")}),
+            "tools[0].function.name",
+        ),
+        (
+            json!({"tools": [tool("f")[0], tool("f")[0]]}),
+            "tools[1].function.name",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "a b", "schema": {"type": "object"}}}}),
+            "response_format.json_schema.name",
+        ),
+        (json!({"messages": []}), "messages"),
+        (json!({"seed": "one"}), "seed"),
+    ];
+    for (extra, param) in cases {
+        let (named, message) = refused(&app, "/v1/chat/completions", chat(extra.clone())).await;
+        assert_eq!(named, param, "{extra}: {message}");
+        for responses in ["input", "max_output_tokens", "call_id", "text.format"] {
+            assert!(
+                !message.contains(&format!("`{responses}`")),
+                "{extra}: {message}"
+            );
+        }
+    }
+    let (named, _) = refused(
+        &app,
+        "/v1/responses",
+        json!({"model": "reference", "input": [{"role": "user", "content": "x"},
+            {"type": "function_call_output", "call_id": "call_zzz", "output": "1"}]}),
+    )
+    .await;
+    assert_eq!(named, "input[1].call_id");
+}

@@ -11,7 +11,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use lmsp_domain::auth::{Scope, Scopes};
-use lmsp_domain::validation::{DraftControls, DraftInput, DraftMessage, SubmitDraft};
+use lmsp_domain::validation::{DraftControls, DraftInput, DraftMessage, RequestShape, SubmitDraft};
 use lmsp_domain::ToolCall;
 
 use crate::error::ApiError;
@@ -383,6 +383,7 @@ impl CreateResponseRequest {
                 top_logprobs: logprobs.then(|| self.top_logprobs.unwrap_or(0)),
                 ..DraftControls::default()
             },
+            shape: RequestShape::Responses,
         })
     }
 }
@@ -544,6 +545,9 @@ impl ChatCompletionRequest {
                     top_logprobs: (self.logprobs == Some(true))
                         .then(|| self.top_logprobs.unwrap_or(0)),
                     n: self.n,
+                },
+                shape: RequestShape::Chat {
+                    max_tokens: self.max_completion_tokens.is_none() && self.max_tokens.is_some(),
                 },
             },
             include_usage,
