@@ -144,3 +144,26 @@ async fn chat_errors_name_chat_fields() {
     .await;
     assert_eq!(named, "input[1].call_id");
 }
+
+/// OpenAI refuses `top_logprobs` without `logprobs: true` (400 naming `top_logprobs`).
+#[tokio::test]
+async fn chat_top_logprobs_needs_logprobs() {
+    let app = test_app().await;
+    for extra in [
+        json!({"top_logprobs": 2}),
+        json!({"top_logprobs": 2, "logprobs": false}),
+        json!({"top_logprobs": 0, "logprobs": null}),
+    ] {
+        let (param, message) = refused(&app, "/v1/chat/completions", chat(extra.clone())).await;
+        assert_eq!(param, "top_logprobs", "{extra}: {message}");
+    }
+    let token = Some(app.admin_token.as_str());
+    let body = chat(json!({"top_logprobs": 2, "logprobs": true}));
+    let reply = send(
+        &app.router,
+        request(Method::POST, "/v1/chat/completions", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body["choices"][0]["logprobs"]["content"].is_array());
+}

@@ -477,6 +477,12 @@ impl ChatCompletionRequest {
         let tool_choice = tools_in::tool_choice(self.tool_choice.as_ref())?;
         let stop = tools_in::stop(self.stop.as_ref())?;
         let format = tools_in::response_format(self.response_format.as_ref())?;
+        if self.top_logprobs.is_some() && self.logprobs != Some(true) {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs: true`",
+            ));
+        }
         if self.messages.is_empty() {
             return Err(ApiError::invalid(
                 "messages",
