@@ -167,3 +167,23 @@ async fn chat_top_logprobs_needs_logprobs() {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert!(reply.body["choices"][0]["logprobs"]["content"].is_array());
 }
+
+/// Every chunk of a chat stream carries the task's `service_tier`, as the completion does.
+#[tokio::test]
+async fn every_chat_chunk_carries_the_service_tier() {
+    let app = test_app().await;
+    let token = Some(app.admin_token.as_str());
+    for (asked, shown) in [(json!("priority"), "priority"), (Value::Null, "default")] {
+        let body = chat(json!({"stream": true, "service_tier": asked,
+            "stream_options": {"include_usage": true}}));
+        let frames = sse_data(
+            &app.router,
+            request(Method::POST, "/v1/chat/completions", token, Some(body)),
+        )
+        .await;
+        assert!(frames.len() >= 3, "{frames:?}");
+        for frame in &frames {
+            assert_eq!(frame["service_tier"], shown, "{frame}");
+        }
+    }
+}
