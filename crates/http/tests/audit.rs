@@ -187,3 +187,60 @@ async fn every_chat_chunk_carries_the_service_tier() {
         }
     }
 }
+
+/// The limits of a client, as the admin's list shows them.
+async fn limits_of(app: &TestApp, client_id: &str) -> Value {
+    let token = Some(app.admin_token.as_str());
+    let list = send(
+        &app.router,
+        request(Method::GET, "/v1/clients", token, None),
+    )
+    .await;
+    let client = list.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|client| client["id"] == client_id)
+        .unwrap()
+        .clone();
+    json!({"max_running": client["max_running"], "max_queued": client["max_queued"]})
+}
+
+/// `PATCH /v1/clients/{id}` on a revoked client is 404, as `DELETE` is, and changes nothing;
+/// `max_running: 0` is a 400 and changes nothing; 1 is taken.
+#[tokio::test]
+async fn a_client_update_refuses_a_revoked_client_and_max_running_zero() {
+    let app = test_app().await;
+    let token = Some(app.admin_token.as_str());
+    let (id, _) = paired_client(&app, &["responses:read"]).await;
+    let path = format!("/v1/clients/{id}");
+    let patch = |body: Value| request(Method::PATCH, &path, token, Some(body));
+    let before = limits_of(&app, &id).await;
+
+    let reply = send(
+        &app.router,
+        patch(json!({"max_running": 0, "max_queued": 5})),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.body);
+    assert_eq!(reply.body["error"]["param"], "max_running");
+    assert_eq!(limits_of(&app, &id).await, before);
+
+    let reply = send(&app.router, patch(json!({"max_running": 1}))).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body["max_running"], 1);
+    let kept = limits_of(&app, &id).await;
+
+    let reply = send(&app.router, request(Method::DELETE, &path, token, None)).await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let reply = send(
+        &app.router,
+        patch(json!({"max_running": 3, "max_queued": 7})),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND, "{}", reply.body);
+    assert_eq!(reply.body["error"]["code"], "not_found");
+    assert_eq!(limits_of(&app, &id).await, kept);
+    let reply = send(&app.router, request(Method::DELETE, &path, token, None)).await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+}
