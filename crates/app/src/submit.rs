@@ -373,7 +373,11 @@ impl Service {
         };
         check_tool_answers(&input, earlier)
             .map_err(|error| AppError::Invalid(error.in_shape(request.shape)))?;
-        let seed = request.seed.unwrap_or_else(|| rand::rngs::OsRng.next_u64());
+        // A drawn seed stays below 2^53, so that a JavaScript client (its numbers are doubles)
+        // reads it, and can send it back, exactly.
+        let seed = request
+            .seed
+            .unwrap_or_else(|| rand::rngs::OsRng.next_u64() >> 11);
         let (on_restart, service_tier) = match batch {
             // A batch's lines resume by default, and never hold up interactive work.
             Some(_) => (

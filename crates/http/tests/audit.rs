@@ -244,3 +244,60 @@ async fn a_client_update_refuses_a_revoked_client_and_max_running_zero() {
     let reply = send(&app.router, request(Method::DELETE, &path, token, None)).await;
     assert_eq!(reply.status, StatusCode::NOT_FOUND);
 }
+
+/// A seed may be any int64, negative too, echoed as sent (on the response and on its task); the
+/// same 64 bits given as an unsigned integer are the same seed. A seed the service draws stays
+/// below 2^53, which a JavaScript client reads exactly.
+#[tokio::test]
+async fn seeds_are_int64_and_drawn_below_2_pow_53() {
+    let app = test_app().await;
+    let token = Some(app.admin_token.as_str());
+    let respond = |seed: Value| {
+        let body = json!({"model": "reference", "input": "Once upon a time",
+            "max_output_tokens": 8, "temperature": 1.0, "seed": seed});
+        send(
+            &app.router,
+            request(Method::POST, "/v1/responses", token, Some(body)),
+        )
+    };
+
+    let negative = respond(json!(-5)).await;
+    assert_eq!(negative.status, StatusCode::OK, "{}", negative.body);
+    assert_eq!(negative.body["seed"], -5);
+    let task_id = negative.body["task_id"].as_str().unwrap();
+    let task = send(
+        &app.router,
+        request(Method::GET, &format!("/v1/tasks/{task_id}"), token, None),
+    )
+    .await;
+    assert_eq!(task.body["seed"], -5);
+    let same_bits = respond(json!(u64::MAX - 4)).await;
+    assert_eq!(same_bits.status, StatusCode::OK, "{}", same_bits.body);
+    assert_eq!(same_bits.body["output_text"], negative.body["output_text"]);
+    for seed in [json!(i64::MIN), json!(i64::MAX), json!(0)] {
+        let reply = respond(seed.clone()).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        assert_eq!(reply.body["seed"], seed);
+    }
+    let (param, _) = refused(
+        &app,
+        "/v1/responses",
+        json!({"model": "reference", "input": "x", "seed": 1.5}),
+    )
+    .await;
+    assert_eq!(param, "seed");
+
+    let body = chat(json!({"seed": -5}));
+    let reply = send(
+        &app.router,
+        request(Method::POST, "/v1/chat/completions", token, Some(body)),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+
+    for _ in 0..8 {
+        let drawn = respond(Value::Null).await;
+        let seed = drawn.body["seed"].as_i64().unwrap();
+        assert!((0..1 << 53).contains(&seed), "{seed}");
+    }
+}
