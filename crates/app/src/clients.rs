@@ -2,6 +2,7 @@
 //! client list and revocation.
 
 use lmsp_domain::auth::{looks_like_token, Client, Scope, Secret};
+use lmsp_domain::validation::ValidationError;
 use lmsp_domain::{ClientId, ClientLimits};
 
 use crate::caller::Caller;
@@ -20,6 +21,18 @@ pub struct LimitsUpdate {
 }
 
 impl LimitsUpdate {
+    /// Refuses a `max_running` of 0: a client that may run nothing would only fill its queue
+    /// (cancel or stop submitting instead). `max_queued` may be 0: every submit is then 429.
+    pub fn check(self) -> Result<(), AppError> {
+        if self.max_running == Some(Some(0)) {
+            return Err(AppError::Invalid(ValidationError::new(
+                "max_running",
+                "`max_running` must be at least 1, or null for no limit",
+            )));
+        }
+        Ok(())
+    }
+
     /// `limits` with this update applied.
     pub fn applied_to(self, limits: ClientLimits) -> ClientLimits {
         ClientLimits {
@@ -130,13 +143,19 @@ pub mod offline {
         Ok(NewClient { client, token })
     }
 
-    /// Changes a client's limits; the client and its limits after the change.
+    /// Changes a client's limits; the client and its limits after the change. A revoked client
+    /// is not found, as for its revocation; `max_running` of 0 is refused (nothing changed).
     pub async fn update_limits(
         store: &dyn Store,
         client_id: ClientId,
         update: LimitsUpdate,
     ) -> Result<(Client, ClientLimits), AppError> {
-        let client = store.client(client_id).await?.ok_or(AppError::NotFound)?;
+        update.check()?;
+        let client = store
+            .client(client_id)
+            .await?
+            .filter(|client| client.revoked_at.is_none())
+            .ok_or(AppError::NotFound)?;
         let limits = update.applied_to(store.client_limits(client_id).await?);
         if !store.set_client_limits(client_id, limits).await? {
             return Err(AppError::NotFound);

@@ -279,14 +279,24 @@ impl Models {
                     path: Some(verified.path),
                 })
             }
-            Err(error) => {
-                let code = match error {
-                    ModelFileError::DigestMismatch => TaskErrorCode::ModelDigestMismatch,
-                    _ => TaskErrorCode::ModelUnavailable,
-                };
-                Err(Unready::Failed(TaskError::new(code, error.to_string())))
-            }
+            Err(error) => Err(Unready::Failed(unverified(&record.id, &error))),
         }
+    }
+}
+
+/// The task error of a model whose file failed its check. The task's client reads it (and may
+/// not see where the file is kept): it names the model; the log keeps the file's detail.
+fn unverified(model: &ModelId, error: &ModelFileError) -> TaskError {
+    tracing::warn!(%model, %error, "a task's model file failed its check");
+    match error {
+        ModelFileError::DigestMismatch => TaskError::new(
+            TaskErrorCode::ModelDigestMismatch,
+            format!("the file of model `{model}` does not match its stored digest"),
+        ),
+        ModelFileError::Unavailable(_) | ModelFileError::PathRejected(_) => TaskError::new(
+            TaskErrorCode::ModelUnavailable,
+            format!("the file of model `{model}` is unavailable"),
+        ),
     }
 }
 

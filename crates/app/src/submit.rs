@@ -371,8 +371,13 @@ impl Service {
             Input::Messages(all) => all.len().saturating_sub(request.input.messages().len()),
             Input::Text(_) => 0,
         };
-        check_tool_answers(&input, earlier).map_err(AppError::Invalid)?;
-        let seed = request.seed.unwrap_or_else(|| rand::rngs::OsRng.next_u64());
+        check_tool_answers(&input, earlier)
+            .map_err(|error| AppError::Invalid(error.in_shape(request.shape)))?;
+        // A drawn seed stays below 2^53, so that a JavaScript client (its numbers are doubles)
+        // reads it, and can send it back, exactly.
+        let seed = request
+            .seed
+            .unwrap_or_else(|| rand::rngs::OsRng.next_u64() >> 11);
         let (on_restart, service_tier) = match batch {
             // A batch's lines resume by default, and never hold up interactive work.
             Some(_) => (
@@ -415,7 +420,8 @@ impl Service {
             .and_then(|kind| self.inner.workers.engines().get(kind));
         if let Some(engine) = engine {
             engine.check(&task.spec).map_err(|unsupported| {
-                AppError::Invalid(ValidationError::new(unsupported.param, unsupported.message))
+                let error = ValidationError::new(unsupported.param, unsupported.message);
+                AppError::Invalid(error.in_shape(request.shape))
             })?;
         }
         Ok(task)

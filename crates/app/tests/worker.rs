@@ -61,12 +61,23 @@ async fn a_changed_model_file_fails_the_task_with_model_digest_mismatch() {
     let task = submit(&h, 5).await;
     let done = finished(&h, &task).await;
     assert_eq!(done.status, TaskStatus::Failed);
-    assert_eq!(done.error.unwrap().code, TaskErrorCode::ModelDigestMismatch);
+    let error = done.error.unwrap();
+    assert_eq!(error.code, TaskErrorCode::ModelDigestMismatch);
+    assert_eq!(
+        error.message,
+        "the file of model `reference` does not match its stored digest"
+    );
 }
 
+/// The task's client reads the error: it names the model, never where its file is kept (only
+/// `admin` and `models:write` see a model's path).
 #[tokio::test]
-async fn a_missing_model_file_fails_the_task_with_model_unavailable() {
-    let files = files_verifying(|_| Err(ModelFileError::Unavailable("gone".into())));
+async fn a_missing_model_file_fails_the_task_with_model_unavailable_naming_the_model() {
+    let files = files_verifying(|_| {
+        Err(ModelFileError::Unavailable(
+            "/srv/secret/models/m2.txt: No such file or directory (os error 2)".into(),
+        ))
+    });
     let h = harness(
         engine_with(Duration::ZERO, 5),
         files,
@@ -74,9 +85,16 @@ async fn a_missing_model_file_fails_the_task_with_model_unavailable() {
     )
     .await;
     let task = submit(&h, 5).await;
+    let error = finished(&h, &task).await.error.unwrap();
+    assert_eq!(error.code, TaskErrorCode::ModelUnavailable);
     assert_eq!(
-        finished(&h, &task).await.error.unwrap().code,
-        TaskErrorCode::ModelUnavailable
+        error.message,
+        "the file of model `reference` is unavailable"
+    );
+    let failed = h.store.events(task.id, 0, 100).await.unwrap().items;
+    assert!(
+        !format!("{failed:?}").contains("/srv/secret"),
+        "the path is in the task's log: {failed:?}"
     );
 }
 

@@ -59,6 +59,71 @@ pub struct SubmitDraft {
     pub controls: DraftControls,
     /// The service tier's name (`auto` is `default`).
     pub service_tier: Option<String>,
+    /// The request shape it came in: the names its errors give the fields.
+    pub shape: RequestShape,
+}
+
+/// Which of OpenAI's request shapes a request came in, so that an error names the field as the
+/// client wrote it. The rules are written once, naming Responses' fields;
+/// [`RequestShape::param`] renames them for Chat completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RequestShape {
+    /// OpenAI's Responses (and LMSP's own names).
+    #[default]
+    Responses,
+    /// OpenAI's Chat completions.
+    Chat {
+        /// Whether the output budget came in the older `max_tokens` (else
+        /// `max_completion_tokens`).
+        max_tokens: bool,
+    },
+}
+
+/// The fields of a function tool that Chat nests in the tool's `function`.
+const FUNCTION_FIELDS: [&str; 4] = ["name", "description", "parameters", "strict"];
+
+impl RequestShape {
+    /// `param`, a field as Responses names it (`input[1].call_id`, `text.format.schema.x`,
+    /// `tools[0].parameters`, …), as this shape names it (`messages[1].tool_call_id`,
+    /// `response_format.json_schema.schema.x`, `tools[0].function.parameters`, …).
+    pub fn param(self, param: &str) -> String {
+        let RequestShape::Chat { max_tokens } = self else {
+            return param.to_owned();
+        };
+        if param == "max_output_tokens" {
+            let name = if max_tokens {
+                "max_tokens"
+            } else {
+                "max_completion_tokens"
+            };
+            return name.to_owned();
+        }
+        if param == "input" {
+            return String::from("messages");
+        }
+        if let Some(rest) = param.strip_prefix("input[") {
+            return match rest.split_once(']') {
+                Some((index, ".call_id")) => format!("messages[{index}].tool_call_id"),
+                _ => format!("messages[{rest}"),
+            };
+        }
+        if param == "text.format" {
+            return String::from("response_format");
+        }
+        if let Some(rest) = param.strip_prefix("text.format.") {
+            return format!("response_format.json_schema.{rest}");
+        }
+        if let Some((tool, field)) = param
+            .strip_prefix("tools[")
+            .and_then(|rest| rest.split_once("]."))
+        {
+            let first = field.split(['.', '[']).next().unwrap_or_default();
+            if FUNCTION_FIELDS.contains(&first) {
+                return format!("tools[{tool}].function.{field}");
+            }
+        }
+        param.to_owned()
+    }
 }
 
 /// Tools, the output format and sampling controls as the adapter parsed them: typed (schemas
@@ -156,6 +221,9 @@ pub struct SubmitRequest {
     pub controls: Controls,
     /// How urgently it is claimed (`default` when the request names none).
     pub service_tier: ServiceTier,
+    /// The request shape it came in: the names errors found later (tool answers, what the
+    /// engine cannot do) give the fields.
+    pub shape: RequestShape,
 }
 
 /// A rejected request: a message, and the field at fault.
@@ -176,14 +244,34 @@ impl ValidationError {
             param: Some(param.into()),
         }
     }
+
+    /// This error with its field named as `shape` names it, in `param` and where the message
+    /// quotes it.
+    pub fn in_shape(self, shape: RequestShape) -> Self {
+        let Some(param) = self.param else {
+            return self;
+        };
+        let renamed = shape.param(&param);
+        Self {
+            message: self
+                .message
+                .replace(&format!("`{param}`"), &format!("`{renamed}`")),
+            param: Some(renamed),
+        }
+    }
 }
 
 fn invalid(param: &str, message: impl Into<String>) -> ValidationError {
     ValidationError::new(param, message)
 }
 
-/// Validates a request for work.
+/// Validates a request for work; an error names its field as the draft's shape does.
 pub fn validate_submit(draft: SubmitDraft) -> Result<SubmitRequest, ValidationError> {
+    let shape = draft.shape;
+    validate(draft).map_err(|error| error.in_shape(shape))
+}
+
+fn validate(draft: SubmitDraft) -> Result<SubmitRequest, ValidationError> {
     let model = ModelId::parse(&draft.model).map_err(|e| invalid("model", e.to_string()))?;
     let input = validate_input(draft.input)?;
     let on_restart = draft
@@ -239,6 +327,7 @@ pub fn validate_submit(draft: SubmitDraft) -> Result<SubmitRequest, ValidationEr
         previous_response_id,
         controls,
         service_tier,
+        shape: draft.shape,
     })
 }
 
@@ -626,6 +715,55 @@ mod tests {
         for (index, (draft, param)) in cases.into_iter().enumerate() {
             assert_eq!(rejected(draft).as_deref(), Some(param), "case {index}");
         }
+    }
+
+    /// A Chat request's errors name Chat's fields, in `param` and in the message.
+    #[test]
+    fn a_chat_request_s_errors_name_chat_s_fields() {
+        let chat = RequestShape::Chat { max_tokens: false };
+        let legacy = RequestShape::Chat { max_tokens: true };
+        for (responses, shape, named) in [
+            ("input", chat, "messages"),
+            ("input[1].call_id", chat, "messages[1].tool_call_id"),
+            ("input[12].role", chat, "messages[12].role"),
+            ("max_output_tokens", chat, "max_completion_tokens"),
+            ("max_output_tokens", legacy, "max_tokens"),
+            ("text.format", chat, "response_format"),
+            ("text.format.name", chat, "response_format.json_schema.name"),
+            (
+                "text.format.schema.properties.a.pattern",
+                chat,
+                "response_format.json_schema.schema.properties.a.pattern",
+            ),
+            ("tools[0].name", chat, "tools[0].function.name"),
+            (
+                "tools[2].parameters.properties.x",
+                chat,
+                "tools[2].function.parameters.properties.x",
+            ),
+            ("tools[0].type", chat, "tools[0].type"),
+            ("tools", chat, "tools"),
+            ("top_logprobs", chat, "top_logprobs"),
+            (
+                "input[1].call_id",
+                RequestShape::Responses,
+                "input[1].call_id",
+            ),
+        ] {
+            assert_eq!(shape.param(responses), named, "{responses}");
+        }
+        let error = validate_submit(SubmitDraft {
+            max_output_tokens: Some(0),
+            shape: chat,
+            ..draft()
+        })
+        .unwrap_err();
+        assert_eq!(error.param.as_deref(), Some("max_completion_tokens"));
+        assert!(
+            error.message.starts_with("`max_completion_tokens` must be"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]

@@ -1383,6 +1383,7 @@ fn expected_request(draft: &SubmitDraft) -> SubmitRequest {
                 lmsp_domain::ServiceTier::parse(name).unwrap()
             }),
         controls: Default::default(),
+        shape: draft.shape,
     }
 }
 
@@ -1479,6 +1480,7 @@ prop_compose! {
             previous_response_id,
             controls: Default::default(),
             service_tier: service_tier.map(String::from),
+            shape: Default::default(),
         }
     }
 }

@@ -50,10 +50,12 @@ pub async fn clients(command: ClientsCommand) -> anyhow::Result<()> {
             limits,
             data,
         } => {
+            // A refused limit adds no client.
+            let update = limits.update();
+            update.check()?;
             let store = open(&data).await?;
             let added =
                 clients_offline::add_client(store.as_ref(), &name, Scopes::new(scopes)).await?;
-            let update = limits.update();
             if update != LimitsUpdate::default() {
                 clients_offline::update_limits(store.as_ref(), added.client.id, update).await?;
             }

@@ -52,10 +52,10 @@ pub async fn list_clients(
 
 /// Change a client's limits.
 ///
-/// `max_running`: the most of its tasks that run at once (its other tasks wait while other
-/// clients' run); `max_queued`: the most that may be queued (a submit past it is 429
-/// `rate_limited` with `Retry-After`, and creates nothing). `null` lifts a limit; an absent field
-/// keeps it.
+/// `max_running`: the most of its tasks that run at once, from 1 (its other tasks wait while
+/// other clients' run); `max_queued`: the most that may be queued, from 0 (a submit past it is
+/// 429 `rate_limited` with `Retry-After`, and creates nothing). `null` lifts a limit; an absent
+/// field keeps it. A revoked client is not found, as for `DELETE`; nothing is changed.
 #[utoipa::path(
     patch,
     path = "/v1/clients/{id}",
@@ -67,10 +67,12 @@ pub async fn list_clients(
     responses(
         (status = 200, description = "The client with its limits.", body = ClientObject),
         (status = 400, description = "`invalid_request`: a limit that is not a whole number \
-            from 0, or an unknown field.", body = ErrorEnvelope),
+            (`max_running` from 1, `max_queued` from 0), or an unknown field.",
+            body = ErrorEnvelope),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
-        (status = 404, description = "`not_found`: malformed or unknown.", body = ErrorEnvelope),
+        (status = 404, description = "`not_found`: malformed, unknown or revoked.",
+            body = ErrorEnvelope),
         (status = 413, response = PayloadTooLarge),
         (status = 415, response = UnsupportedMediaType),
         (status = 500, response = InternalError),

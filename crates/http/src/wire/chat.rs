@@ -300,6 +300,9 @@ pub struct ChatCompletionChunk {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub usage: Option<ChatUsage>,
+    /// How urgently it ran: `priority`, `default` or `flex` (in every chunk, as OpenAI sends it).
+    #[schema(schema_with = schema::service_tier)]
+    pub service_tier: &'static str,
 }
 
 /// The inside of a chat stream's error chunk.
@@ -386,6 +389,7 @@ impl ChunkRenderer {
             model: self.task.model.as_str().to_owned(),
             choices,
             usage,
+            service_tier: self.task.service_tier.as_str(),
         }))
     }
 

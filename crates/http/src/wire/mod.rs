@@ -81,3 +81,39 @@ constant!(
 pub fn time(at: Timestamp) -> String {
     at.to_rfc3339()
 }
+
+/// A request's `seed`: any int64, as OpenAI takes it, or an integer up to 2^64 − 1 (the seeds
+/// earlier releases drew, echoed back). The engine's seed is the `u64` of the same 64 bits (two's
+/// complement), and [`shown_seed`] shows it as the int64 of those bits: a seed the client sent as
+/// an int64 is echoed exactly as it was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seed(pub u64);
+
+impl<'de> serde::Deserialize<'de> for Seed {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Bits;
+
+        impl serde::de::Visitor<'_> for Bits {
+            type Value = Seed;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an integer from -2^63 to 2^64 - 1")
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<Seed, E> {
+                Ok(Seed(value))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<Seed, E> {
+                Ok(Seed(u64::from_ne_bytes(value.to_ne_bytes())))
+            }
+        }
+
+        deserializer.deserialize_any(Bits)
+    }
+}
+
+/// A task's seed as the wire shows it: the int64 of its 64 bits (see [`Seed`]).
+pub fn shown_seed(seed: u64) -> i64 {
+    i64::from_ne_bytes(seed.to_ne_bytes())
+}

@@ -61,7 +61,7 @@ pub struct TaskObject {
     pub client_id: String,
     /// The sampler's seed: the request's, or the one the service drew when it named none (a
     /// retried or resumed run uses the same).
-    pub seed: u64,
+    pub seed: i64,
     /// What happens to it when the service restarts before it finishes.
     #[schema(schema_with = schema::restart_policy)]
     pub on_restart: &'static str,
@@ -105,7 +105,7 @@ pub fn task(task: &Task) -> TaskObject {
         status: task.status.as_str(),
         model: task.model.as_str().to_owned(),
         client_id: task.client_id.to_string(),
-        seed: task.spec.seed,
+        seed: crate::wire::shown_seed(task.spec.seed),
         on_restart: task.on_restart.as_str(),
         created_at: time(task.created_at),
         started_at: task.started_at.map(time),

@@ -11,12 +11,12 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use lmsp_domain::auth::{Scope, Scopes};
-use lmsp_domain::validation::{DraftControls, DraftInput, DraftMessage, SubmitDraft};
+use lmsp_domain::validation::{DraftControls, DraftInput, DraftMessage, RequestShape, SubmitDraft};
 use lmsp_domain::ToolCall;
 
 use crate::error::ApiError;
 use crate::openapi as schema;
-use crate::wire::tools_in;
+use crate::wire::{tools_in, Seed};
 
 /// A message's content: a string, or a list of text parts.
 #[derive(Debug, Clone, Deserialize)]
@@ -289,8 +289,10 @@ pub struct CreateResponseRequest {
     /// The most tokens to generate, 1…100000.
     #[schema(minimum = 1, maximum = 100_000, default = 256)]
     pub max_output_tokens: Option<u64>,
-    /// The sampler's seed; without one the service picks one and stores it with the task.
-    pub seed: Option<u64>,
+    /// The sampler's seed, an int64 (echoed as sent); without one the service picks one below
+    /// 2^53 and stores it with the task.
+    #[schema(value_type = Option<i64>)]
+    pub seed: Option<Seed>,
     /// The sampling temperature, 0…2 (0 is greedy).
     #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f64>,
@@ -369,7 +371,7 @@ impl CreateResponseRequest {
             stream: self.stream,
             on_restart: self.on_restart,
             max_output_tokens: self.max_output_tokens,
-            seed: self.seed,
+            seed: self.seed.map(|seed| seed.0),
             temperature: self.temperature,
             top_p: self.top_p,
             metadata: self.metadata,
@@ -383,6 +385,7 @@ impl CreateResponseRequest {
                 top_logprobs: logprobs.then(|| self.top_logprobs.unwrap_or(0)),
                 ..DraftControls::default()
             },
+            shape: RequestShape::Responses,
         })
     }
 }
@@ -418,8 +421,10 @@ pub struct ChatCompletionRequest {
     pub temperature: Option<f64>,
     /// Nucleus sampling's mass, 0…1.
     pub top_p: Option<f64>,
-    /// The sampler's seed.
-    pub seed: Option<u64>,
+    /// The sampler's seed, an int64 (echoed as sent); without one the service picks one below
+    /// 2^53.
+    #[schema(value_type = Option<i64>)]
+    pub seed: Option<Seed>,
     /// Only 1.
     pub n: Option<u64>,
     /// Up to 4 strings: the text ends before the first one generated, which is not returned.
@@ -476,6 +481,12 @@ impl ChatCompletionRequest {
         let tool_choice = tools_in::tool_choice(self.tool_choice.as_ref())?;
         let stop = tools_in::stop(self.stop.as_ref())?;
         let format = tools_in::response_format(self.response_format.as_ref())?;
+        if self.top_logprobs.is_some() && self.logprobs != Some(true) {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs: true`",
+            ));
+        }
         if self.messages.is_empty() {
             return Err(ApiError::invalid(
                 "messages",
@@ -527,7 +538,7 @@ impl ChatCompletionRequest {
                 stream: self.stream,
                 on_restart: self.on_restart,
                 max_output_tokens: self.max_completion_tokens.or(self.max_tokens),
-                seed: self.seed,
+                seed: self.seed.map(|seed| seed.0),
                 temperature: self.temperature,
                 top_p: self.top_p,
                 metadata: self.metadata,
@@ -544,6 +555,9 @@ impl ChatCompletionRequest {
                     top_logprobs: (self.logprobs == Some(true))
                         .then(|| self.top_logprobs.unwrap_or(0)),
                     n: self.n,
+                },
+                shape: RequestShape::Chat {
+                    max_tokens: self.max_completion_tokens.is_none() && self.max_tokens.is_some(),
                 },
             },
             include_usage,

@@ -143,9 +143,9 @@ pub fn client(client: &Client, limits: ClientLimits) -> ClientObject {
 #[serde(deny_unknown_fields)]
 #[schema(examples(json!({"max_running": 2, "max_queued": 100})))]
 pub struct UpdateClientRequest {
-    /// The most of its tasks that run at once; `null` for no limit.
+    /// The most of its tasks that run at once, from 1; `null` for no limit.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<u32>)]
+    #[schema(value_type = Option<u32>, minimum = 1)]
     pub max_running: Option<Option<u32>>,
     /// The most of its tasks that may be queued; `null` for no limit.
     #[serde(default, deserialize_with = "present")]

@@ -310,7 +310,7 @@ pub struct ResponseObject {
     #[schema(schema_with = schema::restart_policy)]
     pub on_restart: &'static str,
     /// The sampler's seed (the request's, or the one the service picked).
-    pub seed: u64,
+    pub seed: i64,
     /// How many service restarts moved the task.
     pub restarts: u32,
     /// How urgently it runs: `priority`, `default` or `flex`.
@@ -377,7 +377,7 @@ pub fn response_in(
         store: true,
         task_id: task.id.to_string(),
         on_restart: task.on_restart.as_str(),
-        seed: task.spec.seed,
+        seed: crate::wire::shown_seed(task.spec.seed),
         restarts: task.restarts,
         service_tier: task.service_tier.as_str(),
     }
