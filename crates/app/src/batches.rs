@@ -21,7 +21,9 @@ use lmsp_domain::batch::{
     BatchStatus, BatchWork, ContentDigest, DuplicateLine, FilePurpose, LineCheck, LineEnvelope,
     LineError, LineErrorCode, LineOutcome, NewBatch, StoredFile, MAX_LINE_ERRORS,
 };
-use lmsp_domain::ports::{ContentReader, ContentWriter, FileDeleteOutcome, Page, StoreError};
+use lmsp_domain::ports::{
+    ContentReader, ContentWriter, FileDeleteOutcome, ListOrder, Page, StoreError,
+};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::validation::{validate_metadata, SubmitRequest, ValidationError};
 use lmsp_domain::{BatchId, FileId, Metadata, Response, Task};
@@ -219,12 +221,13 @@ impl Service {
         }
     }
 
-    /// The caller's files, oldest first, after `after`.
+    /// The caller's files in `order` (oldest or newest first), past `after` in that order.
     pub async fn list_files(
         &self,
         caller: &Caller,
         purpose: Option<FilePurpose>,
         after: Option<FileId>,
+        order: ListOrder,
         limit: usize,
     ) -> Result<Page<StoredFile>, AppError> {
         caller.require(Scope::ResponsesRead)?;
@@ -232,7 +235,7 @@ impl Service {
             .inner
             .core
             .store
-            .list_files(caller.visibility(), purpose, after, limit)
+            .list_files(caller.visibility(), purpose, after, order, limit)
             .await?)
     }
 

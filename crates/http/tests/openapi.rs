@@ -22,38 +22,11 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use lmsp_app::{Adapters, Engines, Listener, Service, Settings, SystemClock};
-use lmsp_domain::ports::{
-    Clock, Engine, EngineError, EngineHealth, Generation, GenerationJob, ModelFiles, Store,
-    StoreListener,
-};
-use lmsp_domain::{EngineKind, ModelToLoad};
-use lmsp_engine_reference::{ReferenceEngine, ReferenceSettings};
-use lmsp_http::wire::batches::HttpBatchWire;
-use lmsp_http::{router, AppState};
-use lmsp_models_fs::FsModelFiles;
-use lmsp_storage_sqlite::{FileDir, SqliteOptions, SqliteStore};
-use lmsp_webhook_sender::HttpWebhookSender;
+use lmsp_domain::ports::{Engine, EngineError, EngineHealth, Generation, GenerationJob};
+use lmsp_domain::ModelToLoad;
 
-/// A service over a fresh data directory, its router, and an admin token.
-struct TestApp {
-    router: Router,
-    admin_token: String,
-    service: Service,
-    models_dir: std::path::PathBuf,
-    _data_dir: tempfile::TempDir,
-}
-
-impl Drop for TestApp {
-    fn drop(&mut self) {
-        // Workers and jobs stop taking work; what they run is left (the data directory goes).
-        self.service.begin_shutdown();
-    }
-}
-
-async fn test_app() -> TestApp {
-    test_app_with(None).await
-}
+mod support;
+use support::{request, send, test_app, test_app_with, Reply, TestApp};
 
 /// A future as `async_trait` boxes it.
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -93,107 +66,6 @@ impl Engine for UnreachableUpstream {
         Self: 'async_trait,
     {
         Box::pin(async { Err(EngineError::UpstreamUnavailable(UNREACHABLE.to_owned())) })
-    }
-}
-
-/// A test app; with `upstream`, that engine runs upstream models beside the reference engine.
-async fn test_app_with(upstream: Option<Arc<dyn Engine>>) -> TestApp {
-    let data_dir = tempfile::tempdir().unwrap();
-    let models_dir = data_dir.path().join("models");
-    std::fs::create_dir_all(&models_dir).unwrap();
-    let listener = Listener::new();
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(
-            &data_dir.path().join("lmsp.db"),
-            SqliteOptions::default(),
-            listener.clone() as Arc<dyn StoreListener>,
-        )
-        .unwrap(),
-    );
-    let model_files: Arc<dyn ModelFiles> = Arc::new(FsModelFiles::new(models_dir.clone()));
-    let engine: Arc<dyn Engine> = Arc::new(ReferenceEngine::new(ReferenceSettings {
-        load_delay: Duration::ZERO,
-        token_delay: Duration::ZERO,
-        cancel_delay: Duration::ZERO,
-    }));
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let mut settings = Settings::with_defaults("test");
-    settings.workers = 2;
-    settings.retention = Duration::from_secs(3600);
-    settings.purge_interval = Duration::from_secs(3600);
-    settings.idempotency_ttl = Duration::from_secs(3600);
-    let mut engines = Engines::new().with(EngineKind::Reference, engine);
-    if let Some(upstream) = upstream {
-        engines = engines.with(EngineKind::Upstream, upstream);
-    }
-    let adapters = Adapters {
-        store,
-        engines,
-        model_files,
-        file_contents: Arc::new(FileDir::open(&data_dir.path().join("files")).unwrap()),
-        batch_wire: Arc::new(HttpBatchWire),
-        webhook_sender: Arc::new(HttpWebhookSender::new(Duration::from_secs(2)).unwrap()),
-        clock,
-    };
-    // Starting on an empty store creates the `admin` client (its token shown once) and
-    // registers the built-in `reference` model.
-    let started = Service::start(adapters, listener, settings).await.unwrap();
-    let admin_token = started
-        .admin_token
-        .as_ref()
-        .expect("a first start creates the admin client")
-        .expose()
-        .to_owned();
-    let service = started.service;
-    service.spawn_background();
-    let state = AppState {
-        service: service.clone(),
-    };
-    TestApp {
-        router: router(state),
-        admin_token,
-        service,
-        models_dir,
-        _data_dir: data_dir,
-    }
-}
-
-/// A reply: status, headers, body as JSON (`Null` when empty or not JSON).
-struct Reply {
-    status: StatusCode,
-    content_type: String,
-    body: Value,
-}
-
-async fn send(router: &Router, request: Request<Body>) -> Reply {
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let content_type = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Reply {
-        status,
-        content_type,
-        body,
-    }
-}
-
-fn request(method: Method, path: &str, token: Option<&str>, body: Option<Value>) -> Request<Body> {
-    let mut builder = Request::builder().method(method).uri(path);
-    if let Some(token) = token {
-        builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
-    }
-    match body {
-        Some(body) => builder
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(body.to_string()))
-            .unwrap(),
-        None => builder.body(Body::empty()).unwrap(),
     }
 }
 

@@ -18,7 +18,7 @@ use crate::openapi::{
     Forbidden, InternalError, PayloadTooLarge, ServiceUnavailable, Unauthorized,
     UnsupportedMediaType,
 };
-use crate::routes::tasks::{parse_limit, query_error};
+use crate::routes::tasks::{parse_limit, parse_order, query_error};
 use crate::routes::ApiResult;
 use crate::wire::batches::{
     BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject, FileTag,
@@ -159,15 +159,15 @@ pub struct FileListQuery {
     /// Files per page, 1…10000 (default 10000).
     #[param(value_type = Option<u32>, minimum = 1, maximum = 10000)]
     limit: Option<String>,
-    /// A file id: continue with the files after it.
+    /// A file id: continue with the files after it, in `order`.
     #[param(value_type = Option<String>)]
     after: Option<String>,
-    /// Only `asc`: files are listed oldest first.
+    /// `desc` (default, newest first) or `asc` (oldest first); `after` continues in it.
     #[param(value_type = Option<String>)]
     order: Option<String>,
 }
 
-/// List the caller's files, oldest first.
+/// List the caller's files, newest first unless `order` is `asc`.
 #[utoipa::path(
     get,
     path = "/v1/files",
@@ -196,12 +196,7 @@ pub async fn list_files(
             ApiError::invalid("purpose", "`purpose` must be `batch` or `batch_output`")
         })?),
     };
-    if !matches!(query.order.as_deref(), None | Some("") | Some("asc")) {
-        return Err(ApiError::invalid(
-            "order",
-            "files are listed oldest first: `asc`",
-        ));
-    }
+    let order = parse_order(query.order.as_deref())?;
     let after = match query.after.as_deref() {
         None | Some("") => None,
         Some(text) => Some(
@@ -211,7 +206,7 @@ pub async fn list_files(
     };
     let page = state
         .service
-        .list_files(&caller, purpose, after, limit)
+        .list_files(&caller, purpose, after, order, limit)
         .await?;
     Ok(Json(FileList::new(
         page.items.iter().map(FileObject::of).collect(),

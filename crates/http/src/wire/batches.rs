@@ -69,7 +69,7 @@ impl FileObject {
 }
 
 list_of!(
-    /// A page of files, oldest first.
+    /// A page of files, in the order asked for (newest first unless `order=asc`).
     FileList of FileObject
 );
 
