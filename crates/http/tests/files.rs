@@ -127,8 +127,58 @@ async fn files_are_listed_newest_first_by_default_or_oldest_first_and_paged_in_t
         "the default order pages newest first"
     );
 
+    let page = get(&app, "/v1/files?order=asc&limit=2").await;
+    assert_eq!(page.body["first_id"], uploaded[0].as_str(), "{}", page.body);
+    assert_eq!(page.body["last_id"], uploaded[1].as_str(), "{}", page.body);
+    let newest = get(&app, "/v1/files?limit=1").await;
+    assert_eq!(newest.body["first_id"], uploaded[2].as_str());
+    assert_eq!(newest.body["last_id"], uploaded[2].as_str());
+    let past_the_end = get(&app, &format!("/v1/files?order=asc&after={}", uploaded[2])).await;
+    assert_eq!(ids(&past_the_end.body), Vec::<String>::new());
+    assert_eq!(past_the_end.body["first_id"], Value::Null);
+    assert_eq!(past_the_end.body["last_id"], Value::Null);
+
     let refused = get(&app, "/v1/files?order=sideways").await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
     assert_eq!(refused.body["error"]["param"], "order");
     assert_eq!(refused.body["error"]["type"], "invalid_request_error");
+}
+
+#[tokio::test]
+async fn the_batches_list_names_its_first_and_last_batch() {
+    let app = test_app().await;
+    let mut created = Vec::new();
+    for _ in 0..3 {
+        let file = upload(&app, b"{}\n").await;
+        let body = serde_json::json!({
+            "input_file_id": file["id"],
+            "endpoint": "/v1/responses",
+            "completion_window": "24h",
+        });
+        let reply = send(
+            &app.router,
+            request(
+                Method::POST,
+                "/v1/batches",
+                Some(&app.admin_token),
+                Some(body),
+            ),
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        created.push(reply.body["id"].as_str().unwrap().to_owned());
+    }
+    let listed = get(&app, "/v1/batches?limit=2").await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    assert_eq!(
+        ids(&listed.body),
+        vec![created[2].clone(), created[1].clone()]
+    );
+    assert_eq!(listed.body["first_id"], created[2].as_str());
+    assert_eq!(listed.body["last_id"], created[1].as_str());
+    assert_eq!(listed.body["has_more"], true);
+    let rest = get(&app, &format!("/v1/batches?after={}", created[1])).await;
+    assert_eq!(rest.body["first_id"], created[0].as_str());
+    assert_eq!(rest.body["last_id"], created[0].as_str());
+    assert_eq!(rest.body["has_more"], false);
 }

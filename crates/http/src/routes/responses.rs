@@ -24,7 +24,6 @@ use crate::routes::{json_reply, parse_flag, parse_response_id, parse_sequence, A
 use crate::wire::input_items::{input_items, InputItemList};
 use crate::wire::openai::{self, DeletedResponse, ResponseObject, ResponseStreamEvent};
 use crate::wire::requests::CreateResponseRequest;
-use crate::wire::ListTag;
 use crate::AppState;
 
 /// Create a response.
@@ -359,11 +358,5 @@ pub async fn list_input_items(
     }
     let has_more = items.len() > limit;
     items.truncate(limit);
-    Ok(Json(InputItemList {
-        object: ListTag::Value,
-        first_id: items.first().map(|item| item.id().to_owned()),
-        last_id: items.last().map(|item| item.id().to_owned()),
-        data: items,
-        has_more,
-    }))
+    Ok(Json(InputItemList::new(items, has_more)))
 }

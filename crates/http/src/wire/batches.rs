@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::extract::parse_json;
 use crate::routes::submit::{finished, Rendering};
 use crate::wire::requests::{ChatCompletionRequest, CreateResponseRequest};
-use crate::wire::{constant, list_of, ListTag};
+use crate::wire::{constant, list_of, ListTag, Listed};
 
 constant!(
     /// `"file"`.
@@ -68,9 +68,15 @@ impl FileObject {
     }
 }
 
+impl Listed for FileObject {
+    fn list_id(&self) -> &str {
+        &self.id
+    }
+}
+
 list_of!(
     /// A page of files, in the order asked for (newest first unless `order=asc`).
-    FileList of FileObject
+    FileList of FileObject, with ids
 );
 
 /// The answer to `DELETE /v1/files/{id}`.
@@ -224,9 +230,15 @@ impl BatchObject {
     }
 }
 
+impl Listed for BatchObject {
+    fn list_id(&self) -> &str {
+        &self.id
+    }
+}
+
 list_of!(
     /// A page of batches, newest first.
-    BatchList of BatchObject
+    BatchList of BatchObject, with ids
 );
 
 /// The body of `POST /v1/batches`. Unknown fields are refused (400).
