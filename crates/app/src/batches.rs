@@ -157,7 +157,11 @@ impl Service {
             self.remove_content(id).await;
             return Err(error);
         }
-        writer.finish().await?;
+        if let Err(error) = writer.finish().await {
+            // The bytes may be in place already (e.g. only the directory's sync failed).
+            self.remove_content(id).await;
+            return Err(error.into());
+        }
         let (bytes, digest) = digest.finish();
         Ok(Received {
             id,

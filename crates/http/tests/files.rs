@@ -1,13 +1,19 @@
 //! `/v1/files` end to end, over the router and a real service (SQLite in a temp dir, the
-//! reference engine): the list's orders and pages as OpenAI's.
+//! reference engine): the list's orders and pages as OpenAI's; an upload refused, broken off
+//! or given up on keeps nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
+use bytes::Bytes;
+use futures::StreamExt;
 use serde_json::Value;
+use tower::ServiceExt;
 
 mod support;
-use support::{request, send, test_app, Reply, TestApp};
+use support::{request, send, test_app, test_app_configured, Reply, TestApp};
 
 const BOUNDARY: &str = "lmsp-test-boundary";
 
@@ -181,4 +187,98 @@ async fn the_batches_list_names_its_first_and_last_batch() {
     assert_eq!(rest.body["first_id"], created[0].as_str());
     assert_eq!(rest.body["last_id"], created[0].as_str());
     assert_eq!(rest.body["has_more"], false);
+}
+
+/// The names in the data directory's `files/`.
+fn stored_names(app: &TestApp) -> Vec<String> {
+    std::fs::read_dir(app.data_dir.path().join("files"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The start of an upload whose `file` part is still streaming: `purpose`, then the file's
+/// first bytes.
+fn upload_head() -> Bytes {
+    let mut head = format!(
+        "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; \
+         filename=\"requests.jsonl\"\r\n\r\n"
+    )
+    .into_bytes();
+    head.extend_from_slice(&[b'x'; 64 * 1024]);
+    Bytes::from(head)
+}
+
+#[tokio::test]
+async fn an_upload_that_breaks_off_midway_leaves_no_file_behind() {
+    let app = test_app().await;
+    let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
+        Ok(upload_head()),
+        Err(std::io::Error::other("the connection was reset")),
+    ];
+    let reply = send(
+        &app.router,
+        upload_request(&app, Body::from_stream(futures::stream::iter(chunks))),
+    )
+    .await;
+    assert!(
+        reply.status.is_client_error(),
+        "{}: {}",
+        reply.status,
+        reply.body
+    );
+    assert_eq!(stored_names(&app), Vec::<String>::new());
+    assert_eq!(
+        ids(&get(&app, "/v1/files").await.body),
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test]
+async fn an_upload_its_client_gives_up_on_leaves_no_file_behind() {
+    let app = test_app().await;
+    // The head, then nothing more, ever: the client is gone and the request is dropped.
+    let chunks = futures::stream::iter([Ok::<_, std::io::Error>(upload_head())])
+        .chain(futures::stream::pending());
+    let request = upload_request(&app, Body::from_stream(chunks));
+    let router = app.router.clone();
+    let upload = tokio::spawn(async move { router.oneshot(request).await });
+    let mut waited = Duration::ZERO;
+    while !stored_names(&app)
+        .iter()
+        .any(|name| name.ends_with(".part"))
+    {
+        assert!(waited < Duration::from_secs(10), "the upload never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += Duration::from_millis(10);
+    }
+    upload.abort();
+    assert!(upload.await.unwrap_err().is_cancelled());
+    assert_eq!(stored_names(&app), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn an_upload_over_the_size_limit_is_refused_and_leaves_no_file_behind() {
+    let app = test_app_configured(None, |settings| settings.max_file_bytes = 1024).await;
+    for size in [1025, 200 * 1024] {
+        let body = multipart(&[
+            ("purpose", None, b"batch"),
+            ("file", Some("requests.jsonl"), &vec![b'x'; size]),
+        ]);
+        let reply = send(&app.router, upload_request(&app, Body::from(body))).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "{}",
+            reply.body
+        );
+        assert_eq!(stored_names(&app), Vec::<String>::new(), "{size} bytes");
+    }
+    let fits = upload(&app, &[b'x'; 1024]).await;
+    assert_eq!(fits["bytes"], 1024);
+    assert_eq!(
+        stored_names(&app),
+        vec![fits["id"].as_str().unwrap().to_owned()]
+    );
 }
