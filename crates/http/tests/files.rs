@@ -17,8 +17,11 @@ use support::{request, send, test_app, test_app_configured, Reply, TestApp};
 
 const BOUNDARY: &str = "lmsp-test-boundary";
 
-/// A multipart body of `parts` (`name`, optional filename, bytes), in order.
-fn multipart(parts: &[(&str, Option<&str>, &[u8])]) -> Vec<u8> {
+/// A part of a form: its name, its filename if it has one, its bytes.
+type Part<'a> = (&'a str, Option<&'a str>, &'a [u8]);
+
+/// A multipart body of `parts`, in order.
+fn multipart(parts: &[Part]) -> Vec<u8> {
     let mut body = Vec::new();
     for (name, filename, bytes) in parts {
         body.extend_from_slice(format!("--{BOUNDARY}\r\n").as_bytes());
@@ -281,4 +284,63 @@ async fn an_upload_over_the_size_limit_is_refused_and_leaves_no_file_behind() {
         stored_names(&app),
         vec![fits["id"].as_str().unwrap().to_owned()]
     );
+}
+
+#[tokio::test]
+async fn a_form_part_other_than_file_and_purpose_is_refused_by_name_and_nothing_is_kept() {
+    let app = test_app().await;
+    let cases: [(&[Part], &str); 3] = [
+        (
+            &[
+                ("foo", None, b"bar"),
+                ("purpose", None, b"batch"),
+                ("file", Some("requests.jsonl"), b"{}\n"),
+            ],
+            "foo",
+        ),
+        (
+            &[
+                ("purpose", None, b"batch"),
+                ("file", Some("requests.jsonl"), b"{}\n"),
+                ("expires_after[anchor]", None, b"created_at"),
+                ("expires_after[seconds]", None, b"3600"),
+            ],
+            "expires_after[anchor]",
+        ),
+        (
+            &[
+                ("file", Some("requests.jsonl"), b"{}\n"),
+                ("expires_after[seconds]", None, b"3600"),
+                ("purpose", None, b"batch"),
+            ],
+            "expires_after[seconds]",
+        ),
+    ];
+    for (parts, field) in cases {
+        let reply = send(
+            &app.router,
+            upload_request(&app, Body::from(multipart(parts))),
+        )
+        .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{field}: {}",
+            reply.body
+        );
+        let error = &reply.body["error"];
+        assert_eq!(error["param"], field, "{}", reply.body);
+        assert_eq!(error["type"], "invalid_request_error");
+        assert_eq!(error["code"], "invalid_request");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(field), "{message}");
+        if field.starts_with("expires_after") {
+            assert!(message.contains("not supported"), "{message}");
+        }
+    }
+    assert_eq!(
+        ids(&get(&app, "/v1/files").await.body),
+        Vec::<String>::new()
+    );
+    assert_eq!(stored_names(&app), Vec::<String>::new());
 }

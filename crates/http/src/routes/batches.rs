@@ -56,9 +56,10 @@ pub struct UploadForm {
 
 /// Upload a file.
 ///
-/// `multipart/form-data` with a `file` part and `purpose` `batch`, in either order; the bytes are
-/// streamed to storage (at most `--max-file-bytes`, 200 MB by default) and taken as they are:
-/// a batch made from the file checks its lines.
+/// `multipart/form-data` with a `file` part and `purpose` `batch`, in either order, and no other
+/// part; the bytes are streamed to storage (at most `--max-file-bytes`, 200 MB by default) and
+/// taken as they are: a batch made from the file checks its lines. A refused upload keeps
+/// nothing.
 #[utoipa::path(
     post,
     path = "/v1/files",
@@ -69,7 +70,9 @@ pub struct UploadForm {
     responses(
         (status = 200, description = "The stored file.", body = FileObject),
         (status = 400, description = "`invalid_request`: no `file` part, a `purpose` other \
-            than `batch`, or a body that is not multipart.", body = ErrorEnvelope),
+            than `batch`, a part other than these two (`param` names it; OpenAI's \
+            `expires_after` is not supported), or a body that is not multipart.",
+            body = ErrorEnvelope),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
         (status = 413, response = PayloadTooLarge),
@@ -117,7 +120,27 @@ pub async fn create_file(
     }
 }
 
-/// Reads the upload's parts: the file streamed to storage, the purpose kept.
+/// The refusal of a part other than `file` and `purpose`, never read past: the upload keeps
+/// nothing.
+fn unknown_part(name: Option<&str>) -> ApiError {
+    match name {
+        Some(name) if name.starts_with("expires_after") => ApiError::invalid(
+            name,
+            format!("`{name}` is not supported: an uploaded file stays until it is deleted"),
+        ),
+        Some(name) => ApiError::invalid(
+            name,
+            format!("unknown field `{name}`: the form has a `file` and a `purpose`"),
+        ),
+        None => ApiError::new(
+            ErrorCode::InvalidRequest,
+            "a part of the form has no name: the form has a `file` and a `purpose`",
+        ),
+    }
+}
+
+/// Reads the upload's parts: the file streamed to storage, the purpose kept; any other part is
+/// refused.
 async fn read_form(
     state: &AppState,
     caller: &Caller,
@@ -139,10 +162,7 @@ async fn read_form(
                 }
                 *purpose = Some(String::from_utf8_lossy(&bytes).trim().to_owned());
             }
-            // Other parts (e.g. OpenAI's `expires_after`) are read past.
-            _ => {
-                field.bytes().await.map_err(multipart_error)?;
-            }
+            name => return Err(unknown_part(name)),
         }
     }
     Ok(())
