@@ -630,7 +630,17 @@ impl Service {
             files[1].as_ref().map(|f| f.id),
             self.now(),
         );
-        let records: Vec<StoredFile> = files.iter().flatten().cloned().collect();
+        // The records are stored with the batch's end and dated by it: the purge takes them
+        // `--retention` after it, which is what their `expires_at` says.
+        let end = ended.ended_at().unwrap_or_else(|| self.now());
+        let records: Vec<StoredFile> = files
+            .iter()
+            .flatten()
+            .map(|file| StoredFile {
+                created_at: end,
+                ..file.clone()
+            })
+            .collect();
         if store
             .end_batch(batch.status, ended, records)
             .await?

@@ -63,10 +63,26 @@ pub struct StoredFile {
     pub bytes: u64,
     /// The SHA-256 of its bytes, in lower-case hex.
     pub digest: String,
-    /// When it was stored.
+    /// When it was stored; an output or error file's record is stored with its batch's end, and
+    /// dated by it ([`Batch::ended_at`]), so it expires with its batch.
     pub created_at: Timestamp,
     /// The batch that wrote it (an output or error file), `None` for an upload.
     pub batch_id: Option<BatchId>,
+}
+
+impl StoredFile {
+    /// When it is purged, keeping ended batches for `retention`: an output or error file goes
+    /// with its batch, `retention` after the batch's end (the file's date); an upload stays
+    /// until it is deleted (`None`).
+    pub fn expires_at(&self, retention: std::time::Duration) -> Option<Timestamp> {
+        match self.purpose {
+            FilePurpose::Batch => None,
+            FilePurpose::BatchOutput => {
+                let millis = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+                Some(self.created_at.plus_millis(millis))
+            }
+        }
+    }
 }
 
 /// The endpoint a batch's requests go to.

@@ -67,6 +67,27 @@ async fn upload(app: &TestApp, bytes: &[u8]) -> Value {
     reply.body
 }
 
+/// Creates a `/v1/responses` batch of the uploaded `file`; the batch object.
+async fn create_batch(app: &TestApp, file: &Value) -> Value {
+    let body = serde_json::json!({
+        "input_file_id": file["id"],
+        "endpoint": "/v1/responses",
+        "completion_window": "24h",
+    });
+    let reply = send(
+        &app.router,
+        request(
+            Method::POST,
+            "/v1/batches",
+            Some(&app.admin_token),
+            Some(body),
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    reply.body
+}
+
 async fn get(app: &TestApp, path: &str) -> Reply {
     send(
         &app.router,
@@ -159,23 +180,8 @@ async fn the_batches_list_names_its_first_and_last_batch() {
     let mut created = Vec::new();
     for _ in 0..3 {
         let file = upload(&app, b"{}\n").await;
-        let body = serde_json::json!({
-            "input_file_id": file["id"],
-            "endpoint": "/v1/responses",
-            "completion_window": "24h",
-        });
-        let reply = send(
-            &app.router,
-            request(
-                Method::POST,
-                "/v1/batches",
-                Some(&app.admin_token),
-                Some(body),
-            ),
-        )
-        .await;
-        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
-        created.push(reply.body["id"].as_str().unwrap().to_owned());
+        let batch = create_batch(&app, &file).await;
+        created.push(batch["id"].as_str().unwrap().to_owned());
     }
     let listed = get(&app, "/v1/batches?limit=2").await;
     assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
@@ -343,4 +349,61 @@ async fn a_form_part_other_than_file_and_purpose_is_refused_by_name_and_nothing_
         Vec::<String>::new()
     );
     assert_eq!(stored_names(&app), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_batchs_output_file_expires_a_retention_after_the_batchs_end_and_an_upload_never() {
+    let app = test_app().await;
+    let line = serde_json::json!({
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {"model": "reference", "input": "hello", "max_output_tokens": 4},
+    });
+    let input = upload(&app, format!("{line}\n").as_bytes()).await;
+    assert_eq!(
+        input["expires_at"],
+        Value::Null,
+        "an upload stays until deleted"
+    );
+    let created = create_batch(&app, &input).await;
+    let path = format!("/v1/batches/{}", created["id"].as_str().unwrap());
+    let mut waited = Duration::ZERO;
+    let batch = loop {
+        let batch = get(&app, &path).await.body;
+        if batch["status"] == "completed" {
+            break batch;
+        }
+        assert!(waited < Duration::from_secs(30), "not completed: {batch}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    };
+    let retention = app.service.settings().retention.as_secs() as i64;
+    let ended = batch["completed_at"].as_i64().unwrap();
+    let output_id = batch["output_file_id"].as_str().unwrap();
+    let output = get(&app, &format!("/v1/files/{output_id}")).await.body;
+    assert_eq!(output["purpose"], "batch_output");
+    assert_eq!(
+        output["expires_at"],
+        ended + retention,
+        "{output} of {batch}"
+    );
+    let listed = get(&app, "/v1/files").await.body;
+    let expiries: Vec<&Value> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|file| &file["expires_at"])
+        .collect();
+    assert_eq!(
+        expiries,
+        vec![&Value::from(ended + retention), &Value::Null],
+        "{listed}"
+    );
+    let again = get(
+        &app,
+        &format!("/v1/files/{}", input["id"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(again.body["expires_at"], Value::Null);
 }

@@ -32,6 +32,11 @@ fn parse_file_id(text: &str) -> ApiResult<FileId> {
     FileId::parse(text).map_err(|_| ApiError::not_found())
 }
 
+/// How long the service keeps ended batches, and so their output and error files.
+fn retention(state: &AppState) -> std::time::Duration {
+    state.service.settings().retention
+}
+
 fn parse_batch_id(text: &str) -> ApiResult<BatchId> {
     BatchId::parse(text).map_err(|_| ApiError::not_found())
 }
@@ -108,7 +113,7 @@ pub async fn create_file(
                 .service
                 .keep_file(&caller, received, purpose.as_deref())
                 .await?;
-            Ok(Json(FileObject::of(&file)))
+            Ok(Json(FileObject::of(&file, retention(&state))))
         }
         (Ok(()), None) => Err(ApiError::invalid("file", "the form has no `file` part")),
         (Err(error), received) => {
@@ -229,7 +234,10 @@ pub async fn list_files(
         .list_files(&caller, purpose, after, order, limit)
         .await?;
     Ok(Json(FileList::new(
-        page.items.iter().map(FileObject::of).collect(),
+        page.items
+            .iter()
+            .map(|file| FileObject::of(file, retention(&state)))
+            .collect(),
         page.has_more,
     )))
 }
@@ -257,7 +265,7 @@ pub async fn get_file(
     Path(id): Path<String>,
 ) -> ApiResult<Json<FileObject>> {
     let file = state.service.file(&caller, parse_file_id(&id)?).await?;
-    Ok(Json(FileObject::of(&file)))
+    Ok(Json(FileObject::of(&file, retention(&state))))
 }
 
 /// Delete a file: its record and its bytes.

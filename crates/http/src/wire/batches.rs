@@ -45,15 +45,16 @@ pub struct FileObject {
     pub purpose: &'static str,
     /// Always `processed`: a file is stored whole or not at all.
     pub status: &'static str,
-    /// Never set: uploaded files stay until deleted; output files follow the retention.
+    /// When it is purged (Unix seconds): an output or error file `--retention` after its
+    /// batch's end; `null` for an upload, which stays until deleted.
     pub expires_at: Option<i64>,
     /// The SHA-256 of its bytes (lower-case hex).
     pub sha256: String,
 }
 
 impl FileObject {
-    /// The wire form of a file.
-    pub fn of(file: &StoredFile) -> Self {
+    /// The wire form of a file, of a service that keeps ended batches for `retention`.
+    pub fn of(file: &StoredFile, retention: std::time::Duration) -> Self {
         Self {
             id: file.id.to_string(),
             object: FileTag::Value,
@@ -62,7 +63,7 @@ impl FileObject {
             filename: file.filename.clone(),
             purpose: file.purpose.as_str(),
             status: "processed",
-            expires_at: None,
+            expires_at: file.expires_at(retention).map(Timestamp::as_unix_seconds),
             sha256: file.digest.clone(),
         }
     }
