@@ -600,12 +600,9 @@ impl Service {
         } else {
             batch
         };
-        let ended_status = batch.status.ended(batch.expired_at.is_some());
         let mut output = OutputFile::new(self, &batch, "output");
         let mut errors = OutputFile::new(self, &batch, "error");
-        let written = self
-            .write_lines(&batch, ended_status, &mut output, &mut errors)
-            .await;
+        let written = self.write_lines(&batch, &mut output, &mut errors).await;
         let files = match written {
             Ok(()) => {
                 let output = output.finish().await;
@@ -661,7 +658,6 @@ impl Service {
     async fn write_lines(
         &self,
         batch: &Batch,
-        ended: BatchStatus,
         output: &mut OutputFile,
         errors: &mut OutputFile,
     ) -> Result<(), AppError> {
@@ -670,7 +666,7 @@ impl Service {
         loop {
             let answers = store.batch_answers(batch.id, after, TASK_PAGE).await?;
             for (task, response) in &answers {
-                let Some(outcome) = line_outcome(task, ended) else {
+                let Some(outcome) = line_outcome(task, batch) else {
                     continue;
                 };
                 let response = match outcome {

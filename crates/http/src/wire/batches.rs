@@ -364,15 +364,7 @@ impl BatchWire for HttpBatchWire {
                 "id": request_id(task.id),
                 "custom_id": custom_id,
                 "response": null,
-                "error": {
-                    "code": why.as_str(),
-                    "message": match why {
-                        lmsp_domain::batch::LineCancel::BatchCancelled =>
-                            "the batch was cancelled before this request finished",
-                        lmsp_domain::batch::LineCancel::BatchExpired =>
-                            "the batch's completion window passed before this request finished",
-                    },
-                },
+                "error": {"code": why.as_str(), "message": why.message()},
             }),
         };
         serde_json::to_vec(&line).unwrap_or_default()
