@@ -21,7 +21,9 @@ use lmsp_domain::batch::{
     BatchStatus, BatchWork, ContentDigest, DuplicateLine, FilePurpose, LineCheck, LineEnvelope,
     LineError, LineErrorCode, LineOutcome, NewBatch, StoredFile, MAX_LINE_ERRORS,
 };
-use lmsp_domain::ports::{ContentReader, ContentWriter, FileDeleteOutcome, Page, StoreError};
+use lmsp_domain::ports::{
+    ContentReader, ContentWriter, FileDeleteOutcome, ListOrder, Page, StoreError,
+};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::validation::{validate_metadata, SubmitRequest, ValidationError};
 use lmsp_domain::{BatchId, FileId, Metadata, Response, Task};
@@ -155,7 +157,11 @@ impl Service {
             self.remove_content(id).await;
             return Err(error);
         }
-        writer.finish().await?;
+        if let Err(error) = writer.finish().await {
+            // The bytes may be in place already (e.g. only the directory's sync failed).
+            self.remove_content(id).await;
+            return Err(error.into());
+        }
         let (bytes, digest) = digest.finish();
         Ok(Received {
             id,
@@ -219,12 +225,13 @@ impl Service {
         }
     }
 
-    /// The caller's files, oldest first, after `after`.
+    /// The caller's files in `order` (oldest or newest first), past `after` in that order.
     pub async fn list_files(
         &self,
         caller: &Caller,
         purpose: Option<FilePurpose>,
         after: Option<FileId>,
+        order: ListOrder,
         limit: usize,
     ) -> Result<Page<StoredFile>, AppError> {
         caller.require(Scope::ResponsesRead)?;
@@ -232,7 +239,7 @@ impl Service {
             .inner
             .core
             .store
-            .list_files(caller.visibility(), purpose, after, limit)
+            .list_files(caller.visibility(), purpose, after, order, limit)
             .await?)
     }
 
@@ -593,12 +600,9 @@ impl Service {
         } else {
             batch
         };
-        let ended_status = batch.status.ended(batch.expired_at.is_some());
         let mut output = OutputFile::new(self, &batch, "output");
         let mut errors = OutputFile::new(self, &batch, "error");
-        let written = self
-            .write_lines(&batch, ended_status, &mut output, &mut errors)
-            .await;
+        let written = self.write_lines(&batch, &mut output, &mut errors).await;
         let files = match written {
             Ok(()) => {
                 let output = output.finish().await;
@@ -623,7 +627,17 @@ impl Service {
             files[1].as_ref().map(|f| f.id),
             self.now(),
         );
-        let records: Vec<StoredFile> = files.iter().flatten().cloned().collect();
+        // The records are stored with the batch's end and dated by it: the purge takes them
+        // `--retention` after it, which is what their `expires_at` says.
+        let end = ended.ended_at().unwrap_or_else(|| self.now());
+        let records: Vec<StoredFile> = files
+            .iter()
+            .flatten()
+            .map(|file| StoredFile {
+                created_at: end,
+                ..file.clone()
+            })
+            .collect();
         if store
             .end_batch(batch.status, ended, records)
             .await?
@@ -644,7 +658,6 @@ impl Service {
     async fn write_lines(
         &self,
         batch: &Batch,
-        ended: BatchStatus,
         output: &mut OutputFile,
         errors: &mut OutputFile,
     ) -> Result<(), AppError> {
@@ -653,7 +666,7 @@ impl Service {
         loop {
             let answers = store.batch_answers(batch.id, after, TASK_PAGE).await?;
             for (task, response) in &answers {
-                let Some(outcome) = line_outcome(task, ended) else {
+                let Some(outcome) = line_outcome(task, batch) else {
                     continue;
                 };
                 let response = match outcome {

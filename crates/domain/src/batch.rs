@@ -63,10 +63,26 @@ pub struct StoredFile {
     pub bytes: u64,
     /// The SHA-256 of its bytes, in lower-case hex.
     pub digest: String,
-    /// When it was stored.
+    /// When it was stored; an output or error file's record is stored with its batch's end, and
+    /// dated by it ([`Batch::ended_at`]), so it expires with its batch.
     pub created_at: Timestamp,
     /// The batch that wrote it (an output or error file), `None` for an upload.
     pub batch_id: Option<BatchId>,
+}
+
+impl StoredFile {
+    /// When it is purged, keeping ended batches for `retention`: an output or error file goes
+    /// with its batch, `retention` after the batch's end (the file's date); an upload stays
+    /// until it is deleted (`None`).
+    pub fn expires_at(&self, retention: std::time::Duration) -> Option<Timestamp> {
+        match self.purpose {
+            FilePurpose::Batch => None,
+            FilePurpose::BatchOutput => {
+                let millis = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+                Some(self.created_at.plus_millis(millis))
+            }
+        }
+    }
 }
 
 /// The endpoint a batch's requests go to.
@@ -574,7 +590,7 @@ pub enum BatchWork {
     Wait,
 }
 
-/// Why a line has no answer in the output file.
+/// Who stopped a line that was cancelled before it finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
 pub enum LineCancel {
@@ -582,12 +598,27 @@ pub enum LineCancel {
     BatchCancelled,
     /// The batch's window passed before the line finished (`batch_expired`).
     BatchExpired,
+    /// The line's own task was cancelled (`POST /v1/tasks/{id}/cancel`), not the batch
+    /// (`cancelled`).
+    #[strum(serialize = "cancelled")]
+    Request,
 }
 
 impl LineCancel {
     /// The error code, e.g. `batch_cancelled`.
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// The error's message, for people.
+    pub fn message(self) -> &'static str {
+        match self {
+            LineCancel::BatchCancelled => "the batch was cancelled before this request finished",
+            LineCancel::BatchExpired => {
+                "the batch's completion window passed before this request finished"
+            }
+            LineCancel::Request => "the request was cancelled before it finished",
+        }
     }
 }
 
@@ -598,21 +629,24 @@ pub enum LineOutcome {
     Output,
     /// The error file, with the endpoint's error answer (the task failed).
     Failed,
-    /// The error file, with no answer: the batch's cancel or expiry stopped the line.
+    /// The error file, with no answer: a cancel (the batch's, its expiry, or the line's own)
+    /// stopped the line.
     Cancelled(LineCancel),
 }
 
-/// Where the line whose task is `task` is answered, in a batch that ended `ended`; `None` while
-/// the task is unfinished (a batch is finalized only when every line is counted).
-pub fn line_outcome(task: &Task, ended: BatchStatus) -> Option<LineOutcome> {
+/// Where the line whose task is `task` is answered in `batch`, which is being finalized (it
+/// ends as [`Batch::ended`] says); `None` while the task is unfinished (a batch is finalized only
+/// when every line is counted).
+///
+/// A cancelled line was stopped by the batch's cancel or expiry when the batch ends so and the
+/// line finished no earlier than that cancel or expiry; otherwise its own task was cancelled
+/// ([`LineCancel::Request`]): the batch, ending `completed`, or stopped after the line had
+/// finished, did not stop it.
+pub fn line_outcome(task: &Task, batch: &Batch) -> Option<LineOutcome> {
     match counted(task.status)? {
         Counter::Completed => Some(LineOutcome::Output),
         Counter::Failed if task.status == TaskStatus::Failed => Some(LineOutcome::Failed),
-        Counter::Failed => Some(LineOutcome::Cancelled(if ended == BatchStatus::Expired {
-            LineCancel::BatchExpired
-        } else {
-            LineCancel::BatchCancelled
-        })),
+        Counter::Failed => Some(LineOutcome::Cancelled(batch.line_cancel(task))),
     }
 }
 
@@ -680,6 +714,20 @@ impl Batch {
             finalizing_at: Some(at),
             expired_at: expired.then_some(at),
             ..self.clone()
+        }
+    }
+
+    /// Who stopped the cancelled line whose task is `task`, in this batch being finalized: see
+    /// [`line_outcome`].
+    fn line_cancel(&self, task: &Task) -> LineCancel {
+        let (by_batch, since) = match self.status.ended(self.expired_at.is_some()) {
+            BatchStatus::Cancelled => (LineCancel::BatchCancelled, self.cancelling_at),
+            BatchStatus::Expired => (LineCancel::BatchExpired, self.expired_at),
+            _ => return LineCancel::Request,
+        };
+        match (since, task.finished_at) {
+            (Some(since), Some(finished)) if finished < since => LineCancel::Request,
+            _ => by_batch,
         }
     }
 

@@ -444,37 +444,81 @@ fn line_task(status: TaskStatus) -> Task {
     task
 }
 
+/// A line's task that ended `status` at `finished`.
+fn finished_line(status: TaskStatus, finished: i64) -> Task {
+    Task {
+        finished_at: Some(at(finished)),
+        ..line_task(status)
+    }
+}
+
 #[test]
 fn a_finished_line_goes_to_the_output_or_the_error_file_by_how_it_ended() {
-    use BatchStatus::*;
-    let completed = line_task(TaskStatus::Completed);
+    let started = batch().started(at(2_000));
+    let finalizing = started.finalizing(false, at(9_000));
+    let cancelling = started.cancelled_by_client(at(5_000)).unwrap();
+    let expiring = started.finalizing(true, at(5_000));
+    let completed = finished_line(TaskStatus::Completed, 6_000);
+    for batch in [&finalizing, &cancelling, &expiring] {
+        assert_eq!(line_outcome(&completed, batch), Some(LineOutcome::Output));
+    }
+    let failed = finished_line(TaskStatus::Failed, 6_000);
+    assert_eq!(line_outcome(&failed, &expiring), Some(LineOutcome::Failed));
+    let cancelled = finished_line(TaskStatus::Cancelled, 6_000);
     assert_eq!(
-        line_outcome(&completed, Completed),
-        Some(LineOutcome::Output)
-    );
-    assert_eq!(
-        line_outcome(&completed, Cancelled),
-        Some(LineOutcome::Output)
-    );
-    let failed = line_task(TaskStatus::Failed);
-    assert_eq!(line_outcome(&failed, Expired), Some(LineOutcome::Failed));
-    let cancelled = line_task(TaskStatus::Cancelled);
-    assert_eq!(
-        line_outcome(&cancelled, Cancelled),
+        line_outcome(&cancelled, &cancelling),
         Some(LineOutcome::Cancelled(LineCancel::BatchCancelled))
     );
     assert_eq!(
-        line_outcome(&cancelled, Expired),
+        line_outcome(&cancelled, &expiring),
         Some(LineOutcome::Cancelled(LineCancel::BatchExpired))
     );
     assert_eq!(
-        line_outcome(&line_task(TaskStatus::Running), Completed),
+        line_outcome(&line_task(TaskStatus::Running), &finalizing),
         None
     );
     assert_eq!(
         request_id(completed.id),
         format!("batch_req_{}", completed.id.ulid())
     );
+}
+
+#[test]
+fn a_line_cancelled_by_itself_says_so_and_not_that_its_batch_was_cancelled() {
+    let started = batch().started(at(2_000));
+    // Its task was cancelled directly in a batch that then completed: the batch stopped nothing.
+    let cancelled = finished_line(TaskStatus::Cancelled, 3_000);
+    let completing = started.finalizing(false, at(9_000));
+    let outcome = line_outcome(&cancelled, &completing);
+    assert_eq!(outcome, Some(LineOutcome::Cancelled(LineCancel::Request)));
+    assert_eq!(LineCancel::Request.as_str(), "cancelled");
+    assert_eq!(
+        LineCancel::Request.message(),
+        "the request was cancelled before it finished"
+    );
+    // Cancelled before the batch's cancel or expiry came: still its own cancel.
+    let cancelling = started.cancelled_by_client(at(5_000)).unwrap();
+    let expiring = started.finalizing(true, at(5_000));
+    for batch in [&cancelling, &expiring] {
+        assert_eq!(
+            line_outcome(&cancelled, batch),
+            Some(LineOutcome::Cancelled(LineCancel::Request)),
+            "{:?}",
+            batch.status
+        );
+    }
+    // Stopped from the batch's cancel or expiry on: the batch's.
+    let stopped = finished_line(TaskStatus::Cancelled, 5_000);
+    assert_eq!(
+        line_outcome(&stopped, &cancelling),
+        Some(LineOutcome::Cancelled(LineCancel::BatchCancelled))
+    );
+    assert_eq!(
+        line_outcome(&stopped, &expiring),
+        Some(LineOutcome::Cancelled(LineCancel::BatchExpired))
+    );
+    assert_eq!(LineCancel::BatchCancelled.as_str(), "batch_cancelled");
+    assert_eq!(LineCancel::BatchExpired.as_str(), "batch_expired");
 }
 
 #[test]

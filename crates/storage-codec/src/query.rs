@@ -6,7 +6,7 @@
 
 use lmsp_domain::batch::FilePurpose;
 use lmsp_domain::ids::{BatchId, ClientId, FileId};
-use lmsp_domain::ports::TaskFilter;
+use lmsp_domain::ports::{ListOrder, TaskFilter};
 use lmsp_domain::status::TaskStatus;
 
 use crate::batches::{batch_key, file_key, BATCH_COLUMNS, FILE_COLUMNS};
@@ -104,22 +104,27 @@ pub fn tasks_page(filter: &TaskFilter) -> Result<Query, DbError> {
     query.order_limit("t.id DESC", filter.limit + 1)
 }
 
-/// Files in id order after `after`, of `client` (I-7) and with `purpose` when given; one more
-/// than `limit`.
+/// Files in id `order` (oldest or newest first), past `after` in that order, of `client` (I-7)
+/// and with `purpose` when given; one more than `limit`.
 pub fn files_page(
     client: Option<ClientId>,
     purpose: Option<FilePurpose>,
     after: Option<FileId>,
+    order: ListOrder,
     limit: usize,
 ) -> Result<Query, DbError> {
     let mut query = Query::select(FILE_COLUMNS, "files", "client_id", client);
     if let Some(purpose) = purpose {
         query.and("purpose", "=", Param::Text(purpose.as_str().to_owned()));
     }
+    let (past, by) = match order {
+        ListOrder::Asc => (">", "id"),
+        ListOrder::Desc => ("<", "id DESC"),
+    };
     if let Some(after) = after {
-        query.and("id", ">", Param::Blob(file_key(after).to_vec()));
+        query.and("id", past, Param::Blob(file_key(after).to_vec()));
     }
-    query.order_limit("id", limit + 1)
+    query.order_limit(by, limit + 1)
 }
 
 /// Batches, newest first, before `before`, of `client` when given (I-7); one more than `limit`.
@@ -230,6 +235,26 @@ mod tests {
     }
 
     #[test]
+    fn files_continue_past_their_cursor_in_the_order_asked_for() {
+        let after = Some(FileId::from_ulid(ulid(7)));
+        let asc = files_page(None, None, after, ListOrder::Asc, 4).expect("query");
+        assert!(
+            asc.sql
+                .ends_with("WHERE TRUE AND id > $1 ORDER BY id LIMIT $2"),
+            "{}",
+            asc.sql
+        );
+        let desc = files_page(None, None, after, ListOrder::Desc, 4).expect("query");
+        assert!(
+            desc.sql
+                .ends_with("WHERE TRUE AND id < $1 ORDER BY id DESC LIMIT $2"),
+            "{}",
+            desc.sql
+        );
+        assert_eq!(desc.params[1], Param::Integer(5));
+    }
+
+    #[test]
     fn the_pages_read_the_same_in_sqlite() {
         let queries = [
             (
@@ -237,6 +262,7 @@ mod tests {
                     Some(ClientId::from_ulid(ulid(4))),
                     None,
                     Some(FileId::from_ulid(ulid(5))),
+                    ListOrder::Asc,
                     3,
                 ),
                 3,

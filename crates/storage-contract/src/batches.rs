@@ -11,7 +11,9 @@ use lmsp_domain::batch::{
     LineErrorCode, NewBatch, RequestCounts, StoredFile,
 };
 use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId};
-use lmsp_domain::ports::{BatchStore, CreateOutcome, FileDeleteOutcome, Store, TaskFilter};
+use lmsp_domain::ports::{
+    BatchStore, CreateOutcome, FileDeleteOutcome, ListOrder, Store, TaskFilter,
+};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::schedule::{ClientLimits, QueueFull};
 use lmsp_domain::status::TaskStatus;
@@ -150,6 +152,56 @@ fn counts(total: u64, completed: u64, failed: u64) -> RequestCounts {
     }
 }
 
+/// A client's files are listed newest first (`desc`) or oldest first (`asc`), each order paging
+/// past its cursor in that order until none is left, with the same files either way.
+pub async fn files_are_listed_in_either_order_and_paged_past_the_cursor<F: StoreFactory>(
+    factory: &F,
+) {
+    let (store, _) = fresh_store(factory).await;
+    let (a, b) = (client_id(), client_id());
+    let mut mine = Vec::new();
+    for n in 0..5 {
+        let file = stored_file(a, FilePurpose::Batch, time(n));
+        store.insert_file(file.clone()).await.unwrap();
+        mine.push(file);
+        // Another client's file between each two: never on the client's pages.
+        store
+            .insert_file(stored_file(b, FilePurpose::Batch, time(n)))
+            .await
+            .unwrap();
+    }
+    let newest_first: Vec<StoredFile> = mine.iter().rev().cloned().collect();
+    for (order, expected) in [(ListOrder::Asc, &mine), (ListOrder::Desc, &newest_first)] {
+        let (mut after, mut seen, mut pages) = (None, Vec::new(), Vec::new());
+        loop {
+            let page = store
+                .list_files(Some(a), None, after, order, 2)
+                .await
+                .unwrap();
+            after = page.items.last().map(|file| file.id);
+            pages.push(page.items.len());
+            seen.extend(page.items);
+            if !page.has_more {
+                break;
+            }
+        }
+        assert_eq!(&seen, expected, "{order:?}: in order, only the client's");
+        assert_eq!(pages, vec![2, 2, 1], "{order:?}: every file once, in pages");
+    }
+    let newest = store
+        .list_files(Some(a), None, None, ListOrder::Desc, 1)
+        .await
+        .unwrap();
+    assert_eq!(newest.items, vec![mine[4].clone()]);
+    assert!(newest.has_more);
+    let past_the_oldest = store
+        .list_files(Some(a), None, Some(mine[0].id), ListOrder::Desc, 10)
+        .await
+        .unwrap();
+    assert!(past_the_oldest.items.is_empty(), "nothing is older");
+    assert!(!past_the_oldest.has_more);
+}
+
 /// I-7: a client's files are listed oldest first and only its own (the service sees every
 /// client's), in pages after an id, filtered by purpose; a file reads back as stored; another
 /// client's file, or none, is not found by a delete.
@@ -176,21 +228,27 @@ pub async fn batch_files_are_listed_oldest_first_per_client_and_paged_i7<F: Stor
     assert_eq!(store.file(written.id).await.unwrap(), Some(written.clone()));
     assert_eq!(store.file(FileId::from_ulid(ulid())).await.unwrap(), None);
 
-    let first = store.list_files(Some(a), None, None, 2).await.unwrap();
+    let first = store
+        .list_files(Some(a), None, None, ListOrder::Asc, 2)
+        .await
+        .unwrap();
     assert_eq!(first.items, vec![mine[0].clone(), mine[1].clone()]);
     assert!(first.has_more);
     let rest = store
-        .list_files(Some(a), None, Some(mine[1].id), 2)
+        .list_files(Some(a), None, Some(mine[1].id), ListOrder::Asc, 2)
         .await
         .unwrap();
     assert_eq!(rest.items, vec![mine[2].clone(), written.clone()]);
     assert!(!rest.has_more);
     let uploads = store
-        .list_files(Some(a), Some(FilePurpose::Batch), None, 10)
+        .list_files(Some(a), Some(FilePurpose::Batch), None, ListOrder::Asc, 10)
         .await
         .unwrap();
     assert_eq!(uploads.items, mine, "only the uploads");
-    let everyone = store.list_files(None, None, None, 10).await.unwrap();
+    let everyone = store
+        .list_files(None, None, None, ListOrder::Asc, 10)
+        .await
+        .unwrap();
     assert_eq!(
         everyone.items.len(),
         5,
@@ -634,7 +692,13 @@ pub async fn a_batch_step_is_a_compare_and_set_on_its_status<F: StoreFactory>(fa
     );
     assert_eq!(reread(&store, &batch).await, before, "nothing changed");
     assert!(store
-        .list_files(None, Some(FilePurpose::BatchOutput), None, 10)
+        .list_files(
+            None,
+            Some(FilePurpose::BatchOutput),
+            None,
+            ListOrder::Desc,
+            10
+        )
         .await
         .unwrap()
         .items

@@ -10,6 +10,7 @@ macro_rules! storage_contract_tests {
         $crate::__storage_contract_checks!(
             $factory;
             batches::batch_files_are_listed_oldest_first_per_client_and_paged_i7,
+            batches::files_are_listed_in_either_order_and_paged_past_the_cursor,
             batches::a_file_an_unfinished_batch_reads_is_in_use_until_the_batch_ends,
             batches::starting_a_batch_creates_every_kept_line_as_a_queued_task_p2,
             batches::a_batch_cancelled_while_validating_starts_nothing_p2,

@@ -4,8 +4,9 @@
 //! A writer buffers what it is given and inserts each full part as it fills (each insert its own
 //! statement, committed at once), then the last part at [`ContentWriter::finish`]. The file's
 //! record is stored only after that, so the parts of an upload that never finished are garbage
-//! no record names (a removal of the file's id drops them). A reader reads one part per call, in
-//! order.
+//! no record names: a writer dropped unfinished (an upload that failed, was refused or that its
+//! client gave up on) deletes them in a task of its own, and a removal of the file's id drops
+//! them too. A reader reads one part per call, in order.
 
 use async_trait::async_trait;
 use lmsp_domain::ids::FileId;
@@ -50,6 +51,7 @@ impl FileContents for PostgresFileContents {
             file: ops::file_key(id),
             part: 0,
             buffer: Vec::new(),
+            state: WriterState::Untouched,
         }))
     }
 
@@ -82,16 +84,28 @@ impl FileContents for PostgresFileContents {
     }
 
     async fn remove(&self, id: FileId) -> Result<(), StoreError> {
-        let conn = conn(&self.pool).await?;
-        let db: &deadpool_postgres::ClientWrapper = &conn;
-        db.execute(
-            "DELETE FROM file_chunks WHERE file_id = $1",
-            &[&ops::file_key(id)],
-        )
-        .await
-        .map_err(DbError::from)?;
-        Ok(())
+        Ok(delete_parts(&self.pool, &ops::file_key(id)).await?)
     }
+}
+
+/// Deletes every part of the file whose key is `file`.
+async fn delete_parts(pool: &deadpool_postgres::Pool, file: &[u8]) -> Result<(), DbError> {
+    let conn = conn(pool).await?;
+    let db: &deadpool_postgres::ClientWrapper = &conn;
+    db.execute("DELETE FROM file_chunks WHERE file_id = $1", &[&file])
+        .await?;
+    Ok(())
+}
+
+/// Whether a writer's parts are to be deleted if it is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriterState {
+    /// No part was inserted: nothing to delete.
+    Untouched,
+    /// Parts may be stored: dropped now, it deletes them.
+    Writing,
+    /// Every part is stored: the file's record names them next.
+    Finished,
 }
 
 /// Writes one file's parts as they fill.
@@ -100,11 +114,35 @@ struct PartWriter {
     file: Vec<u8>,
     part: i32,
     buffer: Vec<u8>,
+    state: WriterState,
+}
+
+impl Drop for PartWriter {
+    /// An unfinished write leaves no parts: they are deleted in a task of its own (drop cannot
+    /// wait). Without a runtime, or when the delete fails, they stay until the file's id is
+    /// removed.
+    fn drop(&mut self) {
+        if self.state != WriterState::Writing {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, file) = (self.pool.clone(), std::mem::take(&mut self.file));
+        runtime.spawn(async move {
+            if let Err(error) = delete_parts(&pool, &file).await {
+                tracing::warn!(%error, "could not delete the parts of an unfinished upload");
+            }
+        });
+    }
 }
 
 impl PartWriter {
     /// Inserts `data` as the next part (again over a part an earlier attempt left).
     async fn insert(&mut self, data: Vec<u8>) -> Result<(), StoreError> {
+        if self.state == WriterState::Untouched {
+            self.state = WriterState::Writing;
+        }
         let conn = conn(&self.pool).await?;
         let db: &deadpool_postgres::ClientWrapper = &conn;
         db.execute(
@@ -136,6 +174,7 @@ impl ContentWriter for PartWriter {
             let last = std::mem::take(&mut self.buffer);
             self.insert(last).await?;
         }
+        self.state = WriterState::Finished;
         Ok(())
     }
 }

@@ -18,8 +18,9 @@ use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
     BatchPurge, BatchStore, CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome,
     FileDeleteOutcome, IdempotencyStore, Initialized, InstanceInfo, InstanceStore, KeyedInsert,
-    ModelStore, Page, PurgeReport, RecoveryReport, Redemption, Registration, ServiceIdentity,
-    ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore, WebhookStore,
+    ListOrder, ModelStore, Page, PurgeReport, RecoveryReport, Redemption, Registration,
+    ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore,
+    WebhookStore,
 };
 use lmsp_domain::schedule::{ClientLimits, TierAging};
 use lmsp_domain::status::TaskStatus;
@@ -613,10 +614,11 @@ impl BatchStore for PostgresStore {
         client: Option<ClientId>,
         purpose: Option<FilePurpose>,
         after: Option<FileId>,
+        order: ListOrder,
         limit: usize,
     ) -> Result<Page<StoredFile>, StoreError> {
         let conn = self.conn().await?;
-        Ok(ops::batches::list_files(pg(&conn), client, purpose, after, limit).await?)
+        Ok(ops::batches::list_files(pg(&conn), client, purpose, after, order, limit).await?)
     }
 
     async fn delete_file(

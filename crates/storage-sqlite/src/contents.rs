@@ -1,8 +1,9 @@
 //! The bytes of files, beside the SQLite database: one file per stored file in a directory
 //! (`DATA_DIR/files/`), named by the file's id. A file is written under a `.part` name, synced and
 //! renamed into place by [`ContentWriter::finish`], so its record (stored only after that) never
-//! names bytes that are not all on disk; `.part` leftovers of an interrupted upload are removed at
-//! open.
+//! names bytes that are not all on disk. A writer dropped unfinished (an upload that failed, was
+//! refused or that its client gave up on) removes its `.part` file; the leftovers of a crash are
+//! removed at open.
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -58,14 +59,15 @@ impl FileContents for FileDir {
     async fn create(&self, id: FileId) -> Result<Box<dyn ContentWriter>, StoreError> {
         let path = self.path_of(id);
         let part = path.with_extension("part");
-        let file = fs::File::create(&part)
-            .await
-            .map_err(|e| unavailable("create", &part, e))?;
+        // Created at once, not awaited: a request dropped while an asynchronous create was under
+        // way would leave a `.part` that no writer is there to remove.
+        let file = std::fs::File::create(&part).map_err(|e| unavailable("create", &part, e))?;
         Ok(Box::new(DirWriter {
-            file: BufWriter::with_capacity(256 * 1024, file),
+            file: BufWriter::with_capacity(256 * 1024, fs::File::from_std(file)),
             part,
             path,
             dir: self.dir.clone(),
+            renamed: false,
         }))
     }
 
@@ -93,6 +95,20 @@ struct DirWriter {
     part: PathBuf,
     path: PathBuf,
     dir: PathBuf,
+    /// Whether the `.part` file became the file (then there is no `.part` to remove).
+    renamed: bool,
+}
+
+impl Drop for DirWriter {
+    /// An unfinished write leaves nothing: its `.part` file goes (whatever stopped it: an error,
+    /// a refusal, or the request's future dropped when its client went away).
+    fn drop(&mut self) {
+        if !self.renamed {
+            // Synchronous, as drop must be: unlinking one name does not wait for its bytes. A
+            // failure only leaves a leftover that the next open removes.
+            let _ = std::fs::remove_file(&self.part);
+        }
+    }
 }
 
 #[async_trait]
@@ -114,9 +130,11 @@ impl ContentWriter for DirWriter {
             .sync_all()
             .await
             .map_err(|e| unavailable("sync", &self.part, e))?;
-        fs::rename(&self.part, &self.path)
-            .await
+        // Renamed at once, not awaited, for the same reason as the create: the writer knows
+        // whether its `.part` is still there when it is dropped.
+        std::fs::rename(&self.part, &self.path)
             .map_err(|e| unavailable("rename", &self.part, e))?;
+        self.renamed = true;
         // The rename is durable once the directory is synced.
         let dir = fs::File::open(&self.dir)
             .await
@@ -143,5 +161,54 @@ impl ContentReader for DirReader {
             .map_err(|e| unavailable("read", &self.path, e))?;
         chunk.truncate(n);
         Ok(chunk)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use ulid::Ulid;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn a_writer_dropped_unfinished_leaves_no_part_file() {
+        let temp = tempfile::tempdir().unwrap();
+        let files = FileDir::open(temp.path()).unwrap();
+        let mut writer = files.create(FileId::from_ulid(Ulid::new())).await.unwrap();
+        writer.write(&[7; 300 * 1024]).await.unwrap();
+        assert_eq!(
+            names(temp.path()).len(),
+            1,
+            "the `.part` file while writing"
+        );
+        drop(writer);
+        assert!(names(temp.path()).is_empty(), "{:?}", names(temp.path()));
+
+        let empty = files.create(FileId::from_ulid(Ulid::new())).await.unwrap();
+        drop(empty);
+        assert!(names(temp.path()).is_empty(), "nor an empty one");
+    }
+
+    #[tokio::test]
+    async fn a_finished_writer_leaves_the_file_only() {
+        let temp = tempfile::tempdir().unwrap();
+        let files = FileDir::open(temp.path()).unwrap();
+        let id = FileId::from_ulid(Ulid::new());
+        let mut writer = files.create(id).await.unwrap();
+        writer.write(b"bytes").await.unwrap();
+        writer.finish().await.unwrap();
+        assert_eq!(names(temp.path()), vec![id.to_string()]);
+        let mut reader = files.open(id).await.unwrap().unwrap();
+        assert_eq!(reader.read().await.unwrap(), b"bytes");
     }
 }

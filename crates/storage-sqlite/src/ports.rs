@@ -16,8 +16,9 @@ use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
 use lmsp_domain::ports::{
     BatchPurge, BatchStore, CancelOutcome, ClientStore, CreateOutcome, DeleteOutcome,
     FileDeleteOutcome, IdempotencyStore, Initialized, InstanceInfo, InstanceStore, KeyedInsert,
-    ModelStore, Page, PurgeReport, RecoveryReport, Redemption, Registration, ServiceIdentity,
-    ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore, WebhookStore,
+    ListOrder, ModelStore, Page, PurgeReport, RecoveryReport, Redemption, Registration,
+    ServiceIdentity, ServiceStore, Snapshot, StepOutcome, StoreError, TaskFilter, TaskStore,
+    WebhookStore,
 };
 use lmsp_domain::schedule::{ClientLimits, TierAging};
 use lmsp_domain::status::TaskStatus;
@@ -446,9 +447,10 @@ impl BatchStore for SqliteStore {
         client: Option<ClientId>,
         purpose: Option<FilePurpose>,
         after: Option<FileId>,
+        order: ListOrder,
         limit: usize,
     ) -> Result<Page<StoredFile>, StoreError> {
-        self.read(move |conn| ops::batches::list_files(conn, client, purpose, after, limit))
+        self.read(move |conn| ops::batches::list_files(conn, client, purpose, after, order, limit))
             .await
     }
 

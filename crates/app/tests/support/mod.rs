@@ -342,9 +342,12 @@ impl BatchStore for FaultyStore {
         client: Option<ClientId>,
         purpose: Option<FilePurpose>,
         after: Option<FileId>,
+        order: ListOrder,
         limit: usize,
     ) -> Result<Page<StoredFile>, StoreError> {
-        self.inner.list_files(client, purpose, after, limit).await
+        self.inner
+            .list_files(client, purpose, after, order, limit)
+            .await
     }
     async fn delete_file(
         &self,

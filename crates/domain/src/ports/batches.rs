@@ -5,7 +5,7 @@ use async_trait::async_trait;
 
 use crate::batch::{Batch, BatchStatus, DuplicateLine, FilePurpose, StoredFile};
 use crate::ids::{BatchId, ClientId, FileId};
-use crate::ports::{Page, StoreError};
+use crate::ports::{ListOrder, Page, StoreError};
 use crate::status::TaskStatus;
 use crate::task::{Response, Task};
 use crate::time::Timestamp;
@@ -43,12 +43,14 @@ pub trait BatchStore: Send + Sync {
     /// A file's record.
     async fn file(&self, id: FileId) -> Result<Option<StoredFile>, StoreError>;
 
-    /// Files, oldest first, after `after`; `client` restricts them to that client's.
+    /// Files in `order` (by id: oldest or newest first), continuing past `after` in that order;
+    /// `client` restricts them to that client's.
     async fn list_files(
         &self,
         client: Option<ClientId>,
         purpose: Option<FilePurpose>,
         after: Option<FileId>,
+        order: ListOrder,
         limit: usize,
     ) -> Result<Page<StoredFile>, StoreError>;
 

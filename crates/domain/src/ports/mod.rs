@@ -34,8 +34,8 @@ pub use idempotency::{IdempotencyStore, KeyedInsert};
 pub use instances::{InstanceInfo, InstanceStore, Registration};
 pub use models::ModelStore;
 pub use tasks::{
-    CancelOutcome, CreateOutcome, DeleteOutcome, Page, PurgeReport, RecoveryReport, Snapshot,
-    StepOutcome, TaskFilter, TaskStore,
+    CancelOutcome, CreateOutcome, DeleteOutcome, ListOrder, Page, PurgeReport, RecoveryReport,
+    Snapshot, StepOutcome, TaskFilter, TaskStore,
 };
 pub use webhooks::{OutgoingEvent, WebhookSender, WebhookStore};
 

@@ -101,6 +101,27 @@ pub struct TaskFilter {
     pub limit: usize,
 }
 
+/// The order of a list read by id, its cursor continuing in that order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ListOrder {
+    /// Oldest first: a page continues with the ids after its cursor.
+    Asc,
+    /// Newest first: a page continues with the ids before its cursor.
+    #[default]
+    Desc,
+}
+
+impl ListOrder {
+    /// `asc` or `desc`, as OpenAI's list parameters spell it; `None` for anything else.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "asc" => Some(ListOrder::Asc),
+            "desc" => Some(ListOrder::Desc),
+            _ => None,
+        }
+    }
+}
+
 /// A page of a list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page<T> {

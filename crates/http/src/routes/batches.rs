@@ -18,7 +18,7 @@ use crate::openapi::{
     Forbidden, InternalError, PayloadTooLarge, ServiceUnavailable, Unauthorized,
     UnsupportedMediaType,
 };
-use crate::routes::tasks::{parse_limit, query_error};
+use crate::routes::tasks::{parse_limit, parse_order, query_error};
 use crate::routes::ApiResult;
 use crate::wire::batches::{
     BatchList, BatchObject, CreateBatchRequest, FileDeleted, FileList, FileObject, FileTag,
@@ -30,6 +30,11 @@ const MAX_PURPOSE_BYTES: usize = 64;
 
 fn parse_file_id(text: &str) -> ApiResult<FileId> {
     FileId::parse(text).map_err(|_| ApiError::not_found())
+}
+
+/// How long the service keeps ended batches, and so their output and error files.
+fn retention(state: &AppState) -> std::time::Duration {
+    state.service.settings().retention
 }
 
 fn parse_batch_id(text: &str) -> ApiResult<BatchId> {
@@ -56,9 +61,10 @@ pub struct UploadForm {
 
 /// Upload a file.
 ///
-/// `multipart/form-data` with a `file` part and `purpose` `batch`, in either order; the bytes are
-/// streamed to storage (at most `--max-file-bytes`, 200 MB by default) and taken as they are:
-/// a batch made from the file checks its lines.
+/// `multipart/form-data` with a `file` part and `purpose` `batch`, in either order, and no other
+/// part; the bytes are streamed to storage (at most `--max-file-bytes`, 200 MB by default) and
+/// taken as they are: a batch made from the file checks its lines. A refused upload keeps
+/// nothing.
 #[utoipa::path(
     post,
     path = "/v1/files",
@@ -69,7 +75,9 @@ pub struct UploadForm {
     responses(
         (status = 200, description = "The stored file.", body = FileObject),
         (status = 400, description = "`invalid_request`: no `file` part, a `purpose` other \
-            than `batch`, or a body that is not multipart.", body = ErrorEnvelope),
+            than `batch`, a part other than these two (`param` names it; OpenAI's \
+            `expires_after` is not supported), or a body that is not multipart.",
+            body = ErrorEnvelope),
         (status = 401, response = Unauthorized),
         (status = 403, response = Forbidden),
         (status = 413, response = PayloadTooLarge),
@@ -105,7 +113,7 @@ pub async fn create_file(
                 .service
                 .keep_file(&caller, received, purpose.as_deref())
                 .await?;
-            Ok(Json(FileObject::of(&file)))
+            Ok(Json(FileObject::of(&file, retention(&state))))
         }
         (Ok(()), None) => Err(ApiError::invalid("file", "the form has no `file` part")),
         (Err(error), received) => {
@@ -117,7 +125,27 @@ pub async fn create_file(
     }
 }
 
-/// Reads the upload's parts: the file streamed to storage, the purpose kept.
+/// The refusal of a part other than `file` and `purpose`, never read past: the upload keeps
+/// nothing.
+fn unknown_part(name: Option<&str>) -> ApiError {
+    match name {
+        Some(name) if name.starts_with("expires_after") => ApiError::invalid(
+            name,
+            format!("`{name}` is not supported: an uploaded file stays until it is deleted"),
+        ),
+        Some(name) => ApiError::invalid(
+            name,
+            format!("unknown field `{name}`: the form has a `file` and a `purpose`"),
+        ),
+        None => ApiError::new(
+            ErrorCode::InvalidRequest,
+            "a part of the form has no name: the form has a `file` and a `purpose`",
+        ),
+    }
+}
+
+/// Reads the upload's parts: the file streamed to storage, the purpose kept; any other part is
+/// refused.
 async fn read_form(
     state: &AppState,
     caller: &Caller,
@@ -139,10 +167,7 @@ async fn read_form(
                 }
                 *purpose = Some(String::from_utf8_lossy(&bytes).trim().to_owned());
             }
-            // Other parts (e.g. OpenAI's `expires_after`) are read past.
-            _ => {
-                field.bytes().await.map_err(multipart_error)?;
-            }
+            name => return Err(unknown_part(name)),
         }
     }
     Ok(())
@@ -159,15 +184,15 @@ pub struct FileListQuery {
     /// Files per page, 1…10000 (default 10000).
     #[param(value_type = Option<u32>, minimum = 1, maximum = 10000)]
     limit: Option<String>,
-    /// A file id: continue with the files after it.
+    /// A file id: continue with the files after it, in `order`.
     #[param(value_type = Option<String>)]
     after: Option<String>,
-    /// Only `asc`: files are listed oldest first.
+    /// `desc` (default, newest first) or `asc` (oldest first); `after` continues in it.
     #[param(value_type = Option<String>)]
     order: Option<String>,
 }
 
-/// List the caller's files, oldest first.
+/// List the caller's files, newest first unless `order` is `asc`.
 #[utoipa::path(
     get,
     path = "/v1/files",
@@ -196,12 +221,7 @@ pub async fn list_files(
             ApiError::invalid("purpose", "`purpose` must be `batch` or `batch_output`")
         })?),
     };
-    if !matches!(query.order.as_deref(), None | Some("") | Some("asc")) {
-        return Err(ApiError::invalid(
-            "order",
-            "files are listed oldest first: `asc`",
-        ));
-    }
+    let order = parse_order(query.order.as_deref())?;
     let after = match query.after.as_deref() {
         None | Some("") => None,
         Some(text) => Some(
@@ -211,10 +231,13 @@ pub async fn list_files(
     };
     let page = state
         .service
-        .list_files(&caller, purpose, after, limit)
+        .list_files(&caller, purpose, after, order, limit)
         .await?;
     Ok(Json(FileList::new(
-        page.items.iter().map(FileObject::of).collect(),
+        page.items
+            .iter()
+            .map(|file| FileObject::of(file, retention(&state)))
+            .collect(),
         page.has_more,
     )))
 }
@@ -242,7 +265,7 @@ pub async fn get_file(
     Path(id): Path<String>,
 ) -> ApiResult<Json<FileObject>> {
     let file = state.service.file(&caller, parse_file_id(&id)?).await?;
-    Ok(Json(FileObject::of(&file)))
+    Ok(Json(FileObject::of(&file, retention(&state))))
 }
 
 /// Delete a file: its record and its bytes.

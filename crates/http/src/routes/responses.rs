@@ -9,6 +9,8 @@ use axum::Json;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
+use lmsp_domain::ports::ListOrder;
+
 use crate::error::{cancel_status, ApiError, ErrorEnvelope};
 use crate::extract::{Authed, JsonBody};
 use crate::openapi::{
@@ -17,12 +19,11 @@ use crate::openapi::{
 };
 use crate::replies::with_task_header;
 use crate::routes::submit::{self, Rendering};
-use crate::routes::tasks::{parse_limit, query_error};
+use crate::routes::tasks::{parse_limit, parse_order, query_error};
 use crate::routes::{json_reply, parse_flag, parse_response_id, parse_sequence, ApiResult};
 use crate::wire::input_items::{input_items, InputItemList};
 use crate::wire::openai::{self, DeletedResponse, ResponseObject, ResponseStreamEvent};
 use crate::wire::requests::CreateResponseRequest;
-use crate::wire::ListTag;
 use crate::AppState;
 
 /// Create a response.
@@ -345,15 +346,8 @@ pub async fn list_input_items(
         .response(&caller, parse_response_id(&id)?)
         .await?;
     let mut items = input_items(&task);
-    match query.order.as_deref() {
-        None | Some("") | Some("desc") => items.reverse(),
-        Some("asc") => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "order",
-                "`order` must be `asc` or `desc`",
-            ))
-        }
+    if parse_order(query.order.as_deref())? == ListOrder::Desc {
+        items.reverse();
     }
     if let Some(after) = query.after.as_deref().filter(|a| !a.is_empty()) {
         let at = items
@@ -364,11 +358,5 @@ pub async fn list_input_items(
     }
     let has_more = items.len() > limit;
     items.truncate(limit);
-    Ok(Json(InputItemList {
-        object: ListTag::Value,
-        first_id: items.first().map(|item| item.id().to_owned()),
-        last_id: items.last().map(|item| item.id().to_owned()),
-        data: items,
-        has_more,
-    }))
+    Ok(Json(InputItemList::new(items, has_more)))
 }

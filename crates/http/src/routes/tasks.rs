@@ -8,6 +8,7 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use lmsp_app::TaskQuery;
+use lmsp_domain::ports::ListOrder;
 use lmsp_domain::{ClientId, ModelId, TaskId, TaskStatus};
 
 use crate::error::{cancel_status, ApiError, ErrorCode, ErrorEnvelope};
@@ -50,6 +51,15 @@ pub(crate) fn parse_limit(text: Option<&str>, default: usize, max: usize) -> Api
                 format!("`limit` must be an integer from 1 to {max}"),
             )),
         },
+    }
+}
+
+/// A list's `order`: `asc` or `desc`, `desc` (newest first) when not given, as OpenAI's lists.
+pub(crate) fn parse_order(text: Option<&str>) -> ApiResult<ListOrder> {
+    match text {
+        None | Some("") => Ok(ListOrder::Desc),
+        Some(text) => ListOrder::parse(text)
+            .ok_or_else(|| ApiError::invalid("order", "`order` must be `asc` or `desc`")),
     }
 }
 

@@ -115,13 +115,7 @@ pub async fn list_endpoints(
         .iter()
         .map(|endpoint| EndpointObject::of(endpoint, false))
         .collect();
-    Ok(Json(EndpointList {
-        object: ListTag::Value,
-        first_id: data.first().map(|e| e.id.clone()),
-        last_id: data.last().map(|e| e.id.clone()),
-        data,
-        has_more: page.has_more,
-    }))
+    Ok(Json(EndpointList::new(data, page.has_more)))
 }
 
 /// A webhook endpoint (no secret).

@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::extract::parse_json;
 use crate::routes::submit::{finished, Rendering};
 use crate::wire::requests::{ChatCompletionRequest, CreateResponseRequest};
-use crate::wire::{constant, list_of, ListTag};
+use crate::wire::{constant, list_of, ListTag, Listed};
 
 constant!(
     /// `"file"`.
@@ -45,15 +45,16 @@ pub struct FileObject {
     pub purpose: &'static str,
     /// Always `processed`: a file is stored whole or not at all.
     pub status: &'static str,
-    /// Never set: uploaded files stay until deleted; output files follow the retention.
+    /// When it is purged (Unix seconds): an output or error file `--retention` after its
+    /// batch's end; `null` for an upload, which stays until deleted.
     pub expires_at: Option<i64>,
     /// The SHA-256 of its bytes (lower-case hex).
     pub sha256: String,
 }
 
 impl FileObject {
-    /// The wire form of a file.
-    pub fn of(file: &StoredFile) -> Self {
+    /// The wire form of a file, of a service that keeps ended batches for `retention`.
+    pub fn of(file: &StoredFile, retention: std::time::Duration) -> Self {
         Self {
             id: file.id.to_string(),
             object: FileTag::Value,
@@ -62,15 +63,21 @@ impl FileObject {
             filename: file.filename.clone(),
             purpose: file.purpose.as_str(),
             status: "processed",
-            expires_at: None,
+            expires_at: file.expires_at(retention).map(Timestamp::as_unix_seconds),
             sha256: file.digest.clone(),
         }
     }
 }
 
+impl Listed for FileObject {
+    fn list_id(&self) -> &str {
+        &self.id
+    }
+}
+
 list_of!(
-    /// A page of files, oldest first.
-    FileList of FileObject
+    /// A page of files, in the order asked for (newest first unless `order=asc`).
+    FileList of FileObject, with ids
 );
 
 /// The answer to `DELETE /v1/files/{id}`.
@@ -224,9 +231,15 @@ impl BatchObject {
     }
 }
 
+impl Listed for BatchObject {
+    fn list_id(&self) -> &str {
+        &self.id
+    }
+}
+
 list_of!(
     /// A page of batches, newest first.
-    BatchList of BatchObject
+    BatchList of BatchObject, with ids
 );
 
 /// The body of `POST /v1/batches`. Unknown fields are refused (400).
@@ -351,15 +364,7 @@ impl BatchWire for HttpBatchWire {
                 "id": request_id(task.id),
                 "custom_id": custom_id,
                 "response": null,
-                "error": {
-                    "code": why.as_str(),
-                    "message": match why {
-                        lmsp_domain::batch::LineCancel::BatchCancelled =>
-                            "the batch was cancelled before this request finished",
-                        lmsp_domain::batch::LineCancel::BatchExpired =>
-                            "the batch's completion window passed before this request finished",
-                    },
-                },
+                "error": {"code": why.as_str(), "message": why.message()},
             }),
         };
         serde_json::to_vec(&line).unwrap_or_default()

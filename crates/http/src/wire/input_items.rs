@@ -7,7 +7,7 @@ use utoipa::ToSchema;
 
 use lmsp_domain::{Role, Task};
 
-use crate::wire::ListTag;
+use crate::wire::{list_of, Listed};
 
 /// A piece of a message's content.
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -84,21 +84,16 @@ impl InputItem {
     }
 }
 
-/// A page of input items.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct InputItemList {
-    // Always `list`.
-    #[schema(inline)]
-    pub object: ListTag,
-    /// The items, in the order asked for.
-    pub data: Vec<InputItem>,
-    /// The first item's id.
-    pub first_id: Option<String>,
-    /// The last item's id.
-    pub last_id: Option<String>,
-    /// Whether more items follow this page.
-    pub has_more: bool,
+impl Listed for InputItem {
+    fn list_id(&self) -> &str {
+        self.id()
+    }
 }
+
+list_of!(
+    /// A page of input items, in the order asked for.
+    InputItemList of InputItem, with ids
+);
 
 /// Every input item of `task`'s request, oldest first: its messages (with the earlier turns of
 /// a response it continued), an assistant turn's calls after its text, a tool's answers.

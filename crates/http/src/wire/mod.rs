@@ -44,8 +44,12 @@ macro_rules! constant {
 pub(crate) use constant;
 
 /// A page of a list: `{"object": "list", "data": [...], "has_more": bool}`, one type per item.
+/// `with ids`: a list that names its ends, as OpenAI's lists of ids do, `{"object": "list",
+/// "data": [...], "first_id", "last_id", "has_more"}`, each item a [`Listed`].
 macro_rules! list_of {
-    ($(#[$meta:meta])* $name:ident of $item:ty) => {
+    // `$data` names the items in `$init`: one name, passed from the arm that wrote both.
+    (@list $(#[$meta:meta])* $name:ident of $item:ty, $data:ident
+        { $($fields:tt)* } { $($init:tt)* }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
         pub struct $name {
@@ -54,23 +58,45 @@ macro_rules! list_of {
             pub object: crate::wire::ListTag,
             /// The items.
             pub data: Vec<$item>,
+            $($fields)*
             /// Whether more items follow this page.
             pub has_more: bool,
         }
 
         impl $name {
             /// A page of these items.
-            pub fn new(data: Vec<$item>, has_more: bool) -> Self {
+            pub fn new($data: Vec<$item>, has_more: bool) -> Self {
                 Self {
                     object: crate::wire::ListTag::Value,
-                    data,
+                    $($init)*
+                    data: $data,
                     has_more,
                 }
             }
         }
     };
+    ($(#[$meta:meta])* $name:ident of $item:ty) => {
+        crate::wire::list_of!(@list $(#[$meta])* $name of $item, data {} {});
+    };
+    ($(#[$meta:meta])* $name:ident of $item:ty, with ids) => {
+        crate::wire::list_of!(@list $(#[$meta])* $name of $item, data {
+            /// The first item's id (`null` when there is none).
+            pub first_id: Option<String>,
+            /// The last item's id: the `after` of the next page.
+            pub last_id: Option<String>,
+        } {
+            first_id: data.first().map(|item| crate::wire::Listed::list_id(item).to_owned()),
+            last_id: data.last().map(|item| crate::wire::Listed::list_id(item).to_owned()),
+        });
+    };
 }
 pub(crate) use list_of;
+
+/// An item of a list that names its first and last items (`list_of!(… with ids)`).
+pub trait Listed {
+    /// The id it is named by.
+    fn list_id(&self) -> &str;
+}
 
 constant!(
     /// `"list"`.

@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 
 use lmsp_domain::webhooks::{subject_id, Delivery, WebhookEndpoint};
 
-use crate::wire::{constant, ListTag};
+use crate::wire::{constant, list_of, ListTag, Listed};
 
 constant!(
     /// `"webhook_endpoint"`.
@@ -67,21 +67,16 @@ impl EndpointObject {
     }
 }
 
-/// A page of endpoints, newest first.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct EndpointList {
-    // Always `list`.
-    #[schema(inline)]
-    pub object: ListTag,
-    /// The endpoints.
-    pub data: Vec<EndpointObject>,
-    /// The first endpoint's id.
-    pub first_id: Option<String>,
-    /// The last endpoint's id.
-    pub last_id: Option<String>,
-    /// Whether more follow.
-    pub has_more: bool,
+impl Listed for EndpointObject {
+    fn list_id(&self) -> &str {
+        &self.id
+    }
 }
+
+list_of!(
+    /// A page of endpoints, newest first.
+    EndpointList of EndpointObject, with ids
+);
 
 /// The answer to a deletion.
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -1,6 +1,6 @@
-//! A service in this process for the HTTP tests: SQLite in a temp dir, the reference engine,
-//! the router driven with `oneshot` (no port bound), and the helpers that send to it.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+//! The service the HTTP tests drive: a real service over a fresh data directory (SQLite, the
+//! reference engine) behind the router, driven with `oneshot` without binding a port.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +28,7 @@ pub struct TestApp {
     pub admin_token: String,
     pub service: Service,
     pub models_dir: std::path::PathBuf,
-    _data_dir: tempfile::TempDir,
+    pub data_dir: tempfile::TempDir,
 }
 
 impl Drop for TestApp {
@@ -44,6 +44,14 @@ pub async fn test_app() -> TestApp {
 
 /// A test app; with `upstream`, that engine runs upstream models beside the reference engine.
 pub async fn test_app_with(upstream: Option<Arc<dyn Engine>>) -> TestApp {
+    test_app_configured(upstream, |_| {}).await
+}
+
+/// A test app whose settings `configure` changes from the tests' defaults.
+pub async fn test_app_configured(
+    upstream: Option<Arc<dyn Engine>>,
+    configure: impl FnOnce(&mut Settings),
+) -> TestApp {
     let data_dir = tempfile::tempdir().unwrap();
     let models_dir = data_dir.path().join("models");
     std::fs::create_dir_all(&models_dir).unwrap();
@@ -68,6 +76,7 @@ pub async fn test_app_with(upstream: Option<Arc<dyn Engine>>) -> TestApp {
     settings.retention = Duration::from_secs(3600);
     settings.purge_interval = Duration::from_secs(3600);
     settings.idempotency_ttl = Duration::from_secs(3600);
+    configure(&mut settings);
     let mut engines = Engines::new().with(EngineKind::Reference, engine);
     if let Some(upstream) = upstream {
         engines = engines.with(EngineKind::Upstream, upstream);
@@ -100,7 +109,7 @@ pub async fn test_app_with(upstream: Option<Arc<dyn Engine>>) -> TestApp {
         admin_token,
         service,
         models_dir,
-        _data_dir: data_dir,
+        data_dir,
     }
 }
 

@@ -9,7 +9,7 @@
 use lmsp_domain::batch::{Batch, BatchStatus, DuplicateLine, FilePurpose, StoredFile};
 use lmsp_domain::event::EventKind;
 use lmsp_domain::ids::{BatchId, ClientId, FileId, TaskId};
-use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, Page};
+use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, ListOrder, Page};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
@@ -87,15 +87,17 @@ pub async fn file<C: Db>(db: &C, id: FileId) -> Res<Option<StoredFile>> {
         .transpose()
 }
 
-/// Files, oldest first, after `after`, of `client` (I-7) and with `purpose` when given.
+/// Files in id `order`, past `after` in that order, of `client` (I-7) and with `purpose` when
+/// given.
 pub async fn list_files<C: Db>(
     db: &C,
     client: Option<ClientId>,
     purpose: Option<FilePurpose>,
     after: Option<FileId>,
+    order: ListOrder,
     limit: usize,
 ) -> Res<Page<StoredFile>> {
-    let query = codec::query::files_page(client, purpose, after, limit)?;
+    let query = codec::query::files_page(client, purpose, after, order, limit)?;
     let rows = query_rows(db, &query).await?;
     let items = rows.iter().map(decode_file).collect::<Res<Vec<_>>>()?;
     Ok(Page::of_fetched(items, limit))

@@ -6,7 +6,7 @@
 use lmsp_domain::batch::{Batch, BatchStatus, DuplicateLine, FilePurpose, StoredFile};
 use lmsp_domain::event::EventKind;
 use lmsp_domain::ids::{BatchId, ClientId, FileId};
-use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, Page};
+use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, ListOrder, Page};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
@@ -58,15 +58,16 @@ pub fn file(conn: &Connection, id: FileId) -> Res<Option<StoredFile>> {
     )
 }
 
-/// Files in id order after `after`.
+/// Files in id `order`, past `after` in that order.
 pub fn list_files(
     conn: &Connection,
     client: Option<ClientId>,
     purpose: Option<FilePurpose>,
     after: Option<FileId>,
+    order: ListOrder,
     limit: usize,
 ) -> Res<Page<StoredFile>> {
-    let query = codec::query::files_page(client, purpose, after, limit)?;
+    let query = codec::query::files_page(client, purpose, after, order, limit)?;
     let rows = query_rows(conn, &query, read::<FileRow>)?;
     page(rows.into_iter().map(FileRow::decode), limit)
 }
