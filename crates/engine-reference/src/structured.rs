@@ -18,6 +18,8 @@
 //! keyword, e.g. `text.format.schema.properties.a.pattern`, never an answer that does not
 //! validate.
 
+use std::cell::Cell;
+
 use serde_json::{Map, Number, Value};
 
 use lmsp_domain::ports::Unsupported;
@@ -33,6 +35,28 @@ const MAX_DEPTH: usize = 32;
 
 /// The most characters, items or properties the engine writes for a minimum.
 const MAX_COUNT: u64 = 4096;
+
+/// The most schema nodes one answer visits, building and checking together. Alternatives are
+/// tried in turn and counts multiply (an `anyOf` of `$ref`s back to itself, arrays of arrays
+/// each with a `minItems`), so without a bound a small schema could ask for billions of steps
+/// on the thread that checks a request; past this one it is refused instead (a 400), and an
+/// answer's cost stays bounded whatever the schema.
+const MAX_WORK: u64 = 200_000;
+
+thread_local! {
+    /// The nodes the current answer has visited ([`MAX_WORK`]). Building and checking are
+    /// synchronous, so one answer runs on one thread from [`answer`]'s reset to its end.
+    static WORK: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts one more node of the current answer; whether it is still within [`MAX_WORK`].
+fn within_work() -> bool {
+    WORK.with(|work| {
+        let spent = work.get().saturating_add(1);
+        work.set(spent);
+        spent <= MAX_WORK
+    })
+}
 
 /// The keywords whose instances the engine builds.
 pub const BUILT: &[&str] = &[
@@ -214,6 +238,7 @@ fn arguments(parameters: Option<&JsonText>) -> Result<Value, Refusal> {
 
 /// The smallest valid instance of `schema`: its keywords checked, built, then checked again.
 fn answer(schema: &Value) -> Result<Value, Refusal> {
+    WORK.with(|work| work.set(0));
     check_keywords(schema, "")?;
     let built = build(schema, schema, "", 0, 0)?;
     if valid(&built, schema, schema, 0) {
@@ -367,6 +392,14 @@ fn no_more(at: &str) -> Refusal {
 /// The instance number `n` (0: the smallest; the others all distinct from each other) of
 /// `schema`, whose keywords [`check_keywords`] took and whose `$ref`s point into `root`.
 fn build(schema: &Value, root: &Value, at: &str, depth: usize, n: usize) -> Result<Value, Refusal> {
+    if !within_work() {
+        return Err(refuse(
+            at,
+            "",
+            "building an instance of it takes more steps than the reference engine takes for \
+             one answer",
+        ));
+    }
     let object = match schema {
         Value::Bool(true) => return Ok(any(n)),
         Value::Bool(false) => return Err(refuse(at, "", "the schema `false` has no instance")),
@@ -973,6 +1006,9 @@ fn json_eq(a: &Value, b: &Value) -> bool {
 /// Whether `value` follows `schema` (whose `$ref`s point into `root`), for the keywords the engine
 /// builds for; `format` is not checked (taken as followed).
 fn valid(value: &Value, schema: &Value, root: &Value, depth: usize) -> bool {
+    if !within_work() {
+        return false;
+    }
     let object = match schema {
         Value::Bool(allowed) => return *allowed,
         Value::Object(object) => object,
@@ -1308,6 +1344,25 @@ mod tests {
                 .unwrap_err()
                 .place,
             "type"
+        );
+    }
+
+    #[test]
+    fn a_schema_whose_alternatives_multiply_is_refused_in_bounded_time() {
+        // Four alternatives, each the schema again: 4^32 paths if followed to the depth limit.
+        let looping = json!({"$defs": {"a": {"anyOf": [
+            {"$ref": "#/$defs/a"}, {"$ref": "#/$defs/a"},
+            {"$ref": "#/$defs/a"}, {"$ref": "#/$defs/a"}
+        ]}}, "$ref": "#/$defs/a"});
+        assert!(answer(&looping).is_err());
+        // Arrays of arrays of arrays, 4096 items at each level: 4096^3 items.
+        let wide = json!({"type": "array", "minItems": 4096, "items": {"type": "array",
+            "minItems": 4096, "items": {"type": "array", "minItems": 4096}}});
+        assert!(answer(&wide).is_err());
+        // The budget is per answer: a plain schema after them is answered.
+        assert_eq!(
+            answer(&json!({"type": "array", "minItems": 2, "items": {"type": "integer"}})).unwrap(),
+            json!([0, 0])
         );
     }
 

@@ -478,7 +478,7 @@ pub async fn batch_answers<C: Db>(
         .collect()
 }
 
-/// Removes many tasks' rows at once (`ops::tasks::delete_task_rows`'s statements, set-based);
+/// Removes many tasks' rows at once (`codec::flows::delete_task_rows`'s statements, set-based);
 /// their idempotency records stay, pointing at nothing.
 async fn delete_tasks_rows<C: Db>(db: &C, ids: &[Vec<u8>]) -> Res<()> {
     for sql in [

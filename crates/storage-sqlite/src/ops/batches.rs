@@ -212,10 +212,10 @@ pub fn stage_batch_tasks(conn: &Connection, tasks: &[Task]) -> Res<()> {
 /// The kept lines of a batch whose `custom_id` an earlier kept line of it has, in line order,
 /// at most `limit`.
 pub fn staged_duplicates(conn: &Connection, id: BatchId, limit: usize) -> Res<Vec<DuplicateLine>> {
-    // A one-off pass over every kept line: run with a small page cache, so that it neither grows
-    // the reading connection's cache (up to 2 MiB, memory a batch's validation would otherwise
-    // add) nor evicts the pages other reads keep warm there. The cache is restored whatever the
-    // pass came to.
+    // A one-off pass over every kept line: run with a small page cache, so that it does not grow
+    // the reading connection's cache by its 2 MiB (memory a batch's validation would otherwise
+    // add). Lowering the cache drops the pages that connection kept, so its next reads start
+    // cold; its size is restored whatever the pass came to.
     let limit = to_i64(limit as u64)?;
     let cache: i64 = conn.query_row("PRAGMA cache_size", [], |row| row.get(0))?;
     conn.pragma_update(None, "cache_size", SCAN_CACHE_KIB)?;
