@@ -540,26 +540,31 @@ impl Service {
             line: Some(line),
         };
         let custom_id = read.custom_id.unwrap_or_default();
-        let request = read.body.map_err(|error| {
-            check.refused_body(&custom_id);
-            refused(error.param, error.message)
-        })?;
-        let line_of = BatchLine {
-            batch_id: batch.id,
-            line,
-            custom_id: custom_id.clone(),
+        let prepared = match read.body {
+            Ok(request) => {
+                let line_of = BatchLine {
+                    batch_id: batch.id,
+                    line,
+                    custom_id: custom_id.clone(),
+                };
+                self.prepare_task(caller, &request, Some(line_of))
+                    .await
+                    .map_err(|error| (error.param(), error.to_string()))
+            }
+            Err(error) => Err((error.param, error.message)),
         };
-        self.prepare_task(caller, &request, Some(line_of))
-            .await
+        match prepared {
             // Its answer is the one a synchronous request gets.
-            .map(|task| Task {
+            Ok(task) => Ok(Task {
                 background: false,
                 ..task
-            })
-            .map_err(|error| {
+            }),
+            Err((param, message)) => {
+                // Refused for its body: its `custom_id` is taken all the same.
                 check.refused_body(&custom_id);
-                refused(error.param(), error.to_string())
-            })
+                Err(refused(param, message))
+            }
+        }
     }
 
     /// Cancels a cancelled or expired batch's unfinished lines (P-4 for each: a queued line is
