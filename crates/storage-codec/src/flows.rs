@@ -9,17 +9,31 @@
 //! awaits; SQLite implements them over its connection with bodies that never wait, and drives a
 //! flow with `now_or_never` (its futures never pend, so a flow is done when first polled).
 
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
 use lmsp_domain::auth::{Client, SecretHash};
+use lmsp_domain::cancel::plan_cancel;
+use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::{
     decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
     StoredReply,
 };
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::model::{ModelId, ModelRecord};
-use lmsp_domain::ports::{DeleteOutcome, KeyedInsert, PurgeReport, Redemption};
-use lmsp_domain::task::Task;
+use lmsp_domain::ports::{
+    CancelOutcome, CreateOutcome, DeleteOutcome, KeyedInsert, PurgeReport, Redemption, Snapshot,
+    StepOutcome,
+};
+use lmsp_domain::schedule::QueueLimits;
+use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::{answered_key, decide_delete, purge_batch};
+use lmsp_domain::transition::Step;
+use lmsp_domain::writes::{
+    answered_key, decide_delete, plan_append, plan_claim, plan_create, purge_batch, CreatePlan,
+    SnapshotChange, TaskWrite,
+};
 
 use crate::columns::ReadRow;
 use crate::pairing::{plan_redemption, PAIRING_LIMIT_KEY};
@@ -87,11 +101,88 @@ pub trait ClientRows: Rows {
     async fn insert_client(&self, client: &Client) -> Result<(), Self::Error>;
 }
 
-/// The reads of the task flows that differ: how a task row is read and locked.
+/// Row access that runs SQL ([`Rows`]) and makes the task writes ([`TaskWrites`]), with one
+/// error: what the task flows that run SQL of their own need.
+pub trait TaskRows: Rows + TaskWrites<Error = <Self as Rows>::Error> {}
+
+impl<R: Rows + TaskWrites<Error = <R as Rows>::Error>> TaskRows for R {}
+
+/// The writes of a task's decided step, as a store makes them: where [`Rows`] runs SQL on a
+/// transaction, a store that decides a whole batch of commands before it writes any (PostgreSQL's
+/// group commit) implements this over the rows it read, collecting statements; the steps' flows
+/// ([`append`], [`cancel`], [`claim`]) and [`write_task`] are written once over it.
 #[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
-pub trait TaskRows: Rows {
-    /// A task, its row locked until the transaction ends where the store locks.
-    async fn lock_task(&self, id: TaskId) -> Result<Option<Task>, Self::Error>;
+pub trait TaskWrites {
+    /// The adapter's error; a stored row that makes no sense converts into it.
+    type Error: From<DbError>;
+
+    /// A task as read for a write, its row locked until the transaction ends where the store
+    /// locks (and as the earlier writes of the transaction left it).
+    async fn task_to_write(&self, id: TaskId) -> Result<Option<Task>, Self::Error>;
+
+    /// Writes a task's new row as a compare-and-set on the row as read (`old`), and its events.
+    async fn write_advanced(
+        &self,
+        old: &Task,
+        new: &Task,
+        events: &[Event],
+    ) -> Result<(), Self::Error>;
+
+    /// Stores a response, in place of any under its id.
+    async fn put_response(&self, response: &Response) -> Result<(), Self::Error>;
+
+    /// Stores a task's snapshot, in place of any other.
+    async fn put_snapshot(&self, task: TaskId, snapshot: &Snapshot) -> Result<(), Self::Error>;
+
+    /// Drops a task's snapshot.
+    async fn drop_snapshot(&self, task: TaskId) -> Result<(), Self::Error>;
+
+    /// Records that a claim served `client` at `at` (fairness between clients).
+    async fn mark_served(&self, client: ClientId, at: Timestamp) -> Result<(), Self::Error>;
+}
+
+/// The reads and writes of a task's creation (P-2, I-1, I-8), beside [`TaskWrites`].
+#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
+pub trait CreateRows: TaskWrites {
+    /// The record stored under the key of `record`, expired or not, its row locked where the
+    /// store locks.
+    async fn stored_key(
+        &self,
+        record: &IdempotencyRecord,
+    ) -> Result<Option<IdempotencyRecord>, Self::Error>;
+
+    /// The client's `max_queued`, if it has one.
+    async fn max_queued(&self, client: ClientId) -> Result<Option<u32>, Self::Error>;
+
+    /// How many tasks submitted one by one are queued: the client's and the store's, each
+    /// counted at most up to its limit in `limits` (a store may count nothing where none is).
+    async fn queued(
+        &self,
+        client: ClientId,
+        limits: QueueLimits,
+    ) -> Result<(u64, u64), Self::Error>;
+
+    /// Inserts a new task's rows with its first events, and the request's key record if it has
+    /// a key (`existed`: [`CreateRows::stored_key`] found one under it).
+    async fn insert_created(
+        &self,
+        write: &TaskWrite<'_>,
+        record: Option<&IdempotencyRecord>,
+        existed: bool,
+    ) -> Result<(), Self::Error>;
+}
+
+/// Runs a flow over row access whose futures never pend (SQLite's connection, the rows a batch
+/// read) to its end, in place. One that pends is a bug, reported as an error rather than left
+/// half done.
+pub fn run_ready<T, E: From<DbError>>(flow: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+    match pin!(flow).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(result) => result,
+        Poll::Pending => Err(crate::corrupt(
+            "a shared storage flow waited, over row access that never waits",
+        )
+        .into()),
+    }
 }
 
 /// A client's stored key as a bound value.
@@ -255,8 +346,8 @@ pub async fn delete_finished<R: TaskRows>(
     rows: &R,
     task_id: TaskId,
     client_id: Option<ClientId>,
-) -> Result<DeleteOutcome, R::Error> {
-    let Some(task) = rows.lock_task(task_id).await? else {
+) -> Result<DeleteOutcome, <R as Rows>::Error> {
+    let Some(task) = rows.task_to_write(task_id).await? else {
         return Ok(DeleteOutcome::NotFound);
     };
     let outcome = decide_delete(&task, client_id);
@@ -316,4 +407,112 @@ pub async fn redeem_pairing<R: ClientRows>(
         rows.insert_client(client).await?;
     }
     Ok(plan.redemption)
+}
+
+/// Writes what the domain decided for a task read (and locked) as `old`: its row as a
+/// compare-and-set with its events, the responses, the snapshot change.
+pub async fn write_task<R: TaskWrites>(
+    rows: &R,
+    old: &Task,
+    write: &TaskWrite<'_>,
+) -> Result<(), R::Error> {
+    rows.write_advanced(old, &write.task, &write.events).await?;
+    for response in &write.responses {
+        rows.put_response(response).await?;
+    }
+    match write.snapshot {
+        SnapshotChange::Keep => Ok(()),
+        SnapshotChange::Drop => rows.drop_snapshot(old.id).await,
+        SnapshotChange::Put(snapshot) => rows.put_snapshot(old.id, snapshot).await,
+    }
+}
+
+/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record, as the
+/// domain's [`plan_create`] decides from the record stored under the key, unless a queue limit
+/// ([`QueueLimits::admit`]) refuses it.
+pub async fn create_task<R: CreateRows>(
+    rows: &R,
+    task: &Task,
+    idempotency: Option<&IdempotencyRecord>,
+    service_max_queued: Option<u32>,
+) -> Result<(CreateOutcome, Vec<Event>), R::Error> {
+    let stored = match idempotency {
+        Some(record) => rows.stored_key(record).await?,
+        None => None,
+    };
+    let write = match plan_create(task, stored.as_ref()) {
+        CreatePlan::Write(write) => write,
+        CreatePlan::KeyAnswered(record) => {
+            return Ok((CreateOutcome::KeyAnswered(record), Vec::new()))
+        }
+    };
+    let limits = QueueLimits {
+        client: rows.max_queued(task.client_id).await?,
+        service: service_max_queued,
+    };
+    if limits.any() {
+        let (client_queued, service_queued) = rows.queued(task.client_id, limits).await?;
+        if let Err(full) = limits.admit(client_queued, service_queued) {
+            return Ok((CreateOutcome::QueueFull(full), Vec::new()));
+        }
+    }
+    rows.insert_created(&write, idempotency, stored.is_some())
+        .await?;
+    Ok((CreateOutcome::Created(write.task), write.events))
+}
+
+/// P-3, I-2: folds a worker's steps through the domain ([`plan_append`]), all or nothing.
+pub async fn append<R: TaskWrites>(
+    rows: &R,
+    task_id: TaskId,
+    by: InstanceId,
+    expected: Option<u64>,
+    steps: &[Step],
+    snapshot: Option<&Snapshot>,
+    at: Timestamp,
+) -> Result<(StepOutcome, Vec<Event>), R::Error> {
+    let Some(old) = rows.task_to_write(task_id).await? else {
+        return Ok((StepOutcome::NotFound, Vec::new()));
+    };
+    match plan_append(&old, steps, by, expected, snapshot, at) {
+        Ok(write) => {
+            write_task(rows, &old, &write).await?;
+            Ok(write.applied())
+        }
+        Err(refusal) => Ok((StepOutcome::Refused { task: old, refusal }, Vec::new())),
+    }
+}
+
+/// Claims `old`, a queued task read (and locked) for the claim, for `by`, and records when its
+/// client was served; the task as claimed and its events.
+pub async fn claim<R: TaskWrites>(
+    rows: &R,
+    old: &Task,
+    by: InstanceId,
+    at: Timestamp,
+) -> Result<(Task, Vec<Event>), R::Error> {
+    let write = plan_claim(old, by, at)
+        .map_err(|refusal| crate::corrupt(format!("a queued task refused a claim: {refusal}")))?;
+    write_task(rows, old, &write).await?;
+    rows.mark_served(old.client_id, at).await?;
+    Ok((write.task, write.events))
+}
+
+/// P-4, I-3: decides ([`plan_cancel`]) and applies a cancel.
+pub async fn cancel<R: TaskWrites>(
+    rows: &R,
+    task_id: TaskId,
+    client_id: Option<ClientId>,
+    at: Timestamp,
+) -> Result<(CancelOutcome, Vec<Event>), R::Error> {
+    let Some(old) = rows.task_to_write(task_id).await? else {
+        return Ok((CancelOutcome::NotFound, Vec::new()));
+    };
+    let plan = plan_cancel(&old, client_id, at)
+        .map_err(|refusal| crate::corrupt(format!("a cancel was refused: {refusal}")))?;
+    let Some(write) = plan.write else {
+        return Ok((plan.outcome, Vec::new()));
+    };
+    write_task(rows, &old, &write).await?;
+    Ok((plan.outcome, write.events))
 }

@@ -45,7 +45,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use lmsp_domain::auth::{Scope, Scopes};
-use lmsp_domain::event::CallItem;
+use lmsp_domain::event::{CallItem, Event};
 use lmsp_domain::ids::{ItemId, ResponseId, ServiceId, TaskId};
 use lmsp_domain::model::ModelId;
 use lmsp_domain::ports::{Initialized, ServiceIdentity, StoreError};
@@ -71,6 +71,32 @@ pub enum DbError {
 /// A stored row or document that makes no sense.
 pub fn corrupt(what: impl std::fmt::Display) -> DbError {
     DbError::Corrupt(what.to_string())
+}
+
+/// A database whose schema version (`found`) is newer than the one this build writes (`build`):
+/// a newer build migrated it, and this one must not touch it.
+pub fn newer_schema(found: i64, build: impl std::fmt::Display) -> DbError {
+    corrupt(format!(
+        "this database has schema version {found}, newer than this build's \
+         {build}: run a newer lmsp"
+    ))
+}
+
+/// The reply of a write that wrote no event (most writes but the task's own), as the adapters'
+/// port methods answer it to their write paths.
+pub fn no_events<T>(value: T) -> (T, Vec<Event>) {
+    (value, Vec::new())
+}
+
+/// The defaults of the tuning both adapters have (their `Options`): how many tasks one recovery
+/// transaction moves, and how many events one purge transaction removes at most past its first
+/// task (I-4: short enough that writers never wait long behind a purge; 300 keeps one
+/// transaction near a millisecond on SQLite).
+pub mod tuning {
+    /// Tasks per recovery transaction.
+    pub const RECOVERY_BATCH: usize = 1000;
+    /// Events one purge transaction removes at most (past its first task).
+    pub const PURGE_MAX_EVENTS: u64 = 300;
 }
 
 /// To the port, a row or document that does not read is a corrupt store.

@@ -33,6 +33,7 @@
 //! subtransaction, and PostgreSQL keeps only 64 of them per transaction in shared memory (past
 //! that, every other session's snapshots must look them up in `pg_subtrans`).
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -42,7 +43,6 @@ use std::task::Poll;
 use std::time::Instant;
 
 use futures::FutureExt;
-use lmsp_domain::cancel::plan_cancel;
 use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::IdempotencyRecord;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
@@ -54,7 +54,8 @@ use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
-use lmsp_domain::writes::{plan_append, plan_claim, plan_create, CreatePlan, SnapshotChange};
+use lmsp_domain::writes::TaskWrite;
+use lmsp_storage_codec::flows::{self, CreateRows, TaskWrites};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
@@ -790,72 +791,150 @@ struct Decided {
     cancel: bool,
 }
 
-impl Decided {
-    fn nothing(reply: Reply) -> Decided {
-        Decided {
-            statements: Vec::new(),
-            reply,
-            events: Vec::new(),
-            cancel: false,
-        }
+/// The rows of a batch's [`Overlay`] as the codec's shared task flows read and write them
+/// ([`flows::TaskWrites`], [`flows::CreateRows`]): a read answers from the rows the batch read,
+/// as the commands before left them; a write becomes a statement of the command and leaves its
+/// row in the overlay for the commands after it. Nothing waits ([`flows::run_ready`]).
+struct Planner<'o> {
+    overlay: RefCell<&'o mut Overlay>,
+    statements: RefCell<Vec<Stmt>>,
+}
+
+impl Planner<'_> {
+    fn push(&self, statement: Stmt) {
+        self.statements.borrow_mut().push(statement);
     }
 }
 
-/// Asks the domain what `request` writes, on the rows of `overlay`, and leaves its new rows
-/// there for the commands after it.
+impl TaskWrites for Planner<'_> {
+    type Error = DbError;
+
+    async fn task_to_write(&self, id: TaskId) -> Result<Option<Task>, DbError> {
+        Ok(self.overlay.borrow().tasks.get(&id).cloned())
+    }
+
+    /// A task's row as a compare-and-set on the row as read, and its events, in one statement
+    /// (`WRITE_TASK_SQL`).
+    async fn write_advanced(
+        &self,
+        old: &Task,
+        new: &Task,
+        events: &[Event],
+    ) -> Result<(), DbError> {
+        let params = update_params(old, new, events)?;
+        self.push(Stmt::new(String::from(WRITE_TASK_SQL), params));
+        self.overlay.borrow_mut().tasks.insert(old.id, new.clone());
+        Ok(())
+    }
+
+    async fn put_response(&self, response: &Response) -> Result<(), DbError> {
+        self.push(Stmt::new(
+            String::from(RESPONSE_SQL),
+            vec![
+                Box::new(response.id.to_string()),
+                Box::new(key(response.task_id)),
+                Box::new(codec::response_to_text(response)?),
+            ],
+        ));
+        Ok(())
+    }
+
+    async fn put_snapshot(&self, task: TaskId, snapshot: &Snapshot) -> Result<(), DbError> {
+        self.push(Stmt::new(
+            String::from(SNAPSHOT_PUT_SQL),
+            vec![
+                Box::new(key(task)),
+                Box::new(to_i64(snapshot.sequence_number)?),
+                Box::new(snapshot.state.clone()),
+            ],
+        ));
+        Ok(())
+    }
+
+    async fn drop_snapshot(&self, task: TaskId) -> Result<(), DbError> {
+        self.push(Stmt::new(
+            String::from(SNAPSHOT_DROP_SQL),
+            vec![Box::new(key(task))],
+        ));
+        Ok(())
+    }
+
+    async fn mark_served(&self, client: ClientId, at: Timestamp) -> Result<(), DbError> {
+        self.push(Stmt::new(
+            String::from(ops::tasks::SERVED_SQL),
+            vec![Box::new(client_key(client)), Box::new(at.as_millis())],
+        ));
+        Ok(())
+    }
+}
+
+impl CreateRows for Planner<'_> {
+    async fn stored_key(
+        &self,
+        record: &IdempotencyRecord,
+    ) -> Result<Option<IdempotencyRecord>, DbError> {
+        self.overlay
+            .borrow()
+            .keys
+            .get(&key_id(record))
+            .cloned()
+            .ok_or_else(|| crate::ops::corrupt(String::from("a key was not read")))
+    }
+
+    async fn max_queued(&self, client: ClientId) -> Result<Option<u32>, DbError> {
+        let overlay = self.overlay.borrow();
+        Ok(overlay.client_queued.get(&client).map(|(max, _)| *max))
+    }
+
+    async fn queued(&self, client: ClientId, _limits: QueueLimits) -> Result<(u64, u64), DbError> {
+        let overlay = self.overlay.borrow();
+        let client = overlay.client_queued.get(&client);
+        Ok((
+            client.map_or(0, |(_, queued)| *queued),
+            overlay.service_queued,
+        ))
+    }
+
+    /// The task, its spec and first events in one statement (`CREATE_SQL`), then the key's
+    /// record; the queued counts followed.
+    async fn insert_created(
+        &self,
+        write: &TaskWrite<'_>,
+        record: Option<&IdempotencyRecord>,
+        existed: bool,
+    ) -> Result<(), DbError> {
+        let mut overlay = self.overlay.borrow_mut();
+        if let Some((_, queued)) = overlay.client_queued.get_mut(&write.task.client_id) {
+            *queued += 1;
+        }
+        overlay.service_queued += 1;
+        self.push(create_statement(&write.task, &write.events)?);
+        if let Some(record) = record {
+            self.push(put_record_statement(record, existed));
+            overlay.keys.insert(key_id(record), Some(record.clone()));
+        }
+        overlay.tasks.insert(write.task.id, write.task.clone());
+        Ok(())
+    }
+}
+
+/// Asks the domain what `request` writes (the codec's shared flows), on the rows of `overlay`,
+/// and leaves its new rows there for the commands after it.
 fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> {
-    match request {
+    let planner = Planner {
+        overlay: RefCell::new(overlay),
+        statements: RefCell::new(Vec::new()),
+    };
+    let (reply, events) = match request {
         Request::Create {
             task,
             idempotency,
             service_max_queued,
         } => {
-            let id = idempotency.as_ref().map(key_id);
-            let stored = match &id {
-                Some(id) => overlay
-                    .keys
-                    .get(id)
-                    .ok_or_else(|| crate::ops::corrupt(String::from("a key was not read")))?
-                    .clone(),
-                None => None,
-            };
-            let write = match plan_create(task, stored.as_ref()) {
-                CreatePlan::Write(write) => write,
-                CreatePlan::KeyAnswered(record) => {
-                    return Ok(Decided::nothing(Reply::Created(
-                        CreateOutcome::KeyAnswered(record),
-                    )))
-                }
-            };
-            let client = overlay.client_queued.get(&task.client_id).copied();
-            let limits = QueueLimits {
-                client: client.map(|(max, _)| max),
-                service: *service_max_queued,
-            };
-            if let Err(full) = limits.admit(
-                client.map_or(0, |(_, queued)| queued),
-                overlay.service_queued,
-            ) {
-                return Ok(Decided::nothing(Reply::Created(CreateOutcome::QueueFull(
-                    full,
-                ))));
-            }
-            if let Some((_, queued)) = overlay.client_queued.get_mut(&task.client_id) {
-                *queued += 1;
-            }
-            overlay.service_queued += 1;
-            let mut statements = vec![create_statement(&write.task, &write.events)?];
-            if let (Some(record), Some(id)) = (idempotency, id) {
-                statements.push(put_record_statement(record, stored.is_some()));
-                overlay.keys.insert(id, Some(record.clone()));
-            }
-            overlay.tasks.insert(write.task.id, write.task.clone());
-            Ok(Decided {
-                statements,
-                events: write.events,
-                reply: Reply::Created(CreateOutcome::Created(write.task)),
-                cancel: false,
-            })
+            let flow =
+                flows::create_task(&planner, task, idempotency.as_ref(), *service_max_queued);
+            let (outcome, events) = flows::run_ready(flow)?;
+            (Reply::Created(outcome), events)
         }
         Request::Append {
             task_id,
@@ -865,97 +944,54 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
             snapshot,
             at,
         } => {
-            let Some(old) = overlay.tasks.get(task_id).cloned() else {
-                return Ok(Decided::nothing(Reply::Stepped(StepOutcome::NotFound)));
-            };
-            match plan_append(&old, steps, *by, *expected, snapshot.as_ref(), *at) {
-                Ok(write) => {
-                    let statements = task_statements(
-                        &old,
-                        &write.task,
-                        &write.events,
-                        &write.responses,
-                        write.snapshot,
-                    )?;
-                    overlay.tasks.insert(old.id, write.task.clone());
-                    let (outcome, events) = write.applied();
-                    Ok(Decided {
-                        statements,
-                        reply: Reply::Stepped(outcome),
-                        events,
-                        cancel: false,
-                    })
-                }
-                Err(refusal) => Ok(Decided::nothing(Reply::Stepped(StepOutcome::Refused {
-                    task: old,
-                    refusal,
-                }))),
-            }
+            let flow = flows::append(
+                &planner,
+                *task_id,
+                *by,
+                *expected,
+                steps,
+                snapshot.as_ref(),
+                *at,
+            );
+            let (outcome, events) = flows::run_ready(flow)?;
+            (Reply::Stepped(outcome), events)
         }
         Request::Claim { by, at, .. } => {
-            while let Some(id) = overlay.claimable.pop_front() {
-                let Some(old) = overlay.tasks.get(&id).cloned() else {
-                    continue;
+            let next = loop {
+                let Some(id) = planner.overlay.borrow_mut().claimable.pop_front() else {
+                    break None;
                 };
-                if old.status != TaskStatus::Queued {
-                    continue;
+                match planner.overlay.borrow().tasks.get(&id) {
+                    Some(old) if old.status == TaskStatus::Queued => break Some(old.clone()),
+                    _ => continue,
                 }
-                let write = plan_claim(&old, *by, *at).map_err(|refusal| {
-                    ops::corrupt(format!("a queued task refused a claim: {refusal}"))
-                })?;
-                let mut statements = task_statements(
-                    &old,
-                    &write.task,
-                    &write.events,
-                    &write.responses,
-                    write.snapshot,
-                )?;
-                statements.push(Stmt::new(
-                    String::from(ops::tasks::SERVED_SQL),
-                    vec![
-                        Box::new(client_key(old.client_id)),
-                        Box::new(at.as_millis()),
-                    ],
-                ));
-                overlay.tasks.insert(id, write.task.clone());
-                return Ok(Decided {
-                    statements,
-                    reply: Reply::Claimed(Some(write.task)),
-                    events: write.events,
-                    cancel: false,
-                });
+            };
+            match next {
+                Some(old) => {
+                    let (task, events) = flows::run_ready(flows::claim(&planner, &old, *by, *at))?;
+                    (Reply::Claimed(Some(task)), events)
+                }
+                None => (Reply::Claimed(None), Vec::new()),
             }
-            Ok(Decided::nothing(Reply::Claimed(None)))
         }
         Request::Cancel {
             task_id,
             client_id,
             at,
         } => {
-            let Some(old) = overlay.tasks.get(task_id).cloned() else {
-                return Ok(Decided::nothing(Reply::Cancelled(CancelOutcome::NotFound)));
-            };
-            let plan = plan_cancel(&old, *client_id, *at)
-                .map_err(|refusal| ops::corrupt(format!("a cancel was refused: {refusal}")))?;
-            let Some(write) = plan.write else {
-                return Ok(Decided::nothing(Reply::Cancelled(plan.outcome)));
-            };
-            let statements = task_statements(
-                &old,
-                &write.task,
-                &write.events,
-                &write.responses,
-                write.snapshot,
-            )?;
-            overlay.tasks.insert(old.id, write.task.clone());
-            Ok(Decided {
-                statements,
-                reply: Reply::Cancelled(plan.outcome),
-                events: write.events,
-                cancel: true,
-            })
+            let flow = flows::cancel(&planner, *task_id, *client_id, *at);
+            let (outcome, events) = flows::run_ready(flow)?;
+            (Reply::Cancelled(outcome), events)
         }
-    }
+    };
+    let statements = planner.statements.into_inner();
+    Ok(Decided {
+        // A cancel that wrote something (one that found nothing to do tells no one).
+        cancel: matches!(request, Request::Cancel { .. }) && !statements.is_empty(),
+        statements,
+        reply,
+        events,
+    })
 }
 
 /// Events as the five arrays the writes `unnest`: sequence numbers, codes, times, data, items.
@@ -1072,44 +1108,6 @@ fn update_params(old: &Task, new: &Task, events: &[Event]) -> Result<Vec<Param>,
     ];
     push_events(&mut params, events)?;
     Ok(params)
-}
-
-/// The statements of a decided task write (`ops::tasks::write_task`'s, fewer of them).
-fn task_statements(
-    old: &Task,
-    new: &Task,
-    events: &[Event],
-    responses: &[&Response],
-    snapshot: SnapshotChange<'_>,
-) -> Result<Vec<Stmt>, DbError> {
-    let params = update_params(old, new, events)?;
-    let mut statements = vec![Stmt::new(String::from(WRITE_TASK_SQL), params)];
-    for response in responses {
-        statements.push(Stmt::new(
-            String::from(RESPONSE_SQL),
-            vec![
-                Box::new(response.id.to_string()),
-                Box::new(key(response.task_id)),
-                Box::new(codec::response_to_text(response)?),
-            ],
-        ));
-    }
-    match snapshot {
-        SnapshotChange::Keep => {}
-        SnapshotChange::Drop => statements.push(Stmt::new(
-            String::from(SNAPSHOT_DROP_SQL),
-            vec![Box::new(key(old.id))],
-        )),
-        SnapshotChange::Put(snapshot) => statements.push(Stmt::new(
-            String::from(SNAPSHOT_PUT_SQL),
-            vec![
-                Box::new(key(old.id)),
-                Box::new(to_i64(snapshot.sequence_number)?),
-                Box::new(snapshot.state.clone()),
-            ],
-        )),
-    }
-    Ok(statements)
 }
 
 /// I-8: a key's record. Over a record the transaction read and locked it is an upsert; where it

@@ -53,6 +53,7 @@ use lmsp_domain::event::Event;
 use lmsp_domain::ids::InstanceId;
 pub use lmsp_domain::ports::NoListener;
 use lmsp_domain::ports::{CommitStats, FileContents, StoreError, StoreListener};
+use lmsp_storage_codec::{no_events, tuning};
 use tokio::task::JoinHandle;
 use tokio_postgres::{IsolationLevel, NoTls};
 
@@ -96,8 +97,8 @@ impl Default for PostgresOptions {
         Self {
             pool_size: 16,
             connection_timeout: Duration::from_secs(5),
-            recovery_batch: 1000,
-            purge_max_events: 300,
+            recovery_batch: tuning::RECOVERY_BATCH,
+            purge_max_events: tuning::PURGE_MAX_EVENTS,
             max_attempts: 8,
             listen_retry: Duration::from_secs(1),
             write_lanes: 3,
@@ -151,10 +152,6 @@ impl std::fmt::Debug for PostgresStore {
 
 /// The work of one write transaction: its reply and the events it wrote.
 type Written<T> = Res<(T, Vec<Event>)>;
-
-fn no_events<T>(value: T) -> (T, Vec<Event>) {
-    (value, Vec::new())
-}
 
 /// A pooled connection as the operations' [`ops::Db`] (with its statement cache).
 fn pg(conn: &deadpool_postgres::Object) -> &deadpool_postgres::ClientWrapper {

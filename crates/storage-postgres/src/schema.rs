@@ -154,10 +154,7 @@ pub async fn migrate(client: &mut Client) -> Result<(), DbError> {
         .await?;
     let current: i64 = row.try_get(0)?;
     if current > SCHEMA_VERSION {
-        return Err(crate::ops::corrupt(format!(
-            "this database has schema version {current}, newer than this build's \
-             {SCHEMA_VERSION}: run a newer lmsp"
-        )));
+        return Err(lmsp_storage_codec::newer_schema(current, SCHEMA_VERSION).into());
     }
     for (index, sql) in MIGRATIONS.iter().enumerate() {
         let version = index as i64 + 1;

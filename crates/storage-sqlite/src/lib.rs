@@ -29,6 +29,7 @@ use std::time::Duration;
 use lmsp_domain::ids::BatchId;
 pub use lmsp_domain::ports::NoListener;
 use lmsp_domain::ports::{StoreError, StoreListener};
+use lmsp_storage_codec::tuning;
 use rusqlite::Connection;
 
 pub use crate::contents::FileDir;
@@ -76,8 +77,8 @@ impl Default for SqliteOptions {
             sync: SyncMode::Full,
             read_connections: 8,
             busy_timeout: Duration::from_secs(5),
-            recovery_batch: 1000,
-            purge_max_events: 300,
+            recovery_batch: tuning::RECOVERY_BATCH,
+            purge_max_events: tuning::PURGE_MAX_EVENTS,
             max_page_count: None,
             writer_restarts: RestartBudget::default(),
         }

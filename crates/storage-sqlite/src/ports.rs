@@ -26,11 +26,8 @@ use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
+use lmsp_storage_codec::no_events;
 use lmsp_storage_codec::recovery::{recovery_pass, RecoveryBatch};
-
-fn no_events<T>(value: T) -> (T, Vec<Event>) {
-    (value, Vec::new())
-}
 
 #[async_trait]
 impl TaskStore for SqliteStore {

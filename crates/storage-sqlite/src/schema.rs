@@ -262,10 +262,7 @@ pub fn migrate(conn: &mut Connection) -> Result<(), DbError> {
         )));
     }
     if version > SCHEMA_VERSION as i64 {
-        return Err(crate::ops::corrupt(format!(
-            "this database has schema version {version}, newer than this build's \
-             {SCHEMA_VERSION}: run a newer lmsp"
-        )));
+        return Err(lmsp_storage_codec::newer_schema(version, SCHEMA_VERSION).into());
     }
     migrations()
         .to_latest(conn)

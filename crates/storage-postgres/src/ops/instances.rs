@@ -12,10 +12,10 @@ use lmsp_domain::recovery::{needs_open_item_text, recover};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::{tally, TaskWrite};
+use lmsp_storage_codec::flows;
 
-use crate::ops::tasks::write_task;
 use crate::ops::{
-    decode_task, events, from_i64, instance_key, instance_of, key, to_i64, ulid_of, Db, Res,
+    decode_task, events, from_i64, instance_key, instance_of, key, to_i64, ulid_of, Db, Res, Rows,
     TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
 };
 
@@ -218,7 +218,7 @@ pub async fn recover_batch<C: Db>(db: &C, batch: RecoveryBatch) -> Res<(Recovery
         };
         let write = recover(&task, rescuer, covers, item_text, at).map(TaskWrite::from_advanced);
         if let Some(write) = &write {
-            write_task(db, &task, write).await?;
+            flows::write_task(&Rows(db), &task, write).await?;
             recovered.events.extend(write.events.iter().cloned());
         }
         tally(&mut recovered.report, task.id, write.as_ref());

@@ -1,17 +1,20 @@
 //! Tasks: the task writes (the group-committed hot writes are `batch.rs`'s), cancels' and steps' shared SQL, deletion, and the reads.
 
+use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::ports::{DeleteOutcome, Page, Snapshot, TaskFilter};
 use lmsp_domain::schedule::ServiceTier;
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
-use lmsp_domain::writes::{SnapshotChange, TaskWrite};
-use lmsp_storage_codec::flows::{self, TaskRows};
+use lmsp_domain::time::Timestamp;
+use lmsp_storage_codec::flows::{self, TaskWrites};
 
 use crate::codec;
+use crate::error::DbError;
 use crate::ops::{
-    corrupt, decode_task, delete_snapshot, events, from_i64, instance_key, key, load_task,
-    lock_task, query_rows, to_i64, ulid_of, write_advanced, Db, Res, Rows, TASK_COLUMNS, TASK_FROM,
+    client_key, corrupt, decode_task, delete_snapshot, events, from_i64, instance_key, key,
+    load_task, lock_task, query_rows, to_i64, ulid_of, write_advanced, Db, Res, Rows, TASK_COLUMNS,
+    TASK_FROM,
 };
 
 async fn insert_response<C: Db>(db: &C, response: &Response) -> Res<()> {
@@ -41,20 +44,6 @@ async fn put_snapshot<C: Db>(db: &C, task_id: TaskId, snapshot: &Snapshot) -> Re
     )
     .await?;
     Ok(())
-}
-
-/// Writes what the domain decided for a task read (and locked) as `old`: its row as a
-/// compare-and-set with its events, the responses, the snapshot change.
-pub async fn write_task<C: Db>(db: &C, old: &Task, write: &TaskWrite<'_>) -> Res<()> {
-    write_advanced(db, old, &write.task, &write.events).await?;
-    for response in &write.responses {
-        insert_response(db, response).await?;
-    }
-    match write.snapshot {
-        SnapshotChange::Keep => Ok(()),
-        SnapshotChange::Drop => delete_snapshot(db, old.id).await,
-        SnapshotChange::Put(snapshot) => put_snapshot(db, old.id, snapshot).await,
-    }
 }
 
 /// The queued tasks a batch of claims takes, at most `$1`, in the order they are taken, each row
@@ -138,10 +127,36 @@ pub fn claimable_sql() -> String {
 pub const SERVED_SQL: &str = "INSERT INTO client_queues (client_id, served_at) VALUES ($1, $2) \
      ON CONFLICT (client_id) DO UPDATE SET served_at = EXCLUDED.served_at";
 
-/// A task read for a write, its row locked until the transaction ends.
-impl<C: Db> TaskRows for Rows<'_, C> {
-    async fn lock_task(&self, id: TaskId) -> Res<Option<Task>> {
+/// The task writes on a transaction (a recovery's moves; the hot writes are `batch.rs`'s, which
+/// implements them over the rows its batch read): a task read for a write is locked.
+impl<C: Db> TaskWrites for Rows<'_, C> {
+    type Error = DbError;
+
+    async fn task_to_write(&self, id: TaskId) -> Res<Option<Task>> {
         lock_task(self.0, id).await
+    }
+
+    async fn write_advanced(&self, old: &Task, new: &Task, events: &[Event]) -> Res<()> {
+        write_advanced(self.0, old, new, events).await
+    }
+
+    async fn put_response(&self, response: &Response) -> Res<()> {
+        insert_response(self.0, response).await
+    }
+
+    async fn put_snapshot(&self, task: TaskId, snapshot: &Snapshot) -> Res<()> {
+        put_snapshot(self.0, task, snapshot).await
+    }
+
+    async fn drop_snapshot(&self, task: TaskId) -> Res<()> {
+        delete_snapshot(self.0, task).await
+    }
+
+    async fn mark_served(&self, client: ClientId, at: Timestamp) -> Res<()> {
+        self.0
+            .execute(SERVED_SQL, &[&client_key(client), &at.as_millis()])
+            .await?;
+        Ok(())
     }
 }
 

@@ -16,7 +16,6 @@ pub mod service;
 pub mod tasks;
 pub mod webhooks;
 
-use futures::FutureExt;
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::task::Task;
@@ -134,15 +133,10 @@ impl flows::Rows for Rows<'_> {
     }
 }
 
-/// Runs one of the codec's shared flows over [`Rows`] to its end. SQLite's row access never
-/// waits, so the flow is done when first polled; one that is not is a bug, reported as an error
-/// (never a panic) rather than left half done.
+/// Runs one of the codec's shared flows over [`Rows`] to its end ([`flows::run_ready`]):
+/// SQLite's row access never waits, so the flow is done when first polled.
 pub fn run<T>(flow: impl std::future::Future<Output = Res<T>>) -> Res<T> {
-    flow.now_or_never().unwrap_or_else(|| {
-        Err(corrupt(
-            "a shared storage flow waited on SQLite, whose row access never waits",
-        ))
-    })
+    flows::run_ready(flow)
 }
 
 /// The stored key of a task id: its ULID's 16 bytes (so key order is creation order).

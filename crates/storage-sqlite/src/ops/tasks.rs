@@ -1,6 +1,5 @@
 //! Tasks: creation, the worker's steps, claims, cancels, deletion, and the reads.
 
-use lmsp_domain::cancel::plan_cancel;
 use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::IdempotencyRecord;
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
@@ -13,16 +12,15 @@ use lmsp_domain::schedule::{
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::{
-    plan_append, plan_claim, plan_create, CreatePlan, SnapshotChange, TaskWrite,
-};
+use lmsp_domain::writes::TaskWrite;
 use std::sync::LazyLock;
 
-use lmsp_storage_codec::flows::{self, TaskRows};
+use lmsp_storage_codec::flows::{self, CreateRows, TaskWrites};
 use lmsp_storage_codec::schema::OPEN_FRONT;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec;
+use crate::error::DbError;
 use crate::ops::clients;
 use crate::ops::idempotency::{put_record, stored_record};
 use crate::ops::{
@@ -32,61 +30,20 @@ use crate::ops::{
 };
 use lmsp_domain::transition::Step;
 
-/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record, as the
-/// domain's [`plan_create`] decides from the record stored under the key.
+/// P-2, I-1, I-8: the task, its `response.created` event and its idempotency record, unless a
+/// queue is full ([`flows::create_task`]).
 pub fn create_task(
     conn: &Connection,
     task: Task,
     idempotency: Option<IdempotencyRecord>,
     service_max_queued: Option<u32>,
 ) -> Res<(CreateOutcome, Vec<Event>)> {
-    let stored = match &idempotency {
-        Some(record) => stored_record(conn, &record.scope, &record.key)?,
-        None => None,
-    };
-    let write = match plan_create(&task, stored.as_ref()) {
-        CreatePlan::Write(write) => write,
-        CreatePlan::KeyAnswered(record) => {
-            return Ok((CreateOutcome::KeyAnswered(record), Vec::new()))
-        }
-    };
-    let limits = QueueLimits {
-        client: clients::client_limits(conn, task.client_id)?.max_queued,
-        service: service_max_queued,
-    };
-    if limits.any() {
-        let count = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> Res<u64> {
-            let n: i64 = conn
-                .prepare_cached(sql)?
-                .query_row(params, |row| row.get(0))?;
-            Ok(from_i64(n)?)
-        };
-        let client_queued = match limits.client {
-            Some(max) => count(
-                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queued_direct \
-                 WHERE status = 'queued' AND batch_id IS NULL AND client_id = ?1 LIMIT ?2)",
-                &[&client_key(task.client_id), &max],
-            )?,
-            None => 0,
-        };
-        let service_queued = match limits.service {
-            Some(max) => count(
-                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queued_direct \
-                 WHERE status = 'queued' AND batch_id IS NULL LIMIT ?1)",
-                &[&max],
-            )?,
-            None => 0,
-        };
-        if let Err(full) = limits.admit(client_queued, service_queued) {
-            return Ok((CreateOutcome::QueueFull(full), Vec::new()));
-        }
-    }
-    insert_task_rows(conn, &write.task)?;
-    events::insert_events(conn, &write.events)?;
-    if let Some(record) = &idempotency {
-        put_record(conn, record)?;
-    }
-    Ok((CreateOutcome::Created(write.task), write.events))
+    run(flows::create_task(
+        &Rows(conn),
+        &task,
+        idempotency.as_ref(),
+        service_max_queued,
+    ))
 }
 
 fn insert_response(conn: &Connection, response: &Response) -> Res<()> {
@@ -111,21 +68,7 @@ fn put_snapshot(conn: &Connection, task_id: TaskId, snapshot: &Snapshot) -> Res<
     Ok(())
 }
 
-/// Writes what the domain decided for a task read as `old`: its row as a compare-and-set with
-/// its events, the responses, the snapshot change.
-pub fn write_task(conn: &Connection, old: &Task, write: &TaskWrite<'_>) -> Res<()> {
-    write_advanced(conn, old, &write.task, &write.events)?;
-    for response in &write.responses {
-        insert_response(conn, response)?;
-    }
-    match write.snapshot {
-        SnapshotChange::Keep => Ok(()),
-        SnapshotChange::Drop => delete_snapshot(conn, old.id),
-        SnapshotChange::Put(snapshot) => put_snapshot(conn, old.id, snapshot),
-    }
-}
-
-/// P-3, I-2: folds a worker's steps through the domain, all or nothing.
+/// P-3, I-2: folds a worker's steps through the domain, all or nothing ([`flows::append`]).
 pub fn append(
     conn: &Connection,
     task_id: TaskId,
@@ -135,16 +78,15 @@ pub fn append(
     snapshot: Option<&Snapshot>,
     at: Timestamp,
 ) -> Res<(StepOutcome, Vec<Event>)> {
-    let Some(old) = load_task(conn, task_id)? else {
-        return Ok((StepOutcome::NotFound, Vec::new()));
-    };
-    match plan_append(&old, steps, by, expected, snapshot, at) {
-        Ok(write) => {
-            write_task(conn, &old, &write)?;
-            Ok(write.applied())
-        }
-        Err(refusal) => Ok((StepOutcome::Refused { task: old, refusal }, Vec::new())),
-    }
+    run(flows::append(
+        &Rows(conn),
+        task_id,
+        by,
+        expected,
+        steps,
+        snapshot,
+        at,
+    ))
 }
 
 /// Claims the next queued task for `by`: the one [`next_claim`] puts first among every client's
@@ -171,15 +113,8 @@ pub fn claim_next(
         return Ok((None, Vec::new()));
     };
     let old = load_task(conn, id)?.ok_or_else(|| corrupt("a queue front without its task"))?;
-    let write = plan_claim(&old, by, at)
-        .map_err(|refusal| corrupt(format!("a queued task refused a claim: {refusal}")))?;
-    write_task(conn, &old, &write)?;
-    conn.prepare_cached(
-        "INSERT INTO client_queues (client_id, served_at) VALUES (?1, ?2) \
-         ON CONFLICT (client_id) DO UPDATE SET served_at = excluded.served_at",
-    )?
-    .execute(params![client_key(old.client_id), at.as_millis()])?;
-    Ok((Some(write.task), write.events))
+    let (task, events) = run(flows::claim(&Rows(conn), &old, by, at))?;
+    Ok((Some(task), events))
 }
 
 // `INDEXED BY`: the claim's reads must stay seeks in the partial indexes of the open fronts
@@ -256,23 +191,14 @@ fn next_front(conn: &Connection, at: Timestamp, aging: TierAging) -> Res<Option<
     Ok(next_claim(&fronts, aging, at))
 }
 
-/// P-4, I-3: decides and applies a cancel.
+/// P-4, I-3: decides and applies a cancel ([`flows::cancel`]).
 pub fn cancel(
     conn: &Connection,
     task_id: TaskId,
     client_id: Option<ClientId>,
     at: Timestamp,
 ) -> Res<(CancelOutcome, Vec<Event>)> {
-    let Some(old) = load_task(conn, task_id)? else {
-        return Ok((CancelOutcome::NotFound, Vec::new()));
-    };
-    let plan = plan_cancel(&old, client_id, at)
-        .map_err(|refusal| corrupt(format!("a cancel was refused: {refusal}")))?;
-    let Some(write) = plan.write else {
-        return Ok((plan.outcome, Vec::new()));
-    };
-    write_task(conn, &old, &write)?;
-    Ok((plan.outcome, write.events))
+    run(flows::cancel(&Rows(conn), task_id, client_id, at))
 }
 
 /// Removes one task's rows (the codec's [`flows::delete_task_rows`]); how many events went.
@@ -280,11 +206,90 @@ pub fn delete_task_rows(conn: &Connection, id: &[u8]) -> Res<u64> {
     run(flows::delete_task_rows(&Rows(conn), id))
 }
 
-/// A task as the writer thread reads it for a write: the one transaction there is, so nothing
-/// to lock.
-impl TaskRows for Rows<'_> {
-    async fn lock_task(&self, id: TaskId) -> Res<Option<Task>> {
+/// The task writes as the writer thread makes them: the one transaction there is, so nothing
+/// to lock, and a key's record replaces whatever is stored under it.
+impl TaskWrites for Rows<'_> {
+    type Error = DbError;
+
+    async fn task_to_write(&self, id: TaskId) -> Res<Option<Task>> {
         load_task(self.0, id)
+    }
+
+    async fn write_advanced(&self, old: &Task, new: &Task, events: &[Event]) -> Res<()> {
+        write_advanced(self.0, old, new, events)
+    }
+
+    async fn put_response(&self, response: &Response) -> Res<()> {
+        insert_response(self.0, response)
+    }
+
+    async fn put_snapshot(&self, task: TaskId, snapshot: &Snapshot) -> Res<()> {
+        put_snapshot(self.0, task, snapshot)
+    }
+
+    async fn drop_snapshot(&self, task: TaskId) -> Res<()> {
+        delete_snapshot(self.0, task)
+    }
+
+    async fn mark_served(&self, client: ClientId, at: Timestamp) -> Res<()> {
+        self.0
+            .prepare_cached(
+                "INSERT INTO client_queues (client_id, served_at) VALUES (?1, ?2) \
+                 ON CONFLICT (client_id) DO UPDATE SET served_at = excluded.served_at",
+            )?
+            .execute(params![client_key(client), at.as_millis()])?;
+        Ok(())
+    }
+}
+
+impl CreateRows for Rows<'_> {
+    async fn stored_key(&self, record: &IdempotencyRecord) -> Res<Option<IdempotencyRecord>> {
+        stored_record(self.0, &record.scope, &record.key)
+    }
+
+    async fn max_queued(&self, client: ClientId) -> Res<Option<u32>> {
+        Ok(clients::client_limits(self.0, client)?.max_queued)
+    }
+
+    async fn queued(&self, client: ClientId, limits: QueueLimits) -> Res<(u64, u64)> {
+        let count = |sql: &str, params: &[&dyn rusqlite::ToSql]| -> Res<u64> {
+            let n: i64 = self
+                .0
+                .prepare_cached(sql)?
+                .query_row(params, |row| row.get(0))?;
+            Ok(from_i64(n)?)
+        };
+        let client_queued = match limits.client {
+            Some(max) => count(
+                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queued_direct \
+                 WHERE status = 'queued' AND batch_id IS NULL AND client_id = ?1 LIMIT ?2)",
+                &[&client_key(client), &max],
+            )?,
+            None => 0,
+        };
+        let service_queued = match limits.service {
+            Some(max) => count(
+                "SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queued_direct \
+                 WHERE status = 'queued' AND batch_id IS NULL LIMIT ?1)",
+                &[&max],
+            )?,
+            None => 0,
+        };
+        Ok((client_queued, service_queued))
+    }
+
+    async fn insert_created(
+        &self,
+        write: &TaskWrite<'_>,
+        record: Option<&IdempotencyRecord>,
+        _existed: bool,
+    ) -> Res<()> {
+        insert_task_rows(self.0, &write.task)?;
+        events::insert_events(self.0, &write.events)?;
+        if let Some(record) = record {
+            put_record(self.0, record)?;
+        }
+        Ok(())
     }
 }
 
