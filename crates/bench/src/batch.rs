@@ -52,13 +52,18 @@ pub fn line_body(i: usize) -> Value {
     })
 }
 
-/// Line `i` of the input file, with its newline.
-fn line(i: usize) -> String {
+/// Line `i` of the input file, with its newline; `pad` more characters of input text (the
+/// memory figure's larger files).
+fn line(i: usize, pad: usize) -> String {
+    let mut body = line_body(i);
+    if pad > 0 {
+        body["input"] = Value::from(format!("batch line {i}: say one word {}", "x".repeat(pad)));
+    }
     let mut text = json!({
         "custom_id": format!("line-{i}"),
         "method": "POST",
         "url": "/v1/responses",
-        "body": line_body(i),
+        "body": body,
     })
     .to_string();
     text.push('\n');
@@ -67,7 +72,12 @@ fn line(i: usize) -> String {
 
 /// The size of the input file of `lines` lines, in bytes.
 pub fn file_bytes(lines: usize) -> u64 {
-    (0..lines).map(|i| line(i).len() as u64).sum()
+    padded_file_bytes(lines, 0)
+}
+
+/// The size of the input file of `lines` lines padded by `pad`, in bytes.
+pub fn padded_file_bytes(lines: usize, pad: usize) -> u64 {
+    (0..lines).map(|i| line(i, pad).len() as u64).sum()
 }
 
 /// The highest `VmRSS` seen between [`RssWatch::start`] and [`RssWatch::finish`], read every
@@ -153,6 +163,16 @@ pub async fn upload(
     server: &Arc<Server>,
     lines: usize,
 ) -> anyhow::Result<Upload> {
+    upload_padded(http, server, lines, 0).await
+}
+
+/// [`upload`] with every line's input padded by `pad` characters.
+pub async fn upload_padded(
+    http: &reqwest::Client,
+    server: &Arc<Server>,
+    lines: usize,
+    pad: usize,
+) -> anyhow::Result<Upload> {
     let boundary = "lmsp-bench-boundary-7f3a9c";
     let head = format!(
         "--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"bench-{lines}.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n"
@@ -162,7 +182,7 @@ pub async fn upload(
     let body_chunks = (0..chunks).map(move |c| {
         let mut text = String::with_capacity(LINES_PER_CHUNK * 160);
         for i in c * LINES_PER_CHUNK..((c + 1) * LINES_PER_CHUNK).min(lines) {
-            text.push_str(&line(i));
+            text.push_str(&line(i, pad));
         }
         Bytes::from(text)
     });
@@ -235,16 +255,25 @@ async fn batch(http: &reqwest::Client, server: &Server, id: &str) -> anyhow::Res
     get_json(http, server, &format!("/v1/batches/{id}")).await
 }
 
-/// Creates a batch from `file_id`, times it to `in_progress` (polling every 10 ms, RSS sampled),
-/// then runs `interactive_every` synchronous requests from a client of their own until it is
-/// `completed` (polling every 25 ms).
-pub async fn run_batch(
+/// A batch created and seen `in_progress`.
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// The batch's id.
+    pub id: String,
+    /// When `POST /v1/batches` was sent.
+    pub sent: Instant,
+    /// When the batch was first seen `in_progress` (checked, its tasks created).
+    pub started: Instant,
+    /// The service's RSS before the POST and at its highest until then, MiB.
+    pub rss: Option<(f64, f64)>,
+}
+
+/// Creates a batch from `file_id` and polls it every 10 ms until `in_progress`, RSS sampled.
+pub async fn create_batch(
     http: &reqwest::Client,
     server: &Arc<Server>,
     file_id: &str,
-    lines: usize,
-    interactive_every: Duration,
-) -> anyhow::Result<BatchRun> {
+) -> anyhow::Result<Created> {
     let watch = RssWatch::start(server);
     let sent = Instant::now();
     let response = http
@@ -284,7 +313,28 @@ pub async fn run_batch(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let create_rss = finish(watch).await?;
+    let rss = finish(watch).await?;
+    Ok(Created {
+        id,
+        sent,
+        started,
+        rss,
+    })
+}
+
+/// Creates a batch from `file_id`, times it to `in_progress` (polling every 10 ms, RSS sampled),
+/// then runs `interactive_every` synchronous requests from a client of their own until it is
+/// `completed` (polling every 25 ms).
+pub async fn run_batch(
+    http: &reqwest::Client,
+    server: &Arc<Server>,
+    file_id: &str,
+    lines: usize,
+    interactive_every: Duration,
+) -> anyhow::Result<BatchRun> {
+    let created = create_batch(http, server, file_id).await?;
+    let (id, sent, started) = (created.id, created.sent, created.started);
+    let create_rss = created.rss;
     let to_in_progress_s = started.duration_since(sent).as_secs_f64();
 
     let pacer = Pacer::start(server, interactive_every)?;
@@ -549,6 +599,6 @@ mod tests {
         assert_eq!(value["custom_id"], "line-7");
         assert_eq!(value["url"], "/v1/responses");
         assert_eq!(value["body"]["max_output_tokens"], LINE_TOKENS);
-        assert_eq!(file_bytes(2), (line(0).len() + line(1).len()) as u64);
+        assert_eq!(file_bytes(2), (line(0, 0).len() + line(1, 0).len()) as u64);
     }
 }

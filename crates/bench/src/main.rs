@@ -68,7 +68,7 @@ struct Cli {
     reps: Option<usize>,
     /// Only these figures (comma-separated, or the flag repeated): submit, events, recovery,
     /// purge, rss, peer, postgres, batch, claims, webhooks (by default all; postgres only when a
-    /// PostgreSQL is available), pg-claims (only when named).
+    /// PostgreSQL is available), pg-claims and batch-memory (only when named).
     #[arg(long, value_delimiter = ',')]
     only: Vec<Figure>,
     /// The `lmsp` binary (default: next to this executable; also env LMSP_BIN).
@@ -143,6 +143,9 @@ enum Figure {
     Webhooks,
     /// PostgreSQL claims alone, one client and across tiers (only when asked for by name).
     PgClaims,
+    /// Peak RSS of a batch's upload and creation for files of several sizes (only when asked
+    /// for by name).
+    BatchMemory,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -244,6 +247,13 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     if wants(&cli, Figure::Batch) {
         record(&mut results, "batch", phases.batch_phase().await);
+    }
+    if asked_for(&cli, Figure::BatchMemory) {
+        record(
+            &mut results,
+            "batch-memory",
+            phases.batch_memory_phase().await,
+        );
     }
     if wants(&cli, Figure::Claims) {
         record(&mut results, "claims", phases.claims_phase().await);

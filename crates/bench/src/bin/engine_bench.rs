@@ -24,9 +24,9 @@
 //!    run's first text delta on the task's event stream, with and without checkpoints.
 //!
 //!    Each kill also notes the newest KV checkpoint in place (the tokens a resume replays come
-//!    after it), and `--resume-kills N` kills N times per point, spread over the next
-//!    `--checkpoint-every` deltas, so that a point's figure (their mean) does not hang on where
-//!    its one kill fell between two checkpoints.
+//!    after it), and `--resume-kills N` kills N times per point, with checkpoints at evenly
+//!    spread phases of one checkpoint interval (resume.rs), so that a point's figure (their
+//!    mean) does not hang on where its one kill fell between two checkpoints.
 //!
 //! `--only checkpoints` measures the checkpoint cost alone: LMSP in process with and without
 //! checkpoints, alternating request by request, without llama.cpp's server; `--only resume
@@ -60,7 +60,7 @@ use lmsp_bench::server::{find_lmsp, sibling_of_exe, Server};
 use lmsp_bench::stats::{fmt_num, Latencies, Spread};
 
 use llamacpp::LlamaCppServer;
-use resume::ResumeSample;
+use resume::{Kill, ResumeSample};
 use stream::{aggregate_rate, stream_direct, stream_lmsp, Ask, Streamed};
 
 /// Measures LMSP's overhead over the engines it runs on.
@@ -117,10 +117,10 @@ struct Cli {
     /// starts only for the phases that compare with it.
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Option<Vec<Phase>>,
-    /// Kills per resume point (default 1): the first at the point, the others spread over the
-    /// next `--checkpoint-every` text deltas, so that a point's figure (their mean) does not
-    /// hang on where the kill falls between two checkpoints (a resume replays the tokens after
-    /// the newest one).
+    /// Kills per resume point (default 1). With checkpoints, at evenly spread phases of the
+    /// checkpoint interval that starts at or after the point, so that a point's figure (their
+    /// mean) does not hang on where a kill falls between two checkpoints (a resume replays the
+    /// tokens after the newest one); without, spread over the next `--checkpoint-every` deltas.
     #[arg(long, default_value = "1")]
     resume_kills: NonZeroU32,
     /// The resume phase without its "without checkpoints" chains (they replay the whole output
@@ -619,19 +619,31 @@ async fn main() -> anyhow::Result<()> {
     });
     let mut points: Vec<u64> = wanted_points.iter().map(|&p| p.min(cap)).collect();
     points.dedup();
-    // Each point's kills (its index, the kill's point), increasing.
+    // Each point's kills, tagged with its index. With checkpoints, at evenly spread phases of
+    // the checkpoint interval that starts at or after the point (resume.rs); without (a resume
+    // replays the whole output, whatever the phase), spread over the next `every` deltas.
     let kills_per_point = u64::from(cli.resume_kills.get());
-    let mut kills: Vec<(usize, u64)> = Vec::new();
+    let mut spread_kills: Vec<(usize, Kill)> = Vec::new();
+    let mut last = None;
     for (index, &point) in points.iter().enumerate() {
         for kill in 0..kills_per_point {
             let at = (point + kill * u64::from(every) / kills_per_point).min(room * 7 / 8);
-            if kills.last().is_none_or(|&(_, last)| at > last) {
-                kills.push((index, at));
+            if last.is_none_or(|last| at > last) {
+                spread_kills.push((index, Kill::At(at)));
+                last = Some(at);
             }
         }
     }
-    let kill_points: Vec<u64> = kills.iter().map(|&(_, at)| at).collect();
-    let kill_groups: Vec<usize> = kills.iter().map(|&(index, _)| index).collect();
+    let phased_kills: Vec<(usize, Kill)> = points
+        .iter()
+        .enumerate()
+        .flat_map(|(group, &point)| {
+            (0..kills_per_point).map(move |index| {
+                let of = kills_per_point;
+                (group, Kill::Phase { point, index, of })
+            })
+        })
+        .collect();
     let resume_ask = Ask {
         tokens: room,
         ..long.clone()
@@ -653,6 +665,11 @@ async fn main() -> anyhow::Result<()> {
                     .join(format!("resume-{rep}-{checkpoints}"));
                 std::fs::create_dir_all(&dir)?;
                 let args = setup.llama_args(1, Some(threads), checkpoints);
+                let kills = if checkpoints > 0 && every > 0 {
+                    &phased_kills
+                } else {
+                    &spread_kills
+                };
                 let samples = resume::chain(
                     &setup.http,
                     &setup.lmsp,
@@ -660,7 +677,7 @@ async fn main() -> anyhow::Result<()> {
                     &args,
                     "bench",
                     &resume_ask,
-                    &kill_points,
+                    kills,
                 )
                 .await?;
                 resumes[slot].push(samples);
@@ -680,7 +697,7 @@ async fn main() -> anyhow::Result<()> {
         concurrent: &concurrent,
         concurrent_tokens: &concurrent_tokens,
         resumes: &resumes,
-        kill_groups: &kill_groups,
+        kills_per_point,
         points: &points,
         wanted_points: &wanted_points,
         every,
@@ -709,7 +726,7 @@ struct Report<'a> {
     concurrent_tokens: &'a [Vec<u64>; 2],
     resumes: &'a [Vec<Vec<ResumeSample>>; 2],
     /// Which point each kill of a chain belongs to.
-    kill_groups: &'a [usize],
+    kills_per_point: u64,
     points: &'a [u64],
     wanted_points: &'a [u64],
     every: u32,
@@ -919,11 +936,13 @@ fn print_resumes(r: &Report<'_>) {
          {load_resume}:"
     );
     println!();
-    let kills = r.kill_groups.len() / r.points.len().max(1);
+    let kills = r.kills_per_point;
     if kills > 1 {
         println!(
-            "{kills} kills per point, the first at the point and the others spread over the next \
-             {} text deltas; each chain's figure for a point is the mean of its kills.",
+            "{kills} kills per point; with checkpoints at evenly spread phases of the checkpoint \
+             interval that starts at or after the point (the i-th of n at (i + ½) / n of the \
+             spacing before it), without checkpoints spread over the next {} text deltas; each \
+             chain's figure for a point is the mean of its kills.",
             r.every
         );
         println!();
@@ -939,9 +958,8 @@ fn print_resumes(r: &Report<'_>) {
         for chain in &r.resumes[slot] {
             let values: Vec<f64> = chain
                 .iter()
-                .zip(r.kill_groups)
-                .filter(|&(_, &group)| group == at)
-                .map(|(sample, _)| pick(sample))
+                .filter(|sample| sample.group == at)
+                .map(pick)
                 .collect();
             if values.is_empty() {
                 continue;
@@ -962,9 +980,8 @@ fn print_resumes(r: &Report<'_>) {
         let of_point = |slot: usize| {
             r.resumes[slot]
                 .iter()
-                .flat_map(|chain| chain.iter().zip(r.kill_groups))
-                .filter(move |&(_, &group)| group == at)
-                .map(|(sample, _)| sample)
+                .flat_map(|chain| chain.iter())
+                .filter(move |sample| sample.group == at)
         };
         let stored: Vec<u64> = of_point(0).chain(of_point(1)).map(|s| s.stored).collect();
         let replayed: Vec<u64> = of_point(0)

@@ -8,6 +8,7 @@ use crate::batch::{self, SERVE_FLAGS};
 use crate::client;
 use crate::results::{BatchFigures, Results};
 use crate::server::CpuMeter;
+use crate::stats::Spread;
 
 /// 1 MiB.
 const MIB: f64 = 1024.0 * 1024.0;
@@ -136,5 +137,70 @@ impl Phases<'_> {
         Ok(Outcome::Done(Box::new(move |r: &mut Results| {
             r.batch = figures;
         })))
+    }
+}
+
+/// The files of the batch memory figure: lines, and the characters each line's input is padded
+/// by (the last: the same lines in a file about seven times larger).
+const MEMORY_FILES: &[(usize, usize)] = &[(5_000, 0), (25_000, 0), (50_000, 0), (50_000, 1_000)];
+
+impl Phases<'_> {
+    /// Peak RSS of a batch's upload and of its validation and creation, for files of several
+    /// sizes (each on a fresh service; the batch cancelled once `in_progress`, its lines not
+    /// run): whether the memory they take grows with the file.
+    pub(crate) async fn batch_memory_phase(&self) -> anyhow::Result<Outcome> {
+        eprintln!("== batch memory");
+        println!(
+            "\n[batch-memory] lmsp serve {} on a fresh data directory per file; each file uploaded (multipart POST /v1/files, streamed as generated), then POST /v1/batches polled every 10 ms until in_progress, then cancelled; VmRSS read every 5 ms; min / median / max of the repetitions",
+            SERVE_FLAGS.join(" ")
+        );
+        println!();
+        println!("| lines | file | upload: RSS before → peak (Δ) | validate + create: RSS before → peak (Δ) | validate + create time |");
+        println!("| --- | --- | --- | --- | --- |");
+        for &(lines, pad) in MEMORY_FILES {
+            let mut upload_delta = Spread::default();
+            let mut create_delta = Spread::default();
+            let mut create_s = Spread::default();
+            let mut before = (Spread::default(), Spread::default());
+            let mut peak = (Spread::default(), Spread::default());
+            for _ in 0..self.plan.reps {
+                let server = self.server("batch-memory", SERVE_FLAGS)?;
+                let http = client::http_client()?;
+                let upload = batch::upload_padded(&http, &server, lines, pad).await?;
+                let created = batch::create_batch(&http, &server, &upload.file_id).await?;
+                let cancel = http
+                    .post(server.url(&format!("/v1/batches/{}/cancel", created.id)))
+                    .bearer_auth(&server.token)
+                    .send()
+                    .await?;
+                if !cancel.status().is_success() {
+                    anyhow::bail!("cancelling batch {}: {}", created.id, cancel.status());
+                }
+                let (Some(up), Some(made)) = (upload.rss, created.rss) else {
+                    return Ok(Outcome::Skipped(String::from(
+                        "no process to read the RSS of (--url)",
+                    )));
+                };
+                upload_delta.push(up.1 - up.0);
+                create_delta.push(made.1 - made.0);
+                before.0.push(up.0);
+                peak.0.push(up.1);
+                before.1.push(made.0);
+                peak.1.push(made.1);
+                create_s.push(created.started.duration_since(created.sent).as_secs_f64());
+            }
+            println!(
+                "| {lines} | {:.1} MiB | {} → {} MiB ({} MiB) | {} → {} MiB ({} MiB) | {} s |",
+                batch::padded_file_bytes(lines, pad) as f64 / MIB,
+                before.0.format(1),
+                peak.0.format(1),
+                upload_delta.format(1),
+                before.1.format(1),
+                peak.1.format(1),
+                create_delta.format(1),
+                create_s.format(2),
+            );
+        }
+        Ok(Outcome::Done(Box::new(|_| {})))
     }
 }

@@ -3,6 +3,14 @@
 //! again on the same data directory; measured from the restarted process's spawn (and from its
 //! "listening" line, i.e. after recovery) to the first text delta of the resumed run on the
 //! task's event stream (`GET /v1/tasks/{id}/events`, after the `response.resumed` event).
+//!
+//! A resume replays the tokens after the newest KV checkpoint, so its time depends on where the
+//! kill falls between two checkpoints. With checkpoints on, a point's kills are therefore placed
+//! at evenly spread phases of one checkpoint interval ([`Kill::Phase`]): the first checkpoint
+//! sealed at or after the point, `c`, and the spacing before it, `s` (checkpoints come closer
+//! together as the context grows, so the next one may come a little before `c + s`), the `i`-th
+//! of `n` kills at `c + (i + ½) / n × s`. Their mean is then the expected resume time of a kill
+//! at a random moment of that interval, not of wherever a fixed delta count happens to fall.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,9 +22,21 @@ use lmsp_bench::server::Server;
 
 use super::stream::{read_events, Ask};
 
+/// Where to kill the service, in the text deltas the task's event stream has shown.
+#[derive(Debug, Clone, Copy)]
+pub enum Kill {
+    /// After this many deltas.
+    At(u64),
+    /// Kill `index` of `of` in the checkpoint interval that starts at the first checkpoint
+    /// sealed at or after `point` deltas (the module's doc).
+    Phase { point: u64, index: u64, of: u64 },
+}
+
 /// One kill and restart.
 #[derive(Debug, Clone)]
 pub struct ResumeSample {
+    /// The index of the kill's point in the chain's points.
+    pub group: usize,
     /// Text deltas stored before the kill (≥ `seen`: the service stores each before streaming).
     pub stored: u64,
     /// Spawn of the restarted service → the resumed run's first text delta.
@@ -56,7 +76,39 @@ enum Seen {
     Finished(String),
 }
 
-/// Runs one task through kills after each of `points` text deltas; `args` start the service.
+/// The checkpoint interval a point's phased kills fall in: its first checkpoint and the spacing
+/// before it.
+#[derive(Debug, Clone, Copy)]
+struct Interval {
+    start: u64,
+    spacing: u64,
+}
+
+impl Interval {
+    /// The first checkpoint in `sealed` at or after `point` and the one before it (the run's
+    /// newest two checkpoints stay in place, docs/engines.md; none before: the prompt, 0).
+    fn find(sealed: &[u64], point: u64) -> Option<Self> {
+        let start = sealed.iter().copied().filter(|&k| k >= point).min()?;
+        let before = sealed
+            .iter()
+            .copied()
+            .filter(|&k| k < start)
+            .max()
+            .unwrap_or(0);
+        Some(Self {
+            start,
+            spacing: start - before,
+        })
+    }
+
+    /// The delta count of kill `index` of `of`: at the middle of its `1 / of` of the interval.
+    fn kill_at(self, index: u64, of: u64) -> u64 {
+        self.start + ((2 * index + 1) * self.spacing).div_ceil(2 * of.max(1))
+    }
+}
+
+/// Runs one task through `kills` in turn, each tagged with its point's index; `args` start
+/// the service.
 pub async fn chain(
     http: &reqwest::Client,
     lmsp: &Path,
@@ -64,7 +116,7 @@ pub async fn chain(
     args: &[String],
     model: &str,
     ask: &Ask,
-    points: &[u64],
+    kills: &[(usize, Kill)],
 ) -> anyhow::Result<Vec<ResumeSample>> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut server = tokio::task::block_in_place(|| Server::start(lmsp, data_dir, &args))?;
@@ -91,16 +143,36 @@ pub async fn chain(
     let mut samples = Vec::new();
     let mut after = 0u64;
     let mut deltas = 0u64;
-    for &point in points {
-        // Follow the task until it has shown `point` deltas, then kill its service.
-        let wanted = point.saturating_sub(deltas);
+    // The interval of the point whose phased kills are under way.
+    let mut interval: Option<(u64, Interval)> = None;
+    for &(group, kill) in kills {
+        // Follow the task until it has shown the kill's deltas, then kill its service.
+        let point = match kill {
+            Kill::At(point) | Kill::Phase { point, .. } => point,
+        };
         let mut counted = 0u64;
         let seen = follow(http, &server, &task, after, |event| {
-            if event["type"] == "response.output_text.delta" {
-                counted += 1;
-                return counted >= wanted;
+            if event["type"] != "response.output_text.delta" {
+                return false;
             }
-            false
+            counted += 1;
+            let now = deltas + counted;
+            match kill {
+                Kill::At(at) => now >= at,
+                Kill::Phase { point, index, of } => {
+                    let known = interval.filter(|&(of_point, _)| of_point == point);
+                    let found = known.map(|(_, found)| found).or_else(|| {
+                        (now >= point)
+                            .then(|| Interval::find(&sealed_checkpoints(data_dir), point))
+                            .flatten()
+                    });
+                    let Some(found) = found else {
+                        return false;
+                    };
+                    interval = Some((point, found));
+                    now >= found.kill_at(index, of)
+                }
+            }
         })
         .await?;
         match seen {
@@ -151,6 +223,7 @@ pub async fn chain(
             at.duration_since(spawned).as_millis()
         );
         samples.push(ResumeSample {
+            group,
             stored,
             from_start: at.duration_since(spawned),
             from_listening: at.duration_since(listening),
@@ -198,5 +271,25 @@ async fn follow(
         Some(kind) => Ok(Seen::Finished(kind)),
         None if stopped => Ok(Seen::Deltas { last_sequence }),
         None => bail!("the task's event stream ended early"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Interval;
+
+    #[test]
+    fn a_points_kills_fall_at_the_middles_of_equal_parts_of_its_interval() {
+        // Checkpoints at 256 and 479 in place: a point of 300 waits for 479, spaced 223.
+        let interval = Interval::find(&[256, 479], 300).expect("479 is at or after 300");
+        assert_eq!((interval.start, interval.spacing), (479, 223));
+        let kills: Vec<u64> = (0..4).map(|i| interval.kill_at(i, 4)).collect();
+        assert_eq!(kills, [479 + 28, 479 + 84, 479 + 140, 479 + 196]);
+        // The first checkpoint is spaced from the prompt.
+        let first = Interval::find(&[256], 100).expect("256 is at or after 100");
+        assert_eq!((first.start, first.spacing), (256, 256));
+        assert_eq!(first.kill_at(0, 1), 256 + 128);
+        // No checkpoint at or after the point yet: wait.
+        assert!(Interval::find(&[256, 479], 500).is_none());
     }
 }
