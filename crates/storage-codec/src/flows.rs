@@ -7,7 +7,7 @@
 //!
 //! One flow, two drivers: PostgreSQL implements the traits over its transaction, with real
 //! awaits; SQLite implements them over its connection with bodies that never wait, and drives a
-//! flow with `now_or_never` (its futures never pend, so a flow is done when first polled).
+//! flow with [`run_ready`] (its futures never pend, so a flow is done when first polled).
 
 use std::future::Future;
 use std::pin::pin;
@@ -47,7 +47,7 @@ use crate::{sql, DbError};
 ///
 /// One flow, two drivers: PostgreSQL implements this over its transaction, its futures awaiting
 /// the server; SQLite over its connection, with bodies that never wait, so that its futures never
-/// pend and it runs a flow to its end with `now_or_never`. `async fn` with static dispatch (each
+/// pend and it runs a flow to its end with [`run_ready`]. `async fn` with static dispatch (each
 /// adapter's own type, no `dyn`): nothing is boxed, and a flow's future is `Send` where the
 /// adapter's is.
 #[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
