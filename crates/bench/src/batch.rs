@@ -593,12 +593,19 @@ mod tests {
 
     #[test]
     fn lines_are_json_objects_of_the_batch_shape() {
-        let text = line(7);
+        let text = line(7, 0);
         assert!(text.ends_with('\n'));
         let value: Value = serde_json::from_str(text.trim_end()).unwrap_or_default();
         assert_eq!(value["custom_id"], "line-7");
         assert_eq!(value["url"], "/v1/responses");
         assert_eq!(value["body"]["max_output_tokens"], LINE_TOKENS);
         assert_eq!(file_bytes(2), (line(0, 0).len() + line(1, 0).len()) as u64);
+        // A padded line is the same line with a longer input.
+        let padded: Value = serde_json::from_str(line(7, 10).trim_end()).unwrap_or_default();
+        assert_eq!(padded["custom_id"], "line-7");
+        assert!(padded["body"]["input"]
+            .as_str()
+            .is_some_and(|input| input.ends_with(" xxxxxxxxxx")));
+        assert_eq!(padded_file_bytes(1, 10), line(0, 10).len() as u64);
     }
 }
