@@ -45,12 +45,7 @@ impl StopWatch {
     /// generation's text up to its resume point): the same as one fed that text piece by piece.
     pub fn resumed(controls: &Controls, text_so_far: &str) -> Self {
         let mut watch = Self::of(controls);
-        if watch.stops.stop_at(text_so_far).is_some() {
-            watch.met = true;
-        } else {
-            let keep = watch.stops.stop_holdback(text_so_far);
-            watch.tail = text_so_far[text_so_far.len() - keep..].to_owned();
-        }
+        watch.feed(text_so_far);
         watch
     }
 

@@ -311,7 +311,7 @@ impl Engine for OpenAiEngine {
             "max_tokens": remaining,
             // The int64 of the seed's 64 bits, as the client sent it: OpenAI's API takes an
             // int64, never a number past 2^63.
-            "seed": i64::from_ne_bytes(job.spec.seed.to_ne_bytes()),
+            "seed": job.spec.seed.cast_signed(),
         });
         let endpoint = if llama_cpp && !text_so_far.is_empty() {
             // Resume through the raw completion endpoint: the chat template's prompt and the

@@ -120,10 +120,8 @@ impl Engine for ReferenceEngine {
         let max = u64::from(job.spec.max_output_tokens);
         let input_tokens = prompt.split_whitespace().count() as u64;
         let top_logprobs = job.spec.controls.top_logprobs;
-        let watch = match &job.resume {
-            Some(resume) => StopWatch::resumed(&job.spec.controls, &resume.text_so_far),
-            None => StopWatch::of(&job.spec.controls),
-        };
+        let text_so_far = job.resume.as_ref().map_or("", |resume| &resume.text_so_far);
+        let watch = StopWatch::resumed(&job.spec.controls, text_so_far);
         let resumed = match &job.resume {
             Some(resume) => {
                 let state = read_state(&resume.state)?;

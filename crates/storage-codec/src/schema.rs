@@ -307,6 +307,31 @@ CREATE TABLE client_queues (
     )
 }
 
+/// The `batch_staging` table (a validating batch's kept lines) named `name`, its closing
+/// parenthesis followed by `end` (`Dialect::without_rowid`, or nothing for a rowid table: SQLite
+/// schema 8 rebuilds it as one, since a `WITHOUT ROWID` row keeps only about 1 000 bytes in place).
+pub fn batch_staging(d: Dialect, name: &str, end: &str) -> String {
+    let (bytes, int64, int32, int16) = (d.bytes(), d.int64(), d.int32(), d.int16());
+    format!(
+        r#"CREATE TABLE {name} (
+    batch_id    {bytes} NOT NULL,
+    line        {int32} NOT NULL,
+    task_id     {bytes} NOT NULL,
+    client_id   {bytes} NOT NULL,
+    custom_id   TEXT NOT NULL,
+    model       TEXT NOT NULL,
+    on_restart  TEXT NOT NULL,
+    tier        {int16} NOT NULL,
+    response_id TEXT,
+    owner       {bytes} NOT NULL,
+    spec        TEXT NOT NULL,
+    metadata    TEXT NOT NULL,
+    created_at  {int64} NOT NULL,
+    PRIMARY KEY (batch_id, line)
+){end}"#
+    )
+}
+
 /// Files and batches. A batch's tasks name it and their line (`tasks.batch_id`, `batch_line`,
 /// `task_specs.custom_id`); `files` holds the records of uploaded and written files (where their
 /// bytes are is the adapter's); `batches` the batches (`endpoint`: `/v1/responses` or
@@ -321,8 +346,9 @@ CREATE TABLE client_queues (
 /// cancelled one as `failed`. It fires per row, once, on the move from an unfinished status to a
 /// finished one.
 pub fn files_and_batches(d: Dialect) -> String {
-    let (bytes, int64, int32, int16) = (d.bytes(), d.int64(), d.int32(), d.int16());
+    let (bytes, int64, int32) = (d.bytes(), d.int64(), d.int32());
     let no_rowid = d.without_rowid();
+    let staging = batch_staging(d, "batch_staging", no_rowid);
     let counts = d.trigger(
         "batch_counts",
         "lmsp_batch_counts",
@@ -381,22 +407,7 @@ CREATE INDEX batches_client ON batches (client_id, id);
 CREATE INDEX batches_unfinished ON batches (id)
     WHERE status IN ('validating', 'in_progress', 'finalizing', 'cancelling');
 CREATE INDEX batches_input ON batches (input_file_id);
-CREATE TABLE batch_staging (
-    batch_id    {bytes} NOT NULL,
-    line        {int32} NOT NULL,
-    task_id     {bytes} NOT NULL,
-    client_id   {bytes} NOT NULL,
-    custom_id   TEXT NOT NULL,
-    model       TEXT NOT NULL,
-    on_restart  TEXT NOT NULL,
-    tier        {int16} NOT NULL,
-    response_id TEXT,
-    owner       {bytes} NOT NULL,
-    spec        TEXT NOT NULL,
-    metadata    TEXT NOT NULL,
-    created_at  {int64} NOT NULL,
-    PRIMARY KEY (batch_id, line)
-){no_rowid};
+{staging};
 {counts}"#
     )
 }

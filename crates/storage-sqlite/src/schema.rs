@@ -237,7 +237,9 @@ static V6: LazyLock<String> = LazyLock::new(|| schema::queue_fronts(SQLITE));
 /// 50 000 such lines (a 55 MiB file) took about 223 MiB in each of the two tables. A rowid
 /// table keeps up to about 4 000 bytes of a row in place. Their primary keys stay, as unique
 /// indexes.
-const V8: &str = r#"
+static V8: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
 CREATE TABLE task_specs_v8 (
     task_id     BLOB PRIMARY KEY REFERENCES tasks (id),
     spec        TEXT NOT NULL,
@@ -250,30 +252,17 @@ INSERT INTO task_specs_v8 (task_id, spec, metadata, accepted_by, custom_id)
 DROP TABLE task_specs;
 ALTER TABLE task_specs_v8 RENAME TO task_specs;
 
-CREATE TABLE batch_staging_v8 (
-    batch_id    BLOB NOT NULL,
-    line        INTEGER NOT NULL,
-    task_id     BLOB NOT NULL,
-    client_id   BLOB NOT NULL,
-    custom_id   TEXT NOT NULL,
-    model       TEXT NOT NULL,
-    on_restart  TEXT NOT NULL,
-    tier        INTEGER NOT NULL,
-    response_id TEXT,
-    owner       BLOB NOT NULL,
-    spec        TEXT NOT NULL,
-    metadata    TEXT NOT NULL,
-    created_at  INTEGER NOT NULL,
-    PRIMARY KEY (batch_id, line)
-);
-INSERT INTO batch_staging_v8 (batch_id, line, task_id, client_id, custom_id, model, on_restart,
-        tier, response_id, owner, spec, metadata, created_at)
-    SELECT batch_id, line, task_id, client_id, custom_id, model, on_restart, tier, response_id,
-        owner, spec, metadata, created_at FROM batch_staging;
+{staging};
+INSERT INTO batch_staging_v8 ({columns})
+    SELECT {columns} FROM batch_staging;
 DROP TABLE batch_staging;
 ALTER TABLE batch_staging_v8 RENAME TO batch_staging;
 CREATE INDEX batch_staging_custom_id ON batch_staging (batch_id, custom_id, line);
-"#;
+"#,
+        staging = schema::batch_staging(SQLITE, "batch_staging_v8", ""),
+        columns = lmsp_storage_codec::batches::STAGING_COLUMNS,
+    )
+});
 
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
@@ -284,7 +273,7 @@ fn migrations() -> Migrations<'static> {
         M::up(V5.as_str()),
         M::up(V6.as_str()),
         M::up(schema::BATCH_LINES_APART),
-        M::up(V8),
+        M::up(V8.as_str()),
     ])
 }
 
@@ -509,8 +498,9 @@ mod tests {
         assert!(left > 0, "the third client's tasks wait at its max_running");
     }
 
-    /// Version 8 keeps a request's body beside its key: the rows of a version-7 database are
-    /// all there after the migration, and 200 bodies of 1.1 KB take about a page per three
+    /// P-2, I-1 across an upgrade: version 8 keeps a request's body beside its key, and every
+    /// stored task's spec and every kept batch line of a version-7 database is there after the
+    /// migration, and 200 bodies of 1.1 KB take about a page per three
     /// bodies instead of one overflow page each.
     #[test]
     fn version_8_keeps_request_bodies_in_place_and_moves_the_rows_there() {

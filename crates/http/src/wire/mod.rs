@@ -131,7 +131,7 @@ impl<'de> serde::Deserialize<'de> for Seed {
             }
 
             fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<Seed, E> {
-                Ok(Seed(u64::from_ne_bytes(value.to_ne_bytes())))
+                Ok(Seed(value.cast_unsigned()))
             }
         }
 
@@ -141,5 +141,5 @@ impl<'de> serde::Deserialize<'de> for Seed {
 
 /// A task's seed as the wire shows it: the int64 of its 64 bits (see [`Seed`]).
 pub fn shown_seed(seed: u64) -> i64 {
-    i64::from_ne_bytes(seed.to_ne_bytes())
+    seed.cast_signed()
 }
