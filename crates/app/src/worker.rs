@@ -334,28 +334,52 @@ async fn run(pool: &Pool, task: Task, resumed: bool) -> Ending {
     if let Err(error) = loaded {
         return Ending::Failed(engine_task_error(&error));
     }
-    let (mut current, resume, so_far) = if resumed {
-        match resume_from_log(pool, &task).await {
-            Ok(Some((resume, so_far))) => (task, Some(resume), so_far),
-            Ok(None) => (task, None, RunSoFar::default()),
+    let (mut current, so_far, generation) = if resumed {
+        let (resume, so_far) = match resume_from_log(pool, &task).await {
+            Ok(Some((resume, so_far))) => (Some(resume), so_far),
+            Ok(None) => (None, RunSoFar::default()),
             Err(_) => return Ending::StoreGaveUp,
-        }
+        };
+        let job = GenerationJob {
+            model,
+            spec: task.spec.clone(),
+            resume,
+        };
+        let generation = tokio::select! {
+            generation = engine.generate(job) => generation,
+            ending = cancelled_or_stopping(&cancel, &stop_now) => return ending,
+        };
+        (task, so_far, generation)
     } else {
-        match append(pool, &task, vec![Step::Loaded], None).await {
-            Appended::Applied(task) => (task, None, RunSoFar::default()),
-            Appended::Ended(ending) => return ending,
+        // The engine starts while `Loaded` commits (its output is taken only after the commit),
+        // so a cached prompt's first token does not wait for one more commit first.
+        let job = GenerationJob {
+            model,
+            spec: task.spec.clone(),
+            resume: None,
+        };
+        let starting = async {
+            tokio::select! {
+                generation = engine.generate(job) => Ok(generation),
+                ending = cancelled_or_stopping(&cancel, &stop_now) => Err(ending),
+            }
+        };
+        let (appended, started) =
+            tokio::join!(append(pool, &task, vec![Step::Loaded], None), starting);
+        match (appended, started) {
+            (Appended::Applied(task), Ok(generation)) => (task, RunSoFar::default(), generation),
+            (Appended::Applied(_), Err(ending)) => return ending,
+            (Appended::Ended(ending), started) => {
+                if let (Ok(Ok(mut generation)), false) = (started, matches!(ending, Ending::Leave))
+                {
+                    // Nothing will resume this run: the engine may drop what it kept for that.
+                    generation.stop().await;
+                }
+                return ending;
+            }
         }
     };
     let mut output = Output::new(current.spec.controls.clone(), so_far);
-    let job = GenerationJob {
-        model,
-        spec: current.spec.clone(),
-        resume,
-    };
-    let generation = tokio::select! {
-        generation = engine.generate(job) => generation,
-        ending = cancelled_or_stopping(&cancel, &stop_now) => return ending,
-    };
     let mut generation = match generation {
         Ok(generation) => generation,
         Err(error) => return Ending::Failed(engine_task_error(&error)),

@@ -13,7 +13,8 @@
 //! tokens generated. llama.cpp's logits depend on the shape of each evaluation call, so
 //! evaluation follows a fixed schedule that a resume repeats: the prompt in chunks of
 //! [`LlamaSettings::batch_size`] tokens starting at its multiples, every output token alone, one
-//! context per task, flash attention off (its CPU kernel sums over threads). A resume restores the
+//! context per task (new, or an idle one of the same shape cleared: `contexts`), flash attention
+//! off (its CPU kernel sums over threads). A resume restores the
 //! newest valid KV checkpoint (`checkpoint`, with [`LlamaEngine::with_checkpoints`]) and evaluates
 //! only the tokens after it, or, without one, the prompt and every token on the same schedule;
 //! either way it then draws exactly what the uninterrupted run drew. A prompt cache
@@ -33,7 +34,8 @@
 //! [`Engine`] port), `run` (one generation's thread and its schedule), `sampling` (how a token is
 //! drawn, and its log probabilities), `controls` (what a task's tools, format and controls ask of
 //! a run), `schema` (which JSON schemas a grammar enforces), `steer` (penalties and grammars),
-//! `shape` (what the tokens become: text, a call's start, its arguments), `checkpoint` (KV
+//! `shape` (what the tokens become: text, a call's start, its arguments), `contexts` (a loaded
+//! model and its idle contexts), `checkpoint` (KV
 //! checkpoints on disk), `cache` (the prompt cache), `generation` (the async side of a
 //! generation) and [`state`] (what a resume needs).
 //!
@@ -53,7 +55,7 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::model::LlamaModel;
 use lmsp_domain::model::{Digest, ModelToLoad};
 use lmsp_domain::ports::{Engine, EngineError, Generation, GenerationJob, Unsupported};
 use lmsp_domain::task::TaskSpec;
@@ -61,6 +63,7 @@ use lmsp_engine_kit::ModelCache;
 
 mod cache;
 mod checkpoint;
+mod contexts;
 mod controls;
 mod generation;
 mod run;
@@ -78,6 +81,7 @@ pub use schema::{check_schema, SchemaError};
 
 use cache::PromptCache;
 use checkpoint::Checkpoints;
+use contexts::{LoadedModel, Model};
 use run::{Resume, Run, Shared};
 use state::GenerationState;
 
@@ -137,12 +141,6 @@ fn backend() -> Result<&'static LlamaBackend, LlamaError> {
         .map_err(|error| LlamaError::Backend(error.clone()))
 }
 
-/// A model loaded into memory, with its chat template when it has one.
-struct LoadedModel {
-    model: LlamaModel,
-    template: Option<LlamaChatTemplate>,
-}
-
 /// The llama.cpp engine.
 pub struct LlamaEngine {
     settings: LlamaSettings,
@@ -150,6 +148,7 @@ pub struct LlamaEngine {
     loaded: ModelCache<LoadedModel>,
     checkpoints: Option<Arc<Checkpoints>>,
     cache: Arc<PromptCache>,
+    idle_contexts: usize,
 }
 
 impl std::fmt::Debug for LlamaEngine {
@@ -169,7 +168,18 @@ impl LlamaEngine {
             loaded: ModelCache::new("the llama engine"),
             checkpoints: None,
             cache: Arc::new(PromptCache::new(0)),
+            idle_contexts: 1,
         })
+    }
+
+    /// The same engine, keeping up to `count` idle llama.cpp contexts per model for the next
+    /// generations of the same shape (a context costs about a millisecond to make; 0: every
+    /// generation makes its own). One per worker keeps a model's contexts, running and idle, at
+    /// most one per worker. The default is 1. Takes effect for models loaded afterwards.
+    #[must_use]
+    pub fn with_idle_contexts(mut self, count: usize) -> Self {
+        self.idle_contexts = count;
+        self
     }
 
     /// The same engine, saving each generation's KV state as [`CheckpointSettings`] say, so a
@@ -217,16 +227,19 @@ impl LlamaEngine {
     async fn model(&self, model: &ModelToLoad) -> Result<Arc<LoadedModel>, EngineError> {
         let backend = self.backend;
         let gpu_layers = self.settings.gpu_layers;
+        let idle = self.idle_contexts;
         self.loaded
             .get_or_load(model, "GGUF model files", |path| {
                 // Dropping this future abandons the wait; the blocking load then finishes and
                 // its result is dropped (a later load starts afresh).
                 async move {
-                    tokio::task::spawn_blocking(move || load_model(backend, &path, gpu_layers))
-                        .await
-                        .map_err(|error| {
-                            EngineError::Failed(format!("the model load broke: {error}"))
-                        })?
+                    tokio::task::spawn_blocking(move || {
+                        load_model(backend, &path, gpu_layers, idle)
+                    })
+                    .await
+                    .map_err(|error| {
+                        EngineError::Failed(format!("the model load broke: {error}"))
+                    })?
                 }
             })
             .await
@@ -245,6 +258,7 @@ fn load_model(
     backend: &LlamaBackend,
     path: &str,
     gpu_layers: u32,
+    idle_contexts: usize,
 ) -> Result<LoadedModel, EngineError> {
     // Clients read the message: it names the file, not where the server keeps it.
     let name = shown_name(path);
@@ -258,7 +272,7 @@ fn load_model(
         EngineError::ModelUnavailable(format!("{name}: llama.cpp cannot load it ({error})"))
     })?;
     let template = model.chat_template(None).ok();
-    Ok(LoadedModel { model, template })
+    Ok(LoadedModel::of(Model { model, template }, idle_contexts))
 }
 
 #[async_trait]

@@ -4,10 +4,8 @@
 //! calls.
 
 use std::cell::OnceCell;
-use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
-use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -25,21 +23,18 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::cache::PromptCache;
 use crate::checkpoint::{knee, Checkpoints, RunCheckpoints, Spacing};
+use crate::contexts::{Idle, LoadedModel, Model, Shape};
 use crate::controls::{conversation, Asked};
 use crate::generation::{LlamaGeneration, Signals};
 use crate::sampling::{draw_seed, Probabilities, Sampling};
 use crate::shape::{Piece, Shaper, Step};
 use crate::state::{GenerationState, RunName};
 use crate::steer::Steer;
-use crate::{LlamaSettings, LoadedModel};
+use crate::LlamaSettings;
 use lmsp_engine_kit::output_budget;
 
 /// How many items a generating thread may send ahead of its consumer.
 const CHANNEL_CAPACITY: usize = 32;
-
-/// llama.cpp's context creation mutates the model it is given (see `LlamaModel::new_context`):
-/// contexts are made one at a time.
-static CONTEXT_CREATION: Mutex<()> = Mutex::new(());
 
 /// Where a generation starts.
 pub(crate) enum Resume {
@@ -55,7 +50,7 @@ pub(crate) enum Resume {
 /// The prompt text of a conversation: the model's chat template when it has one (with the
 /// assistant's turn opened), else `role: content` lines and an `assistant: ` line. The flag tells
 /// whether the text holds the template's special tokens (to be parsed as such).
-fn prompt_text(loaded: &LoadedModel, messages: &[Message]) -> (String, bool) {
+fn prompt_text(loaded: &Model, messages: &[Message]) -> (String, bool) {
     if let Some(template) = &loaded.template {
         let chat: Result<Vec<_>, _> = messages
             .iter()
@@ -163,7 +158,8 @@ impl Run {
 
     fn run(mut self) {
         let resume = std::mem::replace(&mut self.resume, Resume::Fresh);
-        let outcome = self.generate(resume);
+        let loaded = Arc::clone(&self.loaded);
+        let outcome = loaded.with_dependent(|model, idle| self.generate(model, idle, resume));
         // Finished, failed or cancelled, the task is over: nothing resumes it, so its
         // checkpoints go. Stopped by a drop alone (the process stopping, a lost lease), it will
         // resume, from them.
@@ -193,13 +189,13 @@ impl Run {
             .map_err(|_| Halt::Stopped)
     }
 
-    fn generate(&self, resume: Resume) -> Result<(), Halt> {
-        let model = &self.loaded.model;
+    fn generate<'m>(&self, loaded: &'m Model, idle: &Idle<'m>, resume: Resume) -> Result<(), Halt> {
+        let model = &loaded.model;
         let vocab = model.vocab();
         let asked = Asked::of(&self.spec.controls)
             .map_err(|error| Halt::Failed(EngineError::Failed(error.to_string())))?;
         let (prompt, special) = prompt_text(
-            &self.loaded,
+            loaded,
             &conversation(self.spec.conversation(), asked.tools_text.as_deref()),
         );
         let prompt_tokens = vocab.tokenize(prompt.as_bytes(), true, special);
@@ -250,28 +246,18 @@ impl Run {
             },
             |n| i32::try_from(n.get()).unwrap_or(1),
         );
-        let params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(n_ctx))
-            .with_n_batch(chunk)
-            .with_n_ubatch(chunk)
-            .with_n_seq_max(1)
-            .with_n_threads(threads)
-            .with_n_threads_batch(threads)
-            // Flash attention off (0: LLAMA_FLASH_ATTN_TYPE_DISABLED): on CPU it splits one
-            // token's attention over the threads and sums the parts in that order, so its
-            // result would depend on the thread count (docs/engines.md, exactness).
-            .with_flash_attention_policy(0);
+        let shape = Shape {
+            n_ctx,
+            chunk,
+            threads,
+        };
         if self.stopped() {
             return Err(Halt::Stopped);
         }
-        let mut context = {
-            let _creating = CONTEXT_CREATION
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            model
-                .new_context(self.backend, params)
-                .map_err(|error| failed("llama.cpp cannot make a context", error))?
-        };
+        let mut lease = idle
+            .take(model, self.backend, shape)
+            .map_err(|error| failed("llama.cpp cannot make a context", error))?;
+        let context: &mut LlamaContext<'m> = &mut lease;
 
         // Exact by construction: the prompt is evaluated in chunks of `chunk` tokens starting at
         // multiples of `chunk`, and every output token alone, whatever was evaluated before or
@@ -283,7 +269,7 @@ impl Run {
         let output: Vec<i32> = state.tokens().to_vec();
         let restored = match (&self.checkpoints, output.is_empty()) {
             (Some(checkpoints), false) => {
-                checkpoints.restore(&mut context, run, digest, &prompt_tokens, &output)
+                checkpoints.restore(context, run, digest, &prompt_tokens, &output)
             }
             _ => None,
         };
@@ -317,7 +303,7 @@ impl Run {
             }
             if from < input_tokens {
                 let last_at =
-                    self.evaluate_prompt(&mut context, &mut batch, &prompt_tokens, from, chunk)?;
+                    self.evaluate_prompt(context, &mut batch, &prompt_tokens, from, chunk)?;
                 let last = context.get_logits_ith(last_at).to_vec();
                 if self.cache.enabled() {
                     match context.state_seq_get(0, LlamaStateSeqFlags::empty()) {
@@ -348,12 +334,7 @@ impl Run {
             if self.stopped() {
                 return Err(Halt::Stopped);
             }
-            self.decode_one(
-                &mut context,
-                &mut batch,
-                LlamaToken(token),
-                input_tokens + index,
-            )?;
+            self.decode_one(context, &mut batch, LlamaToken(token), input_tokens + index)?;
             if let Some(saving) = &mut saving {
                 saving.evaluated(input_tokens + index);
             }
@@ -435,12 +416,12 @@ impl Run {
             ended = step.stopped;
             self.send_step(&vocab, step, &out.state, &mut out.logprobs)?;
             if !ended && out.state.tokens().len() < max && next_position < n_ctx_usize {
-                self.decode_one(&mut context, &mut batch, token, next_position)?;
+                self.decode_one(context, &mut batch, token, next_position)?;
                 logits = None;
                 if let Some(saving) = &mut saving {
                     saving.evaluated(next_position);
                     all_tokens.push(token);
-                    saving.after_token(&context, out.state.tokens().len(), &all_tokens);
+                    saving.after_token(context, out.state.tokens().len(), &all_tokens);
                 }
                 next_position += 1;
             }

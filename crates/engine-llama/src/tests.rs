@@ -272,3 +272,86 @@ fn tokens(deltas: &[(String, Vec<u8>)]) -> usize {
     let state = crate::state::GenerationState::decode(&deltas.last().unwrap().1).unwrap();
     state.tokens().len()
 }
+
+/// A job asking `max` sampled tokens for `input`.
+fn job_for(
+    model: &ModelToLoad,
+    input: &str,
+    max: u32,
+    resume: Option<ResumePoint>,
+) -> GenerationJob {
+    let mut job = job(model, max, resume);
+    if let Some(spec) = Arc::get_mut(&mut job.spec) {
+        spec.input = Input::Text(input.into());
+    }
+    job
+}
+
+/// I-6 on a reused context: a generation on a context another run left (its KV cleared) draws
+/// the same tokens as one on a context of its own, and a resume on one continues exactly; the
+/// engine keeps no more idle contexts than it was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_context_gives_what_a_new_one_gives() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let engine = |idle: usize| {
+        LlamaEngine::new(LlamaSettings {
+            threads: NonZeroU32::new(1),
+            ..LlamaSettings::default()
+        })
+        .unwrap()
+        .with_idle_contexts(idle)
+    };
+    let fresh = engine(0);
+    let alone = text(
+        &rest(
+            fresh
+                .generate(job_for(&model, "hi", 40, None))
+                .await
+                .unwrap(),
+        )
+        .await,
+    );
+
+    let reusing = engine(1);
+    // Another prompt first, so that the context the next run takes held other tokens.
+    let other = job_for(&model, "a different and longer prompt", 40, None);
+    rest(reusing.generate(other).await.unwrap()).await;
+    let again = text(
+        &rest(
+            reusing
+                .generate(job_for(&model, "hi", 40, None))
+                .await
+                .unwrap(),
+        )
+        .await,
+    );
+    assert_eq!(again, alone);
+
+    // Interrupted after 10 deltas, then resumed on the context it parked.
+    let mut first = reusing
+        .generate(job_for(&model, "hi", 40, None))
+        .await
+        .unwrap();
+    let so_far = deltas(&mut first, 10).await;
+    // A stop waits for the run's thread, which parks the context (this engine keeps no
+    // checkpoints, so the stop discards nothing the resume needs).
+    first.stop().await;
+    let point = ResumePoint {
+        state: so_far.last().unwrap().1.clone(),
+        text_so_far: text(&so_far),
+    };
+    let resumed = rest(
+        reusing
+            .generate(job_for(&model, "hi", 40, Some(point)))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(format!("{}{}", text(&so_far), text(&resumed)), alone);
+
+    let loaded = reusing.model(&model).await.unwrap();
+    assert_eq!(loaded.with_dependent(|_, idle| idle.parked()), 1);
+    let loaded = fresh.model(&model).await.unwrap();
+    assert_eq!(loaded.with_dependent(|_, idle| idle.parked()), 0);
+}

@@ -1,0 +1,179 @@
+//! A loaded model and its idle llama.cpp contexts.
+//!
+//! Making a context costs about a millisecond even for a tiny model (llama.cpp allocates its
+//! buffers and reserves its compute graphs), which is most of a cached prompt's time to first
+//! token. A generation therefore takes an idle context of the same shape (context size, chunk,
+//! threads) when the model has one, and parks its own when it ends. A parked context is cleared
+//! before reuse, its KV memory zeroed as a new context's is: a run on it makes the same llama.cpp
+//! calls on the same memory as a run on a new one, so its output is the same to the bit (I-6).
+//!
+//! Memory: at most [`LoadedModel::new`]'s `max_idle` contexts are parked per model, and a run
+//! that finds none of its shape drops the oldest parked one before it makes its own, so a model's
+//! contexts, running and parked, never outnumber the most generations run at once on it or
+//! `max_idle`, whichever is larger.
+
+use std::collections::VecDeque;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Mutex, PoisonError};
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::LlamaContextLoadError;
+
+/// llama.cpp's context creation mutates the model it is given (see `LlamaModel::new_context`):
+/// contexts are made one at a time.
+static CONTEXT_CREATION: Mutex<()> = Mutex::new(());
+
+/// A model file in memory, with its chat template when it has one.
+pub(crate) struct Model {
+    pub(crate) model: LlamaModel,
+    pub(crate) template: Option<LlamaChatTemplate>,
+}
+
+/// What makes two contexts interchangeable: everything a run sets when it makes one (the other
+/// parameters are the same for every run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) n_ctx: u32,
+    pub(crate) chunk: u32,
+    pub(crate) threads: i32,
+}
+
+impl Shape {
+    fn params(self) -> LlamaContextParams {
+        LlamaContextParams::default()
+            .with_n_ctx(std::num::NonZeroU32::new(self.n_ctx))
+            .with_n_batch(self.chunk)
+            .with_n_ubatch(self.chunk)
+            .with_n_seq_max(1)
+            .with_n_threads(self.threads)
+            .with_n_threads_batch(self.threads)
+            // Flash attention off (0: LLAMA_FLASH_ATTN_TYPE_DISABLED): on CPU it splits one
+            // token's attention over the threads and sums the parts in that order, so its
+            // result would depend on the thread count (docs/engines.md, exactness).
+            .with_flash_attention_policy(0)
+    }
+}
+
+struct Parked<'m> {
+    shape: Shape,
+    context: LlamaContext<'m>,
+}
+
+/// The parked contexts of one model, most recently parked last.
+pub(crate) struct Idle<'m> {
+    parked: Mutex<VecDeque<Parked<'m>>>,
+    max: usize,
+}
+
+self_cell::self_cell!(
+    /// A loaded model with its idle contexts (which borrow it).
+    pub(crate) struct LoadedModel {
+        owner: Model,
+        #[not_covariant]
+        dependent: Idle,
+    }
+);
+
+impl LoadedModel {
+    /// `model`, keeping at most `max_idle` idle contexts (0: none, every run makes its own).
+    pub(crate) fn of(model: Model, max_idle: usize) -> Self {
+        Self::new(model, |_| Idle {
+            parked: Mutex::new(VecDeque::new()),
+            max: max_idle,
+        })
+    }
+}
+
+impl<'m> Idle<'m> {
+    /// A context of `shape` for `model`: a parked one, cleared, or a new one.
+    pub(crate) fn take<'i>(
+        &'i self,
+        model: &'m LlamaModel,
+        backend: &LlamaBackend,
+        shape: Shape,
+    ) -> Result<Lease<'i, 'm>, LlamaContextLoadError> {
+        let reused = {
+            let mut parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
+            match parked.iter().rposition(|p| p.shape == shape) {
+                Some(at) => parked.remove(at).map(|p| p.context),
+                None => {
+                    // Dropped after the lock is released: freeing a context takes a while.
+                    let _oldest = parked.pop_front();
+                    None
+                }
+            }
+        };
+        let context = match reused {
+            Some(mut context) => {
+                // The KV memory zeroed, as a new context's is.
+                context.clear_kv_cache();
+                context
+            }
+            None => {
+                let _creating = CONTEXT_CREATION
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                model.new_context(backend, shape.params())?
+            }
+        };
+        Ok(Lease {
+            idle: self,
+            shape,
+            context: Some(context),
+        })
+    }
+
+    fn park(&self, shape: Shape, context: LlamaContext<'m>) {
+        if self.max == 0 {
+            return;
+        }
+        let dropped = {
+            let mut parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
+            parked.push_back(Parked { shape, context });
+            (parked.len() > self.max).then(|| parked.pop_front())
+        };
+        drop(dropped);
+    }
+
+    /// How many contexts are parked.
+    #[cfg(test)]
+    pub(crate) fn parked(&self) -> usize {
+        self.parked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// A context a run holds; parked for the next run when the run ends, however it ends.
+pub(crate) struct Lease<'i, 'm> {
+    idle: &'i Idle<'m>,
+    shape: Shape,
+    context: Option<LlamaContext<'m>>,
+}
+
+impl<'m> Deref for Lease<'_, 'm> {
+    type Target = LlamaContext<'m>;
+
+    fn deref(&self) -> &Self::Target {
+        // Present until the lease is dropped.
+        self.context.as_ref().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl DerefMut for Lease<'_, '_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.context.as_mut().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl Drop for Lease<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(context) = self.context.take() {
+            self.idle.park(self.shape, context);
+        }
+    }
+}
