@@ -5,9 +5,12 @@
 
 mod support;
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
+use lmsp_domain::ports::{EngineError, Generation, GenerationItem};
 use lmsp_domain::{EventKind, TaskErrorCode, TaskStatus};
 
 use support::*;
@@ -84,6 +87,40 @@ async fn a_run_the_store_cannot_record_is_failed_with_storage_unavailable() {
         TaskStatus::Completed,
         "the worker goes on"
     );
+}
+
+/// A generation that never yields and counts its stops.
+struct CountsStops(Arc<AtomicUsize>);
+
+#[async_trait]
+impl Generation for CountsStops {
+    async fn next_item(&mut self) -> Result<Option<GenerationItem>, EngineError> {
+        std::future::pending().await
+    }
+
+    async fn stop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The engine starts while the task's `in_progress` step commits; when that step cannot be
+/// recorded, the run ends (`storage_unavailable`) and the engine it started is stopped, not left
+/// generating for nobody.
+#[tokio::test]
+async fn an_engine_started_beside_a_step_that_cannot_be_recorded_is_stopped() {
+    let stops = Arc::new(AtomicUsize::new(0));
+    let mut engine = MockEngine::new();
+    engine.expect_load().returning(|_| Ok(()));
+    let counter = Arc::clone(&stops);
+    engine.expect_generate().returning(move |_job| {
+        Ok(Box::new(CountsStops(Arc::clone(&counter))) as Box<dyn Generation>)
+    });
+    let h = harness(engine, files_ok(), settings(Duration::from_millis(200))).await;
+    h.faults.appends.store(u32::MAX, Ordering::SeqCst);
+    let task = submit(&h, 5).await;
+    let done = finished(&h, &task).await;
+    assert_eq!(done.error.unwrap().code, TaskErrorCode::StorageUnavailable);
+    assert_eq!(stops.load(Ordering::SeqCst), 1);
 }
 
 /// P-4, I-3: a task cancelled while its run cannot write ends `cancelled` once the store is back,
