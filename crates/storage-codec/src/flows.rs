@@ -73,32 +73,27 @@ pub trait Rows {
         sql: &str,
         params: &[Param],
     ) -> Result<Option<T>, Self::Error>;
+
+    /// Runs a read, each of its rows read as `T`.
+    async fn read_all<T: ReadRow>(
+        &self,
+        sql: &str,
+        params: &[Param],
+    ) -> Result<Vec<T>, Self::Error>;
 }
 
-/// The writes of the idempotency flows (I-8) whose values may be `NULL`.
+/// The record writes of the idempotency flows (I-8): what a write that found a record appeared
+/// meanwhile means is the store's.
 #[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
 pub trait KeyRows: Rows {
-    /// Writes a record; `existed` says whether [`stored_record`] found one under its key in this
-    /// transaction (PostgreSQL runs the transaction again when one appeared meanwhile).
+    /// Writes a record ([`crate::ops::put_record`]); `existed` says whether [`stored_record`]
+    /// found one under its key in this transaction (PostgreSQL runs the transaction again when
+    /// one appeared meanwhile).
     async fn put_record(
         &self,
         record: &IdempotencyRecord,
         existed: bool,
     ) -> Result<(), Self::Error>;
-}
-
-/// The model row's insert (its values may be `NULL`).
-#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
-pub trait ModelRows: Rows {
-    /// Inserts a model's row unless its id exists; whether it did.
-    async fn insert_model_row(&self, row: &ModelRow) -> Result<bool, Self::Error>;
-}
-
-/// The client row's insert (its values may be `NULL`).
-#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
-pub trait ClientRows: Rows {
-    /// Stores a client.
-    async fn insert_client(&self, client: &Client) -> Result<(), Self::Error>;
 }
 
 /// Row access that runs SQL ([`Rows`]) and makes the task writes ([`TaskWrites`]), with one
@@ -227,7 +222,7 @@ pub async fn claim_key<R: KeyRows>(
 
 /// P-1, I-8: a model and its key's answered record, in one transaction; nothing when another
 /// request answered under the key meanwhile or the id is taken.
-pub async fn insert_model_with_key<R: KeyRows + ModelRows>(
+pub async fn insert_model_with_key<R: KeyRows>(
     rows: &R,
     model: &ModelRecord,
     record: &IdempotencyRecord,
@@ -283,9 +278,9 @@ pub async fn release_holds_of<R: Rows>(rows: &R, instance: InstanceId) -> Result
 
 /// P-1: stores a model unless the id exists; a stored model's file is no longer one whose model
 /// a user deleted.
-pub async fn insert_model<R: ModelRows>(rows: &R, model: &ModelRecord) -> Result<bool, R::Error> {
+pub async fn insert_model<R: Rows>(rows: &R, model: &ModelRecord) -> Result<bool, R::Error> {
     let row = ModelRow::encode(model)?;
-    let inserted = rows.insert_model_row(&row).await?;
+    let inserted = crate::ops::insert_model_row(rows, &row).await?;
     if inserted {
         if let Some(path) = &row.path {
             let params = [Param::Text(path.clone())];
@@ -297,10 +292,7 @@ pub async fn insert_model<R: ModelRows>(rows: &R, model: &ModelRecord) -> Result
 }
 
 /// Stores a model found at startup unless its id exists or its file's model was deleted.
-pub async fn insert_found_model<R: ModelRows>(
-    rows: &R,
-    model: &ModelRecord,
-) -> Result<bool, R::Error> {
+pub async fn insert_found_model<R: Rows>(rows: &R, model: &ModelRecord) -> Result<bool, R::Error> {
     if let Some(file) = model.file() {
         let sql = format!("{}{}", sql::REMOVED_MODEL_FILE, R::SHARE);
         let removed: Option<i64> = rows
@@ -379,7 +371,7 @@ pub async fn purge_finished<R: Rows>(
 /// Redeems a pairing code under the pairing limit, all in the current transaction: the limit's
 /// row and the code's are read (and locked) first, so redemptions take their turn, and what
 /// [`plan_redemption`] returns is written.
-pub async fn redeem_pairing<R: ClientRows>(
+pub async fn redeem_pairing<R: Rows>(
     rows: &R,
     hash: &SecretHash,
     client: &Client,
@@ -404,7 +396,7 @@ pub async fn redeem_pairing<R: ClientRows>(
     }
     if plan.pair {
         rows.execute(sql::DELETE_PAIRING, &[code]).await?;
-        rows.insert_client(client).await?;
+        crate::ops::insert_client(rows, client).await?;
     }
     Ok(plan.redemption)
 }

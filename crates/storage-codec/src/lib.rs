@@ -15,6 +15,7 @@ pub mod batches;
 pub mod columns;
 pub mod events;
 pub mod flows;
+pub mod ops;
 pub mod pairing;
 pub mod query;
 pub mod records;

@@ -179,6 +179,11 @@ pub fn endpoint_by_id() -> String {
     format!("SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id = $1")
 }
 
+/// Webhook endpoints, newest first, at most `$1`.
+pub fn newest_endpoints() -> String {
+    format!("SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints ORDER BY id DESC LIMIT $1")
+}
+
 /// Webhook endpoints older than `$1`, newest first, at most `$2`.
 pub fn endpoints_before() -> String {
     format!(
@@ -337,6 +342,7 @@ mod tests {
             FORGET_REMOVED_MODEL_FILE.to_owned(),
             insert_endpoint(),
             endpoint_by_id(),
+            newest_endpoints(),
             endpoints_before(),
             UPDATE_ENDPOINT.to_owned(),
             DELETE_ENDPOINT.to_owned(),

@@ -17,9 +17,11 @@ use lmsp_domain::writes::{decide_file_delete, PURGED_STATUSES};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::codec::{self, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS, STAGING_COLUMNS};
+use crate::codec::{
+    self, ops as shared, BatchRow, EventCode, StagedRow, BATCH_COLUMNS, STAGING_COLUMNS,
+};
 use crate::ops::{
-    batch_key, corrupt, decode_task, file_key, query_rows, read, to_i64, ulid_of, Db, Res,
+    batch_key, corrupt, decode_task, file_key, query_rows, read, to_i64, ulid_of, Db, Res, Rows,
     TASK_COLUMN_COUNT,
 };
 
@@ -53,38 +55,14 @@ fn decode_batch(row: &Row) -> Res<Batch> {
     Ok(read::<BatchRow>(row)?.decode()?)
 }
 
-/// Decodes a file row selected with [`FILE_COLUMNS`](codec::FILE_COLUMNS).
-fn decode_file(row: &Row) -> Res<StoredFile> {
-    Ok(read::<FileRow>(row)?.decode()?)
-}
-
 /// Stores a file's record.
 pub async fn insert_file<C: Db>(db: &C, file: &StoredFile) -> Res<()> {
-    let row = FileRow::encode(file)?;
-    db.execute(
-        &codec::sql::insert_file(),
-        &[
-            &row.id,
-            &row.client_id,
-            &row.filename,
-            &row.purpose,
-            &row.bytes,
-            &row.digest,
-            &row.created_at,
-            &row.batch_id,
-        ],
-    )
-    .await?;
-    Ok(())
+    shared::insert_file(&Rows(db), file).await
 }
 
 /// A file's record.
 pub async fn file<C: Db>(db: &C, id: FileId) -> Res<Option<StoredFile>> {
-    db.query_opt(&codec::sql::file_by_id(), &[&file_key(id)])
-        .await?
-        .as_ref()
-        .map(decode_file)
-        .transpose()
+    shared::file(&Rows(db), id).await
 }
 
 /// Files in id `order`, past `after` in that order, of `client` (I-7) and with `purpose` when
@@ -97,10 +75,7 @@ pub async fn list_files<C: Db>(
     order: ListOrder,
     limit: usize,
 ) -> Res<Page<StoredFile>> {
-    let query = codec::query::files_page(client, purpose, after, order, limit)?;
-    let rows = query_rows(db, &query).await?;
-    let items = rows.iter().map(decode_file).collect::<Res<Vec<_>>>()?;
-    Ok(Page::of_fetched(items, limit))
+    shared::list_files(&Rows(db), client, purpose, after, order, limit).await
 }
 
 /// Removes a file's record (and its bytes, which are rows of this database too), unless a batch
@@ -145,44 +120,12 @@ pub async fn insert_batch<C: Db>(db: &C, batch: &Batch) -> Res<()> {
         &[&file_key(batch.input_file_id)],
     )
     .await?;
-    let row = BatchRow::encode(batch)?;
-    let [in_progress_at, failed_at, finalizing_at, completed_at, expired_at, cancelling_at, cancelled_at] =
-        row.times;
-    let values: Vec<Param> = vec![
-        Box::new(row.id),
-        Box::new(row.client_id),
-        Box::new(row.endpoint),
-        Box::new(row.input_file_id),
-        Box::new(row.completion_window),
-        Box::new(row.status),
-        Box::new(row.output_file_id),
-        Box::new(row.error_file_id),
-        Box::new(row.errors),
-        Box::new(row.total),
-        Box::new(row.completed),
-        Box::new(row.failed),
-        Box::new(row.metadata),
-        Box::new(row.created_at),
-        Box::new(in_progress_at),
-        Box::new(failed_at),
-        Box::new(finalizing_at),
-        Box::new(completed_at),
-        Box::new(expired_at),
-        Box::new(cancelling_at),
-        Box::new(cancelled_at),
-    ];
-    db.execute(&codec::sql::insert_batch(), &params_of(&values))
-        .await?;
-    Ok(())
+    shared::insert_batch(&Rows(db), batch).await
 }
 
 /// A batch, with its counts as they are now.
 pub async fn batch<C: Db>(db: &C, id: BatchId) -> Res<Option<Batch>> {
-    db.query_opt(&codec::sql::batch_by_id(), &[&batch_key(id)])
-        .await?
-        .as_ref()
-        .map(decode_batch)
-        .transpose()
+    shared::batch(&Rows(db), id).await
 }
 
 /// Batches, newest first, before `before`, of `client` when given (I-7).
@@ -192,9 +135,7 @@ pub async fn list_batches<C: Db>(
     before: Option<BatchId>,
     limit: usize,
 ) -> Res<Page<Batch>> {
-    let rows = query_rows(db, &codec::query::batches_page(client, before, limit)?).await?;
-    let items = rows.iter().map(decode_batch).collect::<Res<Vec<_>>>()?;
-    Ok(Page::of_fetched(items, limit))
+    shared::list_batches(&Rows(db), client, before, limit).await
 }
 
 /// The batches that have not ended, oldest first.

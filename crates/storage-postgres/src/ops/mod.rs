@@ -23,7 +23,7 @@ use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::columns::{Columns, ReadRow};
 use lmsp_storage_codec::flows;
-use lmsp_storage_codec::query::{Param, Query};
+use lmsp_storage_codec::query::{Kind, Param, Query};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
@@ -175,8 +175,24 @@ fn values(params: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
             Param::Blob(bytes) => bytes as &(dyn ToSql + Sync),
             Param::Text(text) => text,
             Param::Integer(number) => number,
+            Param::Int4(number) => number,
+            Param::Null(kind) => null_of(kind),
         })
         .collect()
+}
+
+/// A `NULL` of a column's kind, as tokio-postgres checks it against the column's type.
+fn null_of(kind: &Kind) -> &'static (dyn ToSql + Sync) {
+    static BLOB: Option<Vec<u8>> = None;
+    static TEXT: Option<String> = None;
+    static INTEGER: Option<i64> = None;
+    static INT4: Option<i32> = None;
+    match kind {
+        Kind::Blob => &BLOB,
+        Kind::Text => &TEXT,
+        Kind::Integer => &INTEGER,
+        Kind::Int4 => &INT4,
+    }
 }
 
 /// Runs a list read built by `codec::query`; its rows.
@@ -202,6 +218,11 @@ impl<C: Db> flows::Rows for Rows<'_, C> {
     async fn read_one<T: ReadRow>(&self, sql: &str, params: &[Param]) -> Res<Option<T>> {
         let row = self.0.query_opt(sql, &values(params)).await?;
         row.as_ref().map(read::<T>).transpose()
+    }
+
+    async fn read_all<T: ReadRow>(&self, sql: &str, params: &[Param]) -> Res<Vec<T>> {
+        let rows = self.0.query(sql, &values(params)).await?;
+        rows.iter().map(read::<T>).collect()
     }
 }
 

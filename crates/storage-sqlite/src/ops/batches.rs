@@ -13,49 +13,21 @@ use lmsp_domain::time::Timestamp;
 use lmsp_domain::writes::decide_file_delete;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::codec::columns::ReadRow;
 use crate::codec::{
-    self, batch_key, file_key, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS,
+    self, batch_key, file_key, ops as shared, BatchRow, EventCode, StagedRow, BATCH_COLUMNS,
     STAGING_COLUMNS,
 };
 use crate::ops::tasks::delete_task_rows;
-use crate::ops::{prepare, query_rows, raw_task, read, to_i64, RawTask, Res};
+use crate::ops::{prepare, query_rows, raw_task, read, run, to_i64, RawTask, Res, Rows};
 
 /// Stores a file's record.
 pub fn insert_file(conn: &Connection, file: &StoredFile) -> Res<()> {
-    let row = FileRow::encode(file)?;
-    prepare(conn, &codec::sql::insert_file())?.execute(params![
-        row.id,
-        row.client_id,
-        row.filename,
-        row.purpose,
-        row.bytes,
-        row.digest,
-        row.created_at,
-        row.batch_id
-    ])?;
-    Ok(())
-}
-
-/// The row `sql` selects by the key `$1`, decoded.
-fn by_key<R: ReadRow, T>(
-    conn: &Connection,
-    sql: &str,
-    key: [u8; 16],
-    decode: fn(R) -> Result<T, codec::DbError>,
-) -> Res<Option<T>> {
-    let row = prepare(conn, sql)?.query_row([key], read::<R>).optional()?;
-    Ok(row.map(decode).transpose()?)
+    run(shared::insert_file(&Rows(conn), file))
 }
 
 /// A file's record.
 pub fn file(conn: &Connection, id: FileId) -> Res<Option<StoredFile>> {
-    by_key(
-        conn,
-        &codec::sql::file_by_id(),
-        file_key(id),
-        FileRow::decode,
-    )
+    run(shared::file(&Rows(conn), id))
 }
 
 /// Files in id `order`, past `after` in that order.
@@ -67,17 +39,14 @@ pub fn list_files(
     order: ListOrder,
     limit: usize,
 ) -> Res<Page<StoredFile>> {
-    let query = codec::query::files_page(client, purpose, after, order, limit)?;
-    let rows = query_rows(conn, &query, read::<FileRow>)?;
-    page(rows.into_iter().map(FileRow::decode), limit)
-}
-
-fn page<T, E>(items: impl Iterator<Item = Result<T, E>>, limit: usize) -> Res<Page<T>>
-where
-    crate::error::DbError: From<E>,
-{
-    let items = items.collect::<Result<Vec<T>, E>>()?;
-    Ok(Page::of_fetched(items, limit))
+    run(shared::list_files(
+        &Rows(conn),
+        client,
+        purpose,
+        after,
+        order,
+        limit,
+    ))
 }
 
 /// The statuses of a batch that has not ended, as bound parameters.
@@ -108,46 +77,14 @@ pub fn delete_file(
     Ok(outcome)
 }
 
-fn write_batch_row(conn: &Connection, row: &BatchRow) -> Res<()> {
-    prepare(conn, &codec::sql::insert_batch())?.execute(params![
-        row.id,
-        row.client_id,
-        row.endpoint,
-        row.input_file_id,
-        row.completion_window,
-        row.status,
-        row.output_file_id,
-        row.error_file_id,
-        row.errors,
-        row.total,
-        row.completed,
-        row.failed,
-        row.metadata,
-        row.created_at,
-        row.times[0],
-        row.times[1],
-        row.times[2],
-        row.times[3],
-        row.times[4],
-        row.times[5],
-        row.times[6],
-    ])?;
-    Ok(())
-}
-
 /// Stores a new batch.
 pub fn insert_batch(conn: &Connection, batch: &Batch) -> Res<()> {
-    write_batch_row(conn, &BatchRow::encode(batch)?)
+    run(shared::insert_batch(&Rows(conn), batch))
 }
 
 /// A batch.
 pub fn batch(conn: &Connection, id: BatchId) -> Res<Option<Batch>> {
-    by_key(
-        conn,
-        &codec::sql::batch_by_id(),
-        batch_key(id),
-        BatchRow::decode,
-    )
+    run(shared::batch(&Rows(conn), id))
 }
 
 /// Batches, newest first, before `before`.
@@ -157,12 +94,7 @@ pub fn list_batches(
     before: Option<BatchId>,
     limit: usize,
 ) -> Res<Page<Batch>> {
-    let rows = query_rows(
-        conn,
-        &codec::query::batches_page(client, before, limit)?,
-        read::<BatchRow>,
-    )?;
-    page(rows.into_iter().map(BatchRow::decode), limit)
+    run(shared::list_batches(&Rows(conn), client, before, limit))
 }
 
 /// The batches that have not ended, oldest first. The statuses are written into the SQL (the

@@ -11,8 +11,8 @@ use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::flows::{self, KeyRows};
 use rusqlite::{params, Connection};
 
-use crate::codec::{sql, IdempotencyRow};
-use crate::ops::{client_key, prepare, run, to_i64, Res, Rows};
+use crate::codec::ops as shared;
+use crate::ops::{run, to_i64, Res, Rows};
 
 /// The record stored under a key, expired or not.
 pub fn stored_record(
@@ -25,19 +25,7 @@ pub fn stored_record(
 
 /// Writes a record, replacing whatever was stored under its key.
 pub fn put_record(conn: &Connection, record: &IdempotencyRecord) -> Res<()> {
-    let row = IdempotencyRow::encode(record);
-    prepare(conn, &sql::put_idempotency_record(true))?.execute(params![
-        client_key(record.scope.client_id),
-        record.scope.operation.as_str(),
-        record.key.as_str(),
-        row.digest,
-        row.reply,
-        row.reply_task,
-        row.held_until,
-        row.held_by,
-        row.created_at,
-        row.expires_at,
-    ])?;
+    run(shared::put_record(&Rows(conn), record, true))?;
     Ok(())
 }
 
@@ -45,7 +33,8 @@ pub fn put_record(conn: &Connection, record: &IdempotencyRecord) -> Res<()> {
 /// at a time, so none can appear under it.
 impl KeyRows for Rows<'_> {
     async fn put_record(&self, record: &IdempotencyRecord, _existed: bool) -> Res<()> {
-        put_record(self.0, record)
+        shared::put_record(self, record, true).await?;
+        Ok(())
     }
 }
 
