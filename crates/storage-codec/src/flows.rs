@@ -64,6 +64,11 @@ pub trait Rows {
     /// changes none of them (PostgreSQL's ` FOR SHARE`).
     const SHARE: &'static str;
 
+    /// The `accepted_by` of a task row that stores none, as a shared read decodes the row
+    /// ([`crate::TaskRow::decode`]): SQLite's rows of the first release were accepted by its
+    /// legacy instance; `None`, by the task's owner.
+    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]>;
+
     /// Runs a statement of [`crate::sql`]; how many rows it changed.
     async fn execute(&self, sql: &str, params: &[Param]) -> Result<u64, Self::Error>;
 

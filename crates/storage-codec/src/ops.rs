@@ -7,18 +7,23 @@
 use lmsp_domain::auth::Client;
 use lmsp_domain::batch::{Batch, FilePurpose, StoredFile};
 use lmsp_domain::idempotency::IdempotencyRecord;
-use lmsp_domain::ids::{BatchId, ClientId, FileId, WebhookEndpointId};
+use lmsp_domain::ids::{BatchId, ClientId, FileId, ResponseId, TaskId, WebhookEndpointId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
-use lmsp_domain::ports::{ListOrder, Page};
+use lmsp_domain::ports::{ListOrder, Page, Snapshot, TaskFilter};
 use lmsp_domain::schedule::ClientLimits;
+use lmsp_domain::status::TaskStatus;
+use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
 
 use crate::batches::{batch_key, file_key, BatchRow, FileRow};
+use crate::columns::{Columns, ReadRow};
 use crate::flows::Rows;
 use crate::query::{self, Param, Query};
 use crate::records::{ClientRow, IdempotencyRow, ModelRow};
-use crate::rows::{key_of, to_i64, u32_of};
+use crate::rows::{
+    from_i64, key_of, to_i64, u32_of, TaskRow, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
+};
 use crate::webhooks::{endpoint_key, DeliveryRow, EndpointRow};
 use crate::{sql, DbError};
 
@@ -48,7 +53,7 @@ fn page<R, T>(
 }
 
 /// The row `sql` selects by `key`, decoded.
-async fn by_key<R: Rows, S: crate::columns::ReadRow, T>(
+async fn by_key<R: Rows, S: ReadRow, T>(
     rows: &R,
     sql: &str,
     key: Param,
@@ -59,7 +64,7 @@ async fn by_key<R: Rows, S: crate::columns::ReadRow, T>(
 }
 
 /// The rows `query` (a list built at run time) selects, one more than `limit`, as a page.
-async fn query_page<R: Rows, S: crate::columns::ReadRow, T>(
+async fn query_page<R: Rows, S: ReadRow, T>(
     rows: &R,
     query: &Query,
     decode: fn(S) -> Result<T, DbError>,
@@ -131,8 +136,8 @@ pub async fn client_limits<R: Rows>(rows: &R, id: ClientId) -> Result<ClientLimi
 /// A client's stored limits ([`sql::CLIENT_LIMITS`]): running, queued.
 struct LimitsRow(Option<i64>, Option<i64>);
 
-impl crate::columns::ReadRow for LimitsRow {
-    fn read<C: crate::columns::Columns>(row: &C) -> Result<Self, C::Error> {
+impl ReadRow for LimitsRow {
+    fn read<C: Columns>(row: &C) -> Result<Self, C::Error> {
         Ok(LimitsRow(row.int_or_null(0)?, row.int_or_null(1)?))
     }
 }
@@ -393,4 +398,141 @@ pub async fn deliveries<R: Rows>(
     let params = [key_param(endpoint_key(endpoint)), limit_param(limit)?];
     let found = rows.read_all(&sql::deliveries_of(), &params).await?;
     Ok(decoded(found, DeliveryRow::decode)?)
+}
+
+// Tasks: the reads of no write path.
+
+/// A task row read by a shared read, decoded as the store's rows are.
+fn task_of<R: Rows>(row: TaskRow) -> Result<Task, DbError> {
+    row.decode(R::ACCEPTED_BY_DEFAULT)
+}
+
+/// The task whose response has this id: a task's own response id is its ULID, unless another
+/// one was stored with the task (the row's `response_id`).
+pub async fn task_by_response<R: Rows>(
+    rows: &R,
+    response_id: ResponseId,
+) -> Result<Option<Task>, R::Error> {
+    let own = key_param(key_of(response_id.ulid()));
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = $1");
+    if let Some(task) = by_key(rows, &sql, own, task_of::<R>).await? {
+        if task.response_id == response_id {
+            return Ok(Some(task));
+        }
+    }
+    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.response_id = $1");
+    let stored = Param::Text(response_id.to_string());
+    by_key(rows, &sql, stored, task_of::<R>).await
+}
+
+/// Tasks, newest first, as `filter` says.
+pub async fn list_tasks<R: Rows>(rows: &R, filter: &TaskFilter) -> Result<Page<Task>, R::Error> {
+    let query = query::tasks_page(filter)?;
+    query_page(rows, &query, task_of::<R>, filter.limit).await
+}
+
+/// A task's snapshot.
+pub async fn snapshot<R: Rows>(rows: &R, task_id: TaskId) -> Result<Option<Snapshot>, R::Error> {
+    let sql = "SELECT sequence_number, state FROM snapshots WHERE task_id = $1";
+    let key = key_param(key_of(task_id.ulid()));
+    by_key(rows, sql, key, SnapshotRow::decode).await
+}
+
+/// A snapshot's row: its sequence number and its state.
+struct SnapshotRow(i64, Vec<u8>);
+
+impl ReadRow for SnapshotRow {
+    fn read<C: Columns>(row: &C) -> Result<Self, C::Error> {
+        Ok(SnapshotRow(row.int(0)?, row.bytes(1)?))
+    }
+}
+
+impl SnapshotRow {
+    fn decode(self) -> Result<Snapshot, DbError> {
+        Ok(Snapshot {
+            sequence_number: from_i64(self.0)?,
+            state: self.1,
+        })
+    }
+}
+
+/// How many tasks are in each status (the statuses some task is in, by name).
+pub async fn count_by_status<R: Rows>(rows: &R) -> Result<Vec<(TaskStatus, u64)>, R::Error> {
+    let sql = "SELECT status, COUNT(*) FROM tasks GROUP BY status ORDER BY status";
+    let found = rows.read_all(sql, &[]).await?;
+    Ok(decoded(found, StatusCount::decode)?)
+}
+
+/// A status and how many tasks are in it.
+struct StatusCount(String, i64);
+
+impl ReadRow for StatusCount {
+    fn read<C: Columns>(row: &C) -> Result<Self, C::Error> {
+        Ok(StatusCount(row.text(0)?, row.int(1)?))
+    }
+}
+
+impl StatusCount {
+    fn decode(self) -> Result<(TaskStatus, u64), DbError> {
+        let status = TaskStatus::parse(&self.0).map_err(crate::corrupt)?;
+        Ok((status, from_i64(self.1)?))
+    }
+}
+
+/// The stored response of a task, with its id checked against the task's.
+pub async fn response_of_task<R: Rows>(
+    rows: &R,
+    task_id: TaskId,
+) -> Result<Option<Response>, R::Error> {
+    let key = [key_param(key_of(task_id.ulid()))];
+    let doc: Option<String> = rows.read_one(sql::RESPONSE_DOC, &key).await?;
+    Ok(crate::response_of_task(task_id, doc.as_deref())?)
+}
+
+/// A batch's tasks in line order after line `after`, at most `limit`, in one of `statuses` when
+/// some are given.
+pub async fn batch_tasks<R: Rows>(
+    rows: &R,
+    batch: BatchId,
+    statuses: &[TaskStatus],
+    after: u32,
+    limit: usize,
+) -> Result<Vec<Task>, R::Error> {
+    let query = query::batch_tasks(batch, statuses, after, limit)?;
+    let found = rows.read_all(&query.sql, &query.params).await?;
+    Ok(decoded(found, task_of::<R>)?)
+}
+
+/// A batch's tasks in line order after line `after`, at most `limit`, each with its stored
+/// response.
+pub async fn batch_answers<R: Rows>(
+    rows: &R,
+    batch: BatchId,
+    after: u32,
+    limit: usize,
+) -> Result<Vec<(Task, Option<Response>)>, R::Error> {
+    let params = [
+        key_param(batch_key(batch)),
+        Param::Integer(i64::from(after)),
+        limit_param(limit)?,
+    ];
+    let found: Vec<AnswerRow> = rows.read_all(&sql::batch_answers(), &params).await?;
+    let answer = |AnswerRow(row, doc): AnswerRow| {
+        let task = task_of::<R>(row)?;
+        let response = crate::response_of_task(task.id, doc.as_deref())?;
+        Ok::<_, DbError>((task, response))
+    };
+    Ok(found.into_iter().map(answer).collect::<Result<_, _>>()?)
+}
+
+/// A task row and its stored response's document ([`sql::batch_answers`]).
+struct AnswerRow(TaskRow, Option<String>);
+
+impl ReadRow for AnswerRow {
+    fn read<C: Columns>(row: &C) -> Result<Self, C::Error> {
+        Ok(AnswerRow(
+            TaskRow::read(row)?,
+            row.text_or_null(TASK_COLUMN_COUNT)?,
+        ))
+    }
 }

@@ -271,11 +271,12 @@ pub const DELETE_TASK_ROWS: [&str; 5] = [
 ];
 
 /// Batch `$1`'s tasks after line `$2` in line order, at most `$3`, each with its stored response
-/// document (NULL when it has none): the [`TASK_COLUMNS`] and then `r.doc`.
+/// document (NULL when it has none): the [`TASK_COLUMNS`] and then `r.doc`. `$2` is compared as a
+/// `bigint`, so that PostgreSQL takes a 64-bit line for it, as SQLite does.
 pub fn batch_answers() -> String {
     format!(
         "SELECT {TASK_COLUMNS}, r.doc FROM {TASK_FROM} LEFT JOIN responses r ON r.task_id = t.id \
-         WHERE t.batch_id = $1 AND t.batch_line > $2 ORDER BY t.batch_line LIMIT $3"
+         WHERE t.batch_id = $1 AND t.batch_line > CAST($2 AS BIGINT) ORDER BY t.batch_line LIMIT $3"
     )
 }
 

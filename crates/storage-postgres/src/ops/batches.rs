@@ -20,10 +20,7 @@ use tokio_postgres::Row;
 use crate::codec::{
     self, ops as shared, BatchRow, EventCode, StagedRow, BATCH_COLUMNS, STAGING_COLUMNS,
 };
-use crate::ops::{
-    batch_key, corrupt, decode_task, file_key, query_rows, read, to_i64, ulid_of, Db, Res, Rows,
-    TASK_COLUMN_COUNT,
-};
+use crate::ops::{batch_key, corrupt, file_key, read, to_i64, ulid_of, Db, Res, Rows};
 
 /// The statuses of a batch that has not ended ([`BatchStatus::UNFINISHED`]), as SQL: literal, so
 /// that the partial index `batches_unfinished` serves the queries that name it.
@@ -389,9 +386,7 @@ pub async fn batch_tasks<C: Db>(
     after: u32,
     limit: usize,
 ) -> Res<Vec<Task>> {
-    let query = codec::query::batch_tasks(batch, statuses, after, limit)?;
-    let rows = query_rows(db, &query).await?;
-    rows.iter().map(decode_task).collect()
+    shared::batch_tasks(&Rows(db), batch, statuses, after, limit).await
 }
 
 /// A batch's tasks in line order after `after`, each with its stored response.
@@ -401,22 +396,7 @@ pub async fn batch_answers<C: Db>(
     after: u32,
     limit: usize,
 ) -> Res<Vec<(Task, Option<Response>)>> {
-    // Lines fit in the INTEGER column; an `after` past that simply has nothing after it.
-    let after = i32::try_from(after).unwrap_or(i32::MAX);
-    let rows = db
-        .query(
-            &codec::sql::batch_answers(),
-            &[&batch_key(batch), &after, &to_i64(limit as u64)?],
-        )
-        .await?;
-    rows.iter()
-        .map(|row| {
-            let task = decode_task(row)?;
-            let doc: Option<String> = row.try_get(TASK_COLUMN_COUNT)?;
-            let response = codec::response_of_task(task.id, doc.as_deref())?;
-            Ok((task, response))
-        })
-        .collect()
+    shared::batch_answers(&Rows(db), batch, after, limit).await
 }
 
 /// Removes many tasks' rows at once (`codec::flows::delete_task_rows`'s statements, set-based);

@@ -23,7 +23,7 @@ use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::columns::{Columns, ReadRow};
 use lmsp_storage_codec::flows;
-use lmsp_storage_codec::query::{Kind, Param, Query};
+use lmsp_storage_codec::query::{Kind, Param};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
@@ -195,11 +195,6 @@ fn null_of(kind: &Kind) -> &'static (dyn ToSql + Sync) {
     }
 }
 
-/// Runs a list read built by `codec::query`; its rows.
-pub async fn query_rows<C: Db>(db: &C, query: &Query) -> Res<Vec<Row>> {
-    Ok(db.query(&query.sql, &values(&query.params)).await?)
-}
-
 /// The row access of the codec's shared flows ([`flows`]) on a connection or a transaction:
 /// reads of rows a flow goes on to change lock them (`FOR UPDATE`) until the transaction ends.
 #[derive(Debug, Clone, Copy)]
@@ -210,6 +205,7 @@ impl<C: Db> flows::Rows for Rows<'_, C> {
 
     const LOCK: &'static str = " FOR UPDATE";
     const SHARE: &'static str = " FOR SHARE";
+    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]> = None;
 
     async fn execute(&self, sql: &str, params: &[Param]) -> Res<u64> {
         Ok(self.0.execute(sql, &values(params)).await?)

@@ -18,7 +18,7 @@ use crate::codec::{
     STAGING_COLUMNS,
 };
 use crate::ops::tasks::delete_task_rows;
-use crate::ops::{prepare, query_rows, raw_task, read, run, to_i64, RawTask, Res, Rows};
+use crate::ops::{prepare, read, run, to_i64, Res, Rows};
 
 /// Stores a file's record.
 pub fn insert_file(conn: &Connection, file: &StoredFile) -> Res<()> {
@@ -284,9 +284,7 @@ pub fn batch_tasks(
     after: u32,
     limit: usize,
 ) -> Res<Vec<Task>> {
-    let query = codec::query::batch_tasks(id, statuses, after, limit)?;
-    let raws = query_rows(conn, &query, raw_task)?;
-    raws.into_iter().map(RawTask::decode).collect()
+    run(shared::batch_tasks(&Rows(conn), id, statuses, after, limit))
 }
 
 /// A batch's tasks in line order after `after`, each with its stored response.
@@ -296,19 +294,7 @@ pub fn batch_answers(
     after: u32,
     limit: usize,
 ) -> Res<Vec<(Task, Option<Response>)>> {
-    let rows: Vec<(RawTask, Option<String>)> = prepare(conn, &codec::sql::batch_answers())?
-        .query_map(
-            params![batch_key(id), i64::from(after), to_i64(limit as u64)?],
-            |row| Ok((raw_task(row)?, row.get(codec::TASK_COLUMN_COUNT)?)),
-        )?
-        .collect::<Result<_, _>>()?;
-    rows.into_iter()
-        .map(|(raw, doc)| {
-            let task = raw.decode()?;
-            let response = codec::response_of_task(task.id, doc.as_deref())?;
-            Ok((task, response))
-        })
-        .collect()
+    run(shared::batch_answers(&Rows(conn), id, after, limit))
 }
 
 /// Removes ended batches older than `cutoff`: their tasks first (at most `max_tasks`), then,

@@ -4,10 +4,10 @@ use lmsp_domain::event::Event;
 use lmsp_domain::ids::TaskId;
 use lmsp_domain::ports::Page;
 use lmsp_domain::task::{Response, Task};
-use rusqlite::{params, Connection, OptionalExtension, Statement};
+use rusqlite::{params, Connection, Statement};
 
-use crate::codec::{self, EventRow, Needs, Sources};
-use crate::ops::{key, load_task, prepare, to_i64, Res};
+use crate::codec::{ops as shared, EventRow, Needs, Sources};
+use crate::ops::{key, load_task, run, to_i64, Res, Rows};
 
 /// Inserts one event: bound by [`insert_event_with`].
 pub const INSERT_EVENT: &str = "INSERT INTO task_events (task_id, sequence_number, kind, \
@@ -38,10 +38,7 @@ pub fn insert_events(conn: &Connection, events: &[Event]) -> Res<()> {
 
 /// The stored response of a task, checked to be that task's.
 pub fn response_of_task(conn: &Connection, task_id: TaskId) -> Res<Option<Response>> {
-    let doc: Option<String> = prepare(conn, codec::sql::RESPONSE_DOC)?
-        .query_row([key(task_id)], |row| row.get(0))
-        .optional()?;
-    Ok(codec::response_of_task(task_id, doc.as_deref())?)
+    run(shared::response_of_task(&Rows(conn), task_id))
 }
 
 /// Events after `after`, ascending. One read transaction, so the events and the task and response

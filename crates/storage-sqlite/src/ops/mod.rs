@@ -22,7 +22,7 @@ use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::columns::{Columns, ReadRow};
 use lmsp_storage_codec::flows;
-use lmsp_storage_codec::query::{Param, Query};
+use lmsp_storage_codec::query::Param;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{
     params, params_from_iter, CachedStatement, Connection, OptionalExtension, Row, Statement, ToSql,
@@ -108,18 +108,6 @@ fn values(params: &[Param]) -> impl Iterator<Item = Bound<'_>> + '_ {
     params.iter().map(Bound)
 }
 
-/// Runs a list read built by `codec::query` (its `$N` placeholders as `?N`), each row read by
-/// `read`.
-pub fn query_rows<T>(
-    conn: &Connection,
-    query: &Query,
-    read: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
-) -> Res<Vec<T>> {
-    Ok(prepare(conn, &query.sql)?
-        .query_map(params_from_iter(values(&query.params)), read)?
-        .collect::<Result<_, _>>()?)
-}
-
 /// The row access of the codec's shared flows ([`flows`]) on a connection, inside the current
 /// transaction. Its bodies never wait (rusqlite is synchronous), so a flow over it is done when
 /// first polled: [`run`] drives it.
@@ -132,6 +120,7 @@ impl flows::Rows for Rows<'_> {
     // The writer thread runs one transaction at a time: nothing to lock against.
     const LOCK: &'static str = "";
     const SHARE: &'static str = "";
+    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]> = Some(&LEGACY_OWNER);
 
     async fn execute(&self, sql: &str, params: &[Param]) -> Res<u64> {
         let changed = prepare(self.0, sql)?.execute(params_from_iter(values(params)))?;
