@@ -14,32 +14,34 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use lmsp_domain::auth::{Client, SecretHash};
+use lmsp_domain::batch::BatchStatus;
 use lmsp_domain::cancel::plan_cancel;
 use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::{
     decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
     StoredReply,
 };
-use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
+use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, TaskId};
 use lmsp_domain::model::{ModelId, ModelRecord};
 use lmsp_domain::ports::{
-    CancelOutcome, CreateOutcome, DeleteOutcome, KeyedInsert, PurgeReport, Redemption, Snapshot,
-    StepOutcome,
+    CancelOutcome, CreateOutcome, DeleteOutcome, FileDeleteOutcome, KeyedInsert, PurgeReport,
+    Redemption, Snapshot, StepOutcome,
 };
 use lmsp_domain::schedule::QueueLimits;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::writes::{
-    answered_key, decide_delete, plan_append, plan_claim, plan_create, purge_batch, CreatePlan,
-    SnapshotChange, TaskWrite,
+    answered_key, decide_delete, decide_file_delete, plan_append, plan_claim, plan_create,
+    purge_batch, CreatePlan, SnapshotChange, TaskWrite,
 };
 
+use crate::batches::{batch_key, file_key};
 use crate::columns::ReadRow;
 use crate::pairing::{plan_redemption, PAIRING_LIMIT_KEY};
 use crate::query::Param;
 use crate::records::{IdempotencyRow, ModelRow};
-use crate::rows::key_of;
+use crate::rows::{key_of, ulid_of};
 use crate::{sql, DbError};
 
 /// Statements and row reads inside one transaction, as a shared flow runs them: the row access
@@ -512,4 +514,58 @@ pub async fn cancel<R: TaskWrites>(
     };
     write_task(rows, &old, &write).await?;
     Ok((plan.outcome, write.events))
+}
+
+/// Replaces a client's limits, `limits` (running, queued) bound as the store keeps them (the
+/// column's range is the store's); `false` when there is no such client.
+pub async fn set_client_limits<R: Rows>(
+    rows: &R,
+    id: ClientId,
+    limits: [Param; 2],
+) -> Result<bool, R::Error> {
+    let exists: Option<i64> = rows
+        .read_one(sql::CLIENT_EXISTS, &[Param::Text(id.to_string())])
+        .await?;
+    if exists.is_none() {
+        return Ok(false);
+    }
+    let [running, queued] = limits;
+    let params = [client_param(id), running, queued];
+    rows.execute(sql::SET_CLIENT_LIMITS, &params).await?;
+    Ok(true)
+}
+
+/// Removes a file's record unless a batch that has not ended reads it; `client` must own it
+/// (I-7: the domain's [`decide_file_delete`]). The file's row is read with [`Rows::LOCK`], so a
+/// batch created meanwhile (which locks it first) is seen.
+pub async fn delete_file<R: Rows>(
+    rows: &R,
+    id: FileId,
+    client: Option<ClientId>,
+) -> Result<FileDeleteOutcome, R::Error> {
+    let key = [Param::Blob(file_key(id).to_vec())];
+    let sql = format!("SELECT client_id FROM files WHERE id = $1{}", R::LOCK);
+    let Some(owner) = rows.read_one::<Vec<u8>>(&sql, &key).await? else {
+        return Ok(FileDeleteOutcome::NotFound);
+    };
+    let sql = format!(
+        "SELECT 1 FROM batches WHERE input_file_id = $1 AND status IN ({}) LIMIT 1",
+        sql::unfinished_batch_statuses()
+    );
+    let in_use = rows.read_one::<i64>(&sql, &key).await?.is_some();
+    let owner = ClientId::from_ulid(ulid_of(&owner)?);
+    let outcome = decide_file_delete(owner, client, in_use);
+    if outcome == FileDeleteOutcome::Deleted {
+        rows.execute(sql::DELETE_FILE, &key).await?;
+    }
+    Ok(outcome)
+}
+
+/// Whether a batch is `validating` (the one status it starts from), its row read with
+/// [`Rows::LOCK`].
+pub async fn batch_validating<R: Rows>(rows: &R, id: BatchId) -> Result<bool, R::Error> {
+    let sql = format!("SELECT status FROM batches WHERE id = $1{}", R::LOCK);
+    let key = [Param::Blob(batch_key(id).to_vec())];
+    let status: Option<String> = rows.read_one(&sql, &key).await?;
+    Ok(status.as_deref() == Some(BatchStatus::Validating.as_str()))
 }

@@ -5,7 +5,7 @@
 //! how a list of many rows is written (PostgreSQL's arrays), what a lost race means.
 
 use lmsp_domain::auth::Client;
-use lmsp_domain::batch::{Batch, FilePurpose, StoredFile};
+use lmsp_domain::batch::{Batch, BatchStatus, FilePurpose, StoredFile};
 use lmsp_domain::idempotency::IdempotencyRecord;
 use lmsp_domain::ids::{BatchId, ClientId, FileId, ResponseId, TaskId, WebhookEndpointId};
 use lmsp_domain::model::{FileFingerprint, ModelId, ModelRecord};
@@ -16,7 +16,7 @@ use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
 
-use crate::batches::{batch_key, file_key, BatchRow, FileRow};
+use crate::batches::{batch_key, file_key, BatchRow, FileRow, BATCH_COLUMNS};
 use crate::columns::{Columns, ReadRow};
 use crate::flows::Rows;
 use crate::query::{self, Param, Query};
@@ -292,6 +292,65 @@ pub async fn list_batches<R: Rows>(
 ) -> Result<Page<Batch>, R::Error> {
     let query = query::batches_page(client, before, limit)?;
     query_page(rows, &query, BatchRow::decode, limit).await
+}
+
+/// A step of a batch's values: its id (`$1`), then `$2…$12` of [`sql::BATCH_STEP_SET`].
+pub fn batch_step(batch: &Batch) -> Result<Vec<Param>, DbError> {
+    let row = BatchRow::encode(batch)?;
+    let mut params = vec![
+        Param::Blob(row.id),
+        Param::Text(row.status),
+        Param::blob_or_null(row.output_file_id),
+        Param::blob_or_null(row.error_file_id),
+        Param::text_or_null(row.errors),
+    ];
+    params.extend(row.times.map(Param::integer_or_null));
+    Ok(params)
+}
+
+/// Writes `batch` if the stored one is in status `from` (a compare-and-set; never the counts);
+/// the batch as stored now, or `None`.
+pub async fn update_batch<R: Rows>(
+    rows: &R,
+    from: BatchStatus,
+    batch: &Batch,
+) -> Result<Option<Batch>, R::Error> {
+    let mut params = batch_step(batch)?;
+    params.push(Param::Text(from.as_str().to_owned()));
+    let stored = rows.read_one(&sql::update_batch(), &params).await?;
+    Ok(stored.map(BatchRow::decode).transpose()?)
+}
+
+/// [`update_batch`] to the batch's end, with its files' records stored when it was written.
+pub async fn end_batch<R: Rows>(
+    rows: &R,
+    from: BatchStatus,
+    batch: &Batch,
+    files: &[StoredFile],
+) -> Result<Option<Batch>, R::Error> {
+    let stored = update_batch(rows, from, batch).await?;
+    if stored.is_some() {
+        for file in files {
+            insert_file(rows, file).await?;
+        }
+    }
+    Ok(stored)
+}
+
+/// The batches that have not ended, oldest first, at most `limit`; `from` is the table as the
+/// store names it (SQLite with the partial index `batches_unfinished`, which it uses only for
+/// the query whose condition implies the index's: the statuses are literal).
+pub async fn unfinished_batches<R: Rows>(
+    rows: &R,
+    from: &str,
+    limit: usize,
+) -> Result<Vec<Batch>, R::Error> {
+    let statuses = sql::unfinished_batch_statuses();
+    let sql = format!(
+        "SELECT {BATCH_COLUMNS} FROM {from} WHERE status IN ({statuses}) ORDER BY id LIMIT $1"
+    );
+    let found = rows.read_all(&sql, &[limit_param(limit)?]).await?;
+    Ok(decoded(found, BatchRow::decode)?)
 }
 
 // Webhook endpoints and deliveries.

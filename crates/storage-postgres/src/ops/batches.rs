@@ -13,18 +13,14 @@ use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, ListOrder, Page};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::{decide_file_delete, PURGED_STATUSES};
-use tokio_postgres::types::ToSql;
-use tokio_postgres::Row;
+use lmsp_domain::writes::PURGED_STATUSES;
 
+use crate::codec::flows::Rows as _;
+use crate::codec::query::Param;
 use crate::codec::{
-    self, ops as shared, BatchRow, EventCode, StagedRow, BATCH_COLUMNS, STAGING_COLUMNS,
+    self, flows, ops as shared, BatchRow, EventCode, StagedRow, BATCH_COLUMNS, STAGING_COLUMNS,
 };
-use crate::ops::{batch_key, corrupt, file_key, read, to_i64, ulid_of, Db, Res, Rows};
-
-/// The statuses of a batch that has not ended ([`BatchStatus::UNFINISHED`]), as SQL: literal, so
-/// that the partial index `batches_unfinished` serves the queries that name it.
-const UNFINISHED: &str = "('validating', 'in_progress', 'finalizing', 'cancelling')";
+use crate::ops::{batch_key, corrupt, file_key, to_i64, ulid_of, Db, Res, Rows};
 
 /// The statuses of a batch that has ended.
 const FINISHED: &str = "('failed', 'completed', 'expired', 'cancelled')";
@@ -32,24 +28,9 @@ const FINISHED: &str = "('failed', 'completed', 'expired', 'cancelled')";
 /// When an ended batch ended ([`Batch::ended_at`]).
 const ENDED_AT: &str = "coalesce(failed_at, completed_at, cancelled_at, expired_at)";
 
-/// A statement parameter of a query built at run time.
-type Param = Box<dyn ToSql + Sync + Send>;
-
-fn params_of(values: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
-    values
-        .iter()
-        .map(|value| value.as_ref() as &(dyn ToSql + Sync))
-        .collect()
-}
-
 /// A batch line's stored form (`INTEGER`).
 pub fn line_key(line: u32) -> Res<i32> {
     i32::try_from(line).map_err(|_| corrupt(format!("batch line {line} is out of range")))
-}
-
-/// Decodes a batch row selected with [`BATCH_COLUMNS`].
-fn decode_batch(row: &Row) -> Res<Batch> {
-    Ok(read::<BatchRow>(row)?.decode()?)
 }
 
 /// Stores a file's record.
@@ -82,28 +63,13 @@ pub async fn delete_file<C: Db>(
     id: FileId,
     client: Option<ClientId>,
 ) -> Res<FileDeleteOutcome> {
-    let id = file_key(id);
-    let Some(row) = db
-        .query_opt(
-            "SELECT client_id FROM files WHERE id = $1 FOR UPDATE",
-            &[&id],
-        )
-        .await?
-    else {
-        return Ok(FileDeleteOutcome::NotFound);
-    };
-    let owner: Vec<u8> = row.try_get(0)?;
-    // A batch created meanwhile locked the file's row first (`insert_batch`), so it is seen here.
-    let sql = format!(
-        "SELECT 1 FROM batches WHERE input_file_id = $1 AND status IN {UNFINISHED} LIMIT 1"
-    );
-    let in_use = db.query_opt(&sql, &[&id]).await?.is_some();
-    let owner = ClientId::from_ulid(ulid_of(&owner)?);
-    let outcome = decide_file_delete(owner, client, in_use);
+    let outcome = flows::delete_file(&Rows(db), id, client).await?;
     if outcome == FileDeleteOutcome::Deleted {
-        db.execute(codec::sql::DELETE_FILE, &[&id]).await?;
-        db.execute("DELETE FROM file_chunks WHERE file_id = $1", &[&id])
-            .await?;
+        db.execute(
+            "DELETE FROM file_chunks WHERE file_id = $1",
+            &[&file_key(id)],
+        )
+        .await?;
     }
     Ok(outcome)
 }
@@ -137,11 +103,7 @@ pub async fn list_batches<C: Db>(
 
 /// The batches that have not ended, oldest first.
 pub async fn unfinished_batches<C: Db>(db: &C, limit: usize) -> Res<Vec<Batch>> {
-    let sql = format!(
-        "SELECT {BATCH_COLUMNS} FROM batches WHERE status IN {UNFINISHED} ORDER BY id LIMIT $1"
-    );
-    let rows = db.query(&sql, &[&to_i64(limit as u64)?]).await?;
-    rows.iter().map(decode_batch).collect()
+    shared::unfinished_batches(&Rows(db), "batches", limit).await
 }
 
 /// The kept lines of a batch whose `custom_id` an earlier kept line of it has, in line order,
@@ -272,31 +234,18 @@ const START_SQL: &str = "WITH staged AS (DELETE FROM batch_staging WHERE batch_i
      SELECT task_id, 1, $2::bigint, created_at, '' FROM staged) \
      SELECT count(*), (SELECT id FROM t ORDER BY batch_line LIMIT 1) FROM t";
 
-/// The columns a step of a batch writes (never its counts, which are the trigger's): `$1` is
-/// the batch's id, `$2…$12` [`step_params`].
-const STEP_SET: &str = "status = $2, output_file_id = $3, error_file_id = $4, errors = $5, \
-     in_progress_at = $6, failed_at = $7, finalizing_at = $8, completed_at = $9, \
-     expired_at = $10, cancelling_at = $11, cancelled_at = $12";
-
-fn step_params(batch: &Batch) -> Res<Vec<Param>> {
-    let row = BatchRow::encode(batch)?;
-    let mut values: Vec<Param> = vec![
-        Box::new(row.id),
-        Box::new(row.status),
-        Box::new(row.output_file_id),
-        Box::new(row.error_file_id),
-        Box::new(row.errors),
-    ];
-    for time in row.times {
-        values.push(Box::new(time));
-    }
-    Ok(values)
-}
-
 /// Drops the lines kept for a batch.
 async fn drop_staged<C: Db>(db: &C, batch: &[u8]) -> Res<()> {
     db.execute("DELETE FROM batch_staging WHERE batch_id = $1", &[&batch])
         .await?;
+    Ok(())
+}
+
+/// Drops a batch's kept lines when a step from `from` to `batch` leaves `validating`.
+async fn left_validating<C: Db>(db: &C, from: BatchStatus, batch: &Batch) -> Res<()> {
+    if from == BatchStatus::Validating && batch.status != BatchStatus::Validating {
+        drop_staged(db, &batch_key(batch.id)).await?;
+    }
     Ok(())
 }
 
@@ -305,15 +254,7 @@ async fn drop_staged<C: Db>(db: &C, batch: &[u8]) -> Res<()> {
 /// the kept lines dropped) when the batch is no longer `validating`.
 pub async fn start_batch<C: Db>(db: &C, started: &Batch) -> Res<(Option<Batch>, Option<TaskId>)> {
     let id = batch_key(started.id);
-    let status: Option<String> = db
-        .query_opt(
-            "SELECT status FROM batches WHERE id = $1 FOR UPDATE",
-            &[&id],
-        )
-        .await?
-        .map(|row| row.try_get(0))
-        .transpose()?;
-    if status.as_deref() != Some(BatchStatus::Validating.as_str()) {
+    if !flows::batch_validating(&Rows(db), started.id).await? {
         drop_staged(db, &id).await?;
         return Ok((None, None));
     }
@@ -323,17 +264,14 @@ pub async fn start_batch<C: Db>(db: &C, started: &Batch) -> Res<(Option<Batch>, 
         .ok_or_else(|| corrupt("the start of a batch counted nothing"))?;
     let total: i64 = row.try_get(0)?;
     let first: Option<Vec<u8>> = row.try_get(1)?;
-    let mut values = step_params(started)?;
-    values.push(Box::new(total));
+    let mut values = shared::batch_step(started)?;
+    values.push(Param::Integer(total));
     let sql = format!(
-        "UPDATE batches SET {STEP_SET}, total = $13 WHERE id = $1 RETURNING {BATCH_COLUMNS}"
+        "UPDATE batches SET {}, total = $13 WHERE id = $1 RETURNING {BATCH_COLUMNS}",
+        codec::sql::BATCH_STEP_SET
     );
-    let stored = db
-        .query_opt(&sql, &params_of(&values))
-        .await?
-        .as_ref()
-        .map(decode_batch)
-        .transpose()?;
+    let stored: Option<BatchRow> = Rows(db).read_one(&sql, &values).await?;
+    let stored = stored.map(BatchRow::decode).transpose()?;
     let first = first
         .as_deref()
         .map(|bytes| Ok::<_, crate::error::DbError>(TaskId::from_ulid(ulid_of(bytes)?)))
@@ -344,20 +282,8 @@ pub async fn start_batch<C: Db>(db: &C, started: &Batch) -> Res<(Option<Batch>, 
 /// Writes `batch` if the stored one is in status `from` (a compare-and-set; never the counts);
 /// leaving `validating` drops its kept lines. The batch as stored now, or `None`.
 pub async fn update_batch<C: Db>(db: &C, from: BatchStatus, batch: &Batch) -> Res<Option<Batch>> {
-    let mut values = step_params(batch)?;
-    values.push(Box::new(from.as_str()));
-    let sql = format!(
-        "UPDATE batches SET {STEP_SET} WHERE id = $1 AND status = $13 RETURNING {BATCH_COLUMNS}"
-    );
-    let stored = db
-        .query_opt(&sql, &params_of(&values))
-        .await?
-        .as_ref()
-        .map(decode_batch)
-        .transpose()?;
-    if from == BatchStatus::Validating && batch.status != BatchStatus::Validating {
-        drop_staged(db, &batch_key(batch.id)).await?;
-    }
+    let stored = shared::update_batch(&Rows(db), from, batch).await?;
+    left_validating(db, from, batch).await?;
     Ok(stored)
 }
 
@@ -368,12 +294,8 @@ pub async fn end_batch<C: Db>(
     batch: &Batch,
     files: &[StoredFile],
 ) -> Res<Option<Batch>> {
-    let stored = update_batch(db, from, batch).await?;
-    if stored.is_some() {
-        for file in files {
-            insert_file(db, file).await?;
-        }
-    }
+    let stored = shared::end_batch(&Rows(db), from, batch, files).await?;
+    left_validating(db, from, batch).await?;
     Ok(stored)
 }
 
@@ -510,7 +432,8 @@ mod tests {
             .iter()
             .map(|status| status.as_str().to_owned())
             .collect();
-        assert_eq!(listed(super::UNFINISHED), unfinished);
+        let shared = format!("({})", crate::codec::sql::unfinished_batch_statuses());
+        assert_eq!(listed(&shared), unfinished);
         for name in listed(super::FINISHED) {
             let status = BatchStatus::parse(&name);
             assert!(status.is_some_and(BatchStatus::is_finished), "{name}");

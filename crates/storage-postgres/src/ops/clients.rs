@@ -10,8 +10,9 @@ use lmsp_domain::time::Timestamp;
 use crate::codec;
 use lmsp_storage_codec::flows;
 
-use crate::codec::{ops as shared, sql};
-use crate::ops::{client_key, corrupt, Db, Res, Rows};
+use crate::codec::ops as shared;
+use crate::codec::query::{Kind, Param};
+use crate::ops::{corrupt, Db, Res, Rows};
 
 /// Stores a client.
 pub async fn insert_client<C: Db>(db: &C, client: &Client) -> Res<()> {
@@ -45,21 +46,15 @@ pub async fn client_limits<C: Db>(db: &C, id: ClientId) -> Res<ClientLimits> {
 
 /// Replaces a client's limits; `false` when there is no such client.
 pub async fn set_client_limits<C: Db>(db: &C, id: ClientId, limits: ClientLimits) -> Res<bool> {
-    let exists = db.query_opt(sql::CLIENT_EXISTS, &[&id.to_string()]).await?;
-    if exists.is_none() {
-        return Ok(false);
-    }
-    let limit = |value: Option<u32>| value.map(i32::try_from).transpose();
-    let (max_running, max_queued) = (
-        limit(limits.max_running).map_err(|_| corrupt("a limit out of range"))?,
-        limit(limits.max_queued).map_err(|_| corrupt("a limit out of range"))?,
-    );
-    db.execute(
-        sql::SET_CLIENT_LIMITS,
-        &[&client_key(id).to_vec(), &max_running, &max_queued],
-    )
-    .await?;
-    Ok(true)
+    // An `integer` column: a limit past its range is refused.
+    let limit = |value: Option<u32>| match value {
+        Some(value) => i32::try_from(value)
+            .map(Param::Int4)
+            .map_err(|_| corrupt("a limit out of range")),
+        None => Ok(Param::Null(Kind::Int4)),
+    };
+    let limits = [limit(limits.max_running)?, limit(limits.max_queued)?];
+    flows::set_client_limits(&Rows(db), id, limits).await
 }
 
 /// Stores a pairing code hash.

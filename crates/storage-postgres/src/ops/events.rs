@@ -4,7 +4,7 @@
 use lmsp_domain::event::{Event, EventKind};
 use lmsp_domain::ids::TaskId;
 
-use crate::codec::{EventCode, EventRow};
+use crate::codec::{self, EventCode, EventRow};
 use crate::ops::{key, Db, Res};
 
 /// Appends events.
@@ -12,8 +12,7 @@ pub async fn insert_events<C: Db>(db: &C, events: &[Event]) -> Res<()> {
     for event in events {
         let row = EventRow::encode(event)?;
         db.execute(
-            "INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            codec::sql::INSERT_EVENT,
             &[
                 &key(event.task_id),
                 &row.sequence_number,

@@ -12,7 +12,7 @@ use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::flows::{self, KeyRows};
 
-use crate::codec::{ops as shared, IdempotencyRow};
+use crate::codec::{self, ops as shared, IdempotencyRow};
 use crate::error::DbError;
 use crate::ops::{read, to_i64, Db, Res, Rows};
 
@@ -83,13 +83,9 @@ pub async fn release_key<C: Db>(
 
 /// Deletes up to `batch` expired records.
 pub async fn purge_idempotency<C: Db>(db: &C, at: Timestamp, batch: usize) -> Res<u64> {
+    let sql = codec::sql::purge_expired_keys("ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED");
     Ok(db
-        .execute(
-            "DELETE FROM idempotency_keys WHERE (client_id, operation, key) IN \
-             (SELECT client_id, operation, key FROM idempotency_keys \
-             WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-            &[&at.as_millis(), &to_i64(batch as u64)?],
-        )
+        .execute(&sql, &[&at.as_millis(), &to_i64(batch as u64)?])
         .await?)
 }
 

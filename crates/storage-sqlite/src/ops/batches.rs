@@ -10,15 +10,11 @@ use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, ListOrder, Page};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::decide_file_delete;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 
-use crate::codec::{
-    self, batch_key, file_key, ops as shared, BatchRow, EventCode, StagedRow, BATCH_COLUMNS,
-    STAGING_COLUMNS,
-};
+use crate::codec::{self, batch_key, flows, ops as shared, EventCode, StagedRow, STAGING_COLUMNS};
 use crate::ops::tasks::delete_task_rows;
-use crate::ops::{prepare, read, run, to_i64, Res, Rows};
+use crate::ops::{prepare, run, to_i64, Res, Rows};
 
 /// Stores a file's record.
 pub fn insert_file(conn: &Connection, file: &StoredFile) -> Res<()> {
@@ -60,21 +56,7 @@ pub fn delete_file(
     id: FileId,
     client: Option<ClientId>,
 ) -> Res<FileDeleteOutcome> {
-    let Some(stored) = file(conn, id)? else {
-        return Ok(FileDeleteOutcome::NotFound);
-    };
-    let [a, b, c, d] = unfinished();
-    let in_use: bool = conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM batches WHERE input_file_id = ?1 \
-             AND status IN (?2, ?3, ?4, ?5))",
-        )?
-        .query_row(params![file_key(id), a, b, c, d], |row| row.get(0))?;
-    let outcome = decide_file_delete(stored.client_id, client, in_use);
-    if outcome == FileDeleteOutcome::Deleted {
-        prepare(conn, codec::sql::DELETE_FILE)?.execute([file_key(id)])?;
-    }
-    Ok(outcome)
+    run(flows::delete_file(&Rows(conn), id, client))
 }
 
 /// Stores a new batch.
@@ -101,17 +83,8 @@ pub fn list_batches(
 /// domain's [`BatchStatus::UNFINISHED`]), as the partial index `batches_unfinished` is: SQLite
 /// uses a partial index only for a query whose condition implies the index's.
 pub fn unfinished_batches(conn: &Connection, limit: usize) -> Res<Vec<Batch>> {
-    let statuses = unfinished().map(|status| format!("'{status}'")).join(", ");
-    let rows: Vec<BatchRow> = conn
-        .prepare_cached(&format!(
-            "SELECT {BATCH_COLUMNS} FROM batches INDEXED BY batches_unfinished \
-             WHERE status IN ({statuses}) ORDER BY id LIMIT ?1"
-        ))?
-        .query_map(params![to_i64(limit as u64)?], read::<BatchRow>)?
-        .collect::<Result<_, _>>()?;
-    rows.into_iter()
-        .map(|row| row.decode().map_err(Into::into))
-        .collect()
+    let from = "batches INDEXED BY batches_unfinished";
+    run(shared::unfinished_batches(&Rows(conn), from, limit))
 }
 
 /// Keeps lines' tasks aside; a line kept already keeps its first task.
@@ -195,47 +168,17 @@ fn drop_staged_rows(conn: &Connection, batch: &[u8], limit: usize) -> Res<usize>
 
 /// Writes `batch` if the stored one is in `from`; the batch as stored after, or `None`.
 pub fn update_batch(conn: &Connection, from: BatchStatus, batch: &Batch) -> Res<Option<Batch>> {
-    let row = BatchRow::encode(batch)?;
-    let changed = conn
-        .prepare_cached(
-            "UPDATE batches SET status = ?1, output_file_id = ?2, error_file_id = ?3, \
-             errors = ?4, in_progress_at = ?5, failed_at = ?6, finalizing_at = ?7, \
-             completed_at = ?8, expired_at = ?9, cancelling_at = ?10, cancelled_at = ?11 \
-             WHERE id = ?12 AND status = ?13",
-        )?
-        .execute(params![
-            row.status,
-            row.output_file_id,
-            row.error_file_id,
-            row.errors,
-            row.times[0],
-            row.times[1],
-            row.times[2],
-            row.times[3],
-            row.times[4],
-            row.times[5],
-            row.times[6],
-            row.id,
-            from.as_str(),
-        ])?;
-    if changed == 0 {
-        return Ok(None);
-    }
-    self::batch(conn, batch.id)
+    run(shared::update_batch(&Rows(conn), from, batch))
 }
 
 /// P-2 for a whole batch: every kept task created (`queued`, with its `response.created`
 /// event), the total set and the batch `in_progress`, set-based, in the caller's transaction.
 /// A line's task is not `background`: its answer is the one a synchronous request gets.
 pub fn start_batch(conn: &Connection, started: &Batch) -> Res<Option<Batch>> {
-    let id = batch_key(started.id);
-    let status: Option<String> = conn
-        .prepare_cached("SELECT status FROM batches WHERE id = ?1")?
-        .query_row([id], |row| row.get(0))
-        .optional()?;
-    if status.as_deref() != Some(BatchStatus::Validating.as_str()) {
+    if !run(flows::batch_validating(&Rows(conn), started.id))? {
         return Ok(None);
     }
+    let id = batch_key(started.id);
     let created = conn
         .prepare_cached(
             "INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, \
@@ -267,13 +210,7 @@ pub fn end_batch(
     batch: &Batch,
     files: &[StoredFile],
 ) -> Res<Option<Batch>> {
-    let Some(ended) = update_batch(conn, from, batch)? else {
-        return Ok(None);
-    };
-    for file in files {
-        insert_file(conn, file)?;
-    }
-    Ok(Some(ended))
+    run(shared::end_batch(&Rows(conn), from, batch, files))
 }
 
 /// A batch's tasks in line order after `after`.

@@ -5,13 +5,14 @@ use lmsp_domain::ids::ClientId;
 use lmsp_domain::ports::Redemption;
 use lmsp_domain::schedule::ClientLimits;
 use lmsp_domain::time::Timestamp;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 
 use crate::codec;
 use lmsp_storage_codec::flows;
 
-use crate::codec::{ops as shared, sql};
-use crate::ops::{client_key, prepare, run, Res, Rows};
+use crate::codec::ops as shared;
+use crate::codec::query::Param;
+use crate::ops::{run, Res, Rows};
 
 /// Stores a client.
 pub fn insert_client(conn: &Connection, client: &Client) -> Res<()> {
@@ -45,18 +46,9 @@ pub fn client_limits(conn: &Connection, id: ClientId) -> Res<ClientLimits> {
 
 /// Replaces a client's limits; `false` when there is no such client.
 pub fn set_client_limits(conn: &Connection, id: ClientId, limits: ClientLimits) -> Res<bool> {
-    let exists: Option<i64> = prepare(conn, sql::CLIENT_EXISTS)?
-        .query_row([id.to_string()], |row| row.get(0))
-        .optional()?;
-    if exists.is_none() {
-        return Ok(false);
-    }
-    prepare(conn, sql::SET_CLIENT_LIMITS)?.execute(params![
-        client_key(id),
-        limits.max_running,
-        limits.max_queued
-    ])?;
-    Ok(true)
+    let limit = |value: Option<u32>| Param::integer_or_null(value.map(i64::from));
+    let limits = [limit(limits.max_running), limit(limits.max_queued)];
+    run(flows::set_client_limits(&Rows(conn), id, limits))
 }
 
 /// Stores a pairing code hash.

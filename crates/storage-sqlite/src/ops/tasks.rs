@@ -23,7 +23,6 @@ use crate::codec;
 use crate::codec::ops as shared;
 use crate::error::DbError;
 use crate::ops::clients;
-use crate::ops::idempotency::{put_record, stored_record};
 use crate::ops::{
     client_key, corrupt, delete_snapshot, events, from_i64, insert_task_rows, instance_key, key,
     load_task, run, to_i64, write_advanced, Res, Rows,
@@ -244,7 +243,7 @@ impl TaskWrites for Rows<'_> {
 
 impl CreateRows for Rows<'_> {
     async fn stored_key(&self, record: &IdempotencyRecord) -> Res<Option<IdempotencyRecord>> {
-        stored_record(self.0, &record.scope, &record.key)
+        flows::stored_record(self, &record.scope, &record.key).await
     }
 
     async fn max_queued(&self, client: ClientId) -> Res<Option<u32>> {
@@ -287,7 +286,7 @@ impl CreateRows for Rows<'_> {
         insert_task_rows(self.0, &write.task)?;
         events::insert_events(self.0, &write.events)?;
         if let Some(record) = record {
-            put_record(self.0, record)?;
+            shared::put_record(self, record, true).await?;
         }
         Ok(())
     }
