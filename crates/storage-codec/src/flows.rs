@@ -2,8 +2,8 @@
 //! says), written once over [`Rows`] and the row-access traits beside it, which each adapter
 //! implements over its own connection or transaction. The SQL is this crate's ([`crate::sql`],
 //! with `$N` placeholders); what stays the adapters' is where the databases differ: how a read
-//! locks the rows it goes on to change ([`Rows::LOCK`]), how a row with `NULL`s is bound, which
-//! candidates a purge picks.
+//! locks the rows it goes on to change ([`Rows::LOCK`]), how a value ([`Param`]) is bound, which
+//! candidates a purge picks, what a lost race means ([`KeyRows`]).
 //!
 //! One flow, two drivers: PostgreSQL implements the traits over its transaction, with real
 //! awaits; SQLite implements them over its connection with bodies that never wait, and drives a

@@ -197,8 +197,16 @@ pub async fn put_record<R: Rows>(
     record: &IdempotencyRecord,
     replace: bool,
 ) -> Result<u64, R::Error> {
+    let params = record_params(record);
+    rows.execute(&sql::put_idempotency_record(replace), &params)
+        .await
+}
+
+/// An idempotency record's values in the order of its columns: its key's (client, operation,
+/// key), then [`IdempotencyRow`]'s (`$1…$10` of [`sql::put_idempotency_record`]).
+pub fn record_params(record: &IdempotencyRecord) -> [Param; 10] {
     let row = IdempotencyRow::encode(record);
-    let params = [
+    [
         key_param(key_of(record.scope.client_id.ulid())),
         Param::Text(record.scope.operation.as_str().to_owned()),
         Param::Text(record.key.as_str().to_owned()),
@@ -209,9 +217,7 @@ pub async fn put_record<R: Rows>(
         Param::blob_or_null(row.held_by),
         Param::Integer(row.created_at),
         Param::Integer(row.expires_at),
-    ];
-    rows.execute(&sql::put_idempotency_record(replace), &params)
-        .await
+    ]
 }
 
 // Files and batches.

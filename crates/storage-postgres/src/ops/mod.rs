@@ -181,6 +181,21 @@ fn values(params: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
         .collect()
 }
 
+/// A value bound to a statement of the codec's ([`Param`]), owned: as a statement of the group
+/// commit keeps its parameters until its batch is written.
+pub fn boxed(param: Param) -> Box<dyn ToSql + Sync + Send> {
+    match param {
+        Param::Blob(bytes) => Box::new(bytes),
+        Param::Text(text) => Box::new(text),
+        Param::Integer(number) => Box::new(number),
+        Param::Int4(number) => Box::new(number),
+        Param::Null(Kind::Blob) => Box::new(None::<Vec<u8>>),
+        Param::Null(Kind::Text) => Box::new(None::<String>),
+        Param::Null(Kind::Integer) => Box::new(None::<i64>),
+        Param::Null(Kind::Int4) => Box::new(None::<i32>),
+    }
+}
+
 /// A `NULL` of a column's kind, as tokio-postgres checks it against the column's type.
 fn null_of(kind: &Kind) -> &'static (dyn ToSql + Sync) {
     static BLOB: Option<Vec<u8>> = None;
