@@ -203,6 +203,13 @@ impl ReadRow for String {
     }
 }
 
+/// A read of one bytes column (a key).
+impl ReadRow for Vec<u8> {
+    fn read<C: Columns>(row: &C) -> Result<Self, C::Error> {
+        row.bytes(0)
+    }
+}
+
 /// A read of one integer column (`SELECT 1 …`: whether a row exists).
 impl ReadRow for i64 {
     fn read<C: Columns>(row: &C) -> Result<Self, C::Error> {

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use lmsp_domain::event::{CallItem, ClosedItem, Event, EventKind, EventPayload, QueueReason};
 use lmsp_domain::ids::{ItemId, TaskId};
 use lmsp_domain::model::ModelId;
+use lmsp_domain::ports::Page;
 use lmsp_domain::task::{ItemStatus, Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::tools::{Logprob, TokenLogprob, TopLogprob};
@@ -241,6 +242,36 @@ impl Needs {
             response: self.response || other.response,
         }
     }
+}
+
+/// A page of task `task_id`'s events from the rows read for it, in order, one more than `limit`
+/// (so that the page knows whether there are more): the first `limit`, rebuilt with the task and
+/// its stored response where they need them ([`EventRow::needs_of`], [`decode_events`]).
+pub fn events_page(
+    mut rows: Vec<EventRow<'_>>,
+    task_id: TaskId,
+    limit: usize,
+    task: Option<&Task>,
+    response: Option<&Response>,
+) -> Result<Page<Event>, DbError> {
+    let has_more = rows.len() > limit;
+    rows.truncate(limit);
+    let items = decode_events(rows, task_id, task, response)?;
+    Ok(Page { items, has_more })
+}
+
+/// Rows of task `task_id`'s events as the domain's events, rebuilt with the task and its stored
+/// response (which hold what [`EventRow::needs_of`] the rows says).
+pub fn decode_events(
+    rows: Vec<EventRow<'_>>,
+    task_id: TaskId,
+    task: Option<&Task>,
+    response: Option<&Response>,
+) -> Result<Vec<Event>, DbError> {
+    let sources = Sources { task, response };
+    rows.into_iter()
+        .map(|row| row.decode(task_id, sources))
+        .collect()
 }
 
 /// The rows stored events are rebuilt from, as read by the adapter (`None`: not read, or there

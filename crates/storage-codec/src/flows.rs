@@ -2,8 +2,8 @@
 //! says), written once over [`Rows`] and the row-access traits beside it, which each adapter
 //! implements over its own connection or transaction. The SQL is this crate's ([`crate::sql`],
 //! with `$N` placeholders); what stays the adapters' is where the databases differ: how a read
-//! locks the rows it goes on to change ([`Rows::LOCK`]), how a row with `NULL`s is bound, which
-//! candidates a purge picks.
+//! locks the rows it goes on to change ([`Rows::LOCK`]), how a value ([`Param`]) is bound, which
+//! candidates a purge picks, what a lost race means ([`KeyRows`]).
 //!
 //! One flow, two drivers: PostgreSQL implements the traits over its transaction, with real
 //! awaits; SQLite implements them over its connection with bodies that never wait, and drives a
@@ -14,32 +14,34 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
 use lmsp_domain::auth::{Client, SecretHash};
+use lmsp_domain::batch::BatchStatus;
 use lmsp_domain::cancel::plan_cancel;
 use lmsp_domain::event::Event;
 use lmsp_domain::idempotency::{
     decide, settle, IdempotencyKey, IdempotencyRecord, IdempotencyScope, KeyClaim, KeyDecision,
     StoredReply,
 };
-use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
+use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, TaskId};
 use lmsp_domain::model::{ModelId, ModelRecord};
 use lmsp_domain::ports::{
-    CancelOutcome, CreateOutcome, DeleteOutcome, KeyedInsert, PurgeReport, Redemption, Snapshot,
-    StepOutcome,
+    CancelOutcome, CreateOutcome, DeleteOutcome, FileDeleteOutcome, KeyedInsert, PurgeReport,
+    Redemption, Snapshot, StepOutcome,
 };
 use lmsp_domain::schedule::QueueLimits;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use lmsp_domain::writes::{
-    answered_key, decide_delete, plan_append, plan_claim, plan_create, purge_batch, CreatePlan,
-    SnapshotChange, TaskWrite,
+    answered_key, decide_delete, decide_file_delete, plan_append, plan_claim, plan_create,
+    purge_batch, CreatePlan, SnapshotChange, TaskWrite,
 };
 
+use crate::batches::{batch_key, file_key};
 use crate::columns::ReadRow;
 use crate::pairing::{plan_redemption, PAIRING_LIMIT_KEY};
 use crate::query::Param;
 use crate::records::{IdempotencyRow, ModelRow};
-use crate::rows::key_of;
+use crate::rows::{key_of, ulid_of};
 use crate::{sql, DbError};
 
 /// Statements and row reads inside one transaction, as a shared flow runs them: the row access
@@ -64,6 +66,11 @@ pub trait Rows {
     /// changes none of them (PostgreSQL's ` FOR SHARE`).
     const SHARE: &'static str;
 
+    /// The `accepted_by` of a task row that stores none, as a shared read decodes the row
+    /// ([`crate::TaskRow::decode`]): SQLite's rows of the first release were accepted by its
+    /// legacy instance; `None`, by the task's owner.
+    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]>;
+
     /// Runs a statement of [`crate::sql`]; how many rows it changed.
     async fn execute(&self, sql: &str, params: &[Param]) -> Result<u64, Self::Error>;
 
@@ -73,32 +80,27 @@ pub trait Rows {
         sql: &str,
         params: &[Param],
     ) -> Result<Option<T>, Self::Error>;
+
+    /// Runs a read, each of its rows read as `T`.
+    async fn read_all<T: ReadRow>(
+        &self,
+        sql: &str,
+        params: &[Param],
+    ) -> Result<Vec<T>, Self::Error>;
 }
 
-/// The writes of the idempotency flows (I-8) whose values may be `NULL`.
+/// The record writes of the idempotency flows (I-8): what a write that found a record appeared
+/// meanwhile means is the store's.
 #[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
 pub trait KeyRows: Rows {
-    /// Writes a record; `existed` says whether [`stored_record`] found one under its key in this
-    /// transaction (PostgreSQL runs the transaction again when one appeared meanwhile).
+    /// Writes a record ([`crate::ops::put_record`]); `existed` says whether [`stored_record`]
+    /// found one under its key in this transaction (PostgreSQL runs the transaction again when
+    /// one appeared meanwhile).
     async fn put_record(
         &self,
         record: &IdempotencyRecord,
         existed: bool,
     ) -> Result<(), Self::Error>;
-}
-
-/// The model row's insert (its values may be `NULL`).
-#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
-pub trait ModelRows: Rows {
-    /// Inserts a model's row unless its id exists; whether it did.
-    async fn insert_model_row(&self, row: &ModelRow) -> Result<bool, Self::Error>;
-}
-
-/// The client row's insert (its values may be `NULL`).
-#[allow(async_fn_in_trait)] // Static dispatch only: each use names the adapter's type.
-pub trait ClientRows: Rows {
-    /// Stores a client.
-    async fn insert_client(&self, client: &Client) -> Result<(), Self::Error>;
 }
 
 /// Row access that runs SQL ([`Rows`]) and makes the task writes ([`TaskWrites`]), with one
@@ -227,7 +229,7 @@ pub async fn claim_key<R: KeyRows>(
 
 /// P-1, I-8: a model and its key's answered record, in one transaction; nothing when another
 /// request answered under the key meanwhile or the id is taken.
-pub async fn insert_model_with_key<R: KeyRows + ModelRows>(
+pub async fn insert_model_with_key<R: KeyRows>(
     rows: &R,
     model: &ModelRecord,
     record: &IdempotencyRecord,
@@ -283,9 +285,9 @@ pub async fn release_holds_of<R: Rows>(rows: &R, instance: InstanceId) -> Result
 
 /// P-1: stores a model unless the id exists; a stored model's file is no longer one whose model
 /// a user deleted.
-pub async fn insert_model<R: ModelRows>(rows: &R, model: &ModelRecord) -> Result<bool, R::Error> {
+pub async fn insert_model<R: Rows>(rows: &R, model: &ModelRecord) -> Result<bool, R::Error> {
     let row = ModelRow::encode(model)?;
-    let inserted = rows.insert_model_row(&row).await?;
+    let inserted = crate::ops::insert_model_row(rows, &row).await?;
     if inserted {
         if let Some(path) = &row.path {
             let params = [Param::Text(path.clone())];
@@ -297,10 +299,7 @@ pub async fn insert_model<R: ModelRows>(rows: &R, model: &ModelRecord) -> Result
 }
 
 /// Stores a model found at startup unless its id exists or its file's model was deleted.
-pub async fn insert_found_model<R: ModelRows>(
-    rows: &R,
-    model: &ModelRecord,
-) -> Result<bool, R::Error> {
+pub async fn insert_found_model<R: Rows>(rows: &R, model: &ModelRecord) -> Result<bool, R::Error> {
     if let Some(file) = model.file() {
         let sql = format!("{}{}", sql::REMOVED_MODEL_FILE, R::SHARE);
         let removed: Option<i64> = rows
@@ -379,7 +378,7 @@ pub async fn purge_finished<R: Rows>(
 /// Redeems a pairing code under the pairing limit, all in the current transaction: the limit's
 /// row and the code's are read (and locked) first, so redemptions take their turn, and what
 /// [`plan_redemption`] returns is written.
-pub async fn redeem_pairing<R: ClientRows>(
+pub async fn redeem_pairing<R: Rows>(
     rows: &R,
     hash: &SecretHash,
     client: &Client,
@@ -404,7 +403,7 @@ pub async fn redeem_pairing<R: ClientRows>(
     }
     if plan.pair {
         rows.execute(sql::DELETE_PAIRING, &[code]).await?;
-        rows.insert_client(client).await?;
+        crate::ops::insert_client(rows, client).await?;
     }
     Ok(plan.redemption)
 }
@@ -515,4 +514,58 @@ pub async fn cancel<R: TaskWrites>(
     };
     write_task(rows, &old, &write).await?;
     Ok((plan.outcome, write.events))
+}
+
+/// Replaces a client's limits, `limits` (running, queued) bound as the store keeps them (the
+/// column's range is the store's); `false` when there is no such client.
+pub async fn set_client_limits<R: Rows>(
+    rows: &R,
+    id: ClientId,
+    limits: [Param; 2],
+) -> Result<bool, R::Error> {
+    let exists: Option<i64> = rows
+        .read_one(sql::CLIENT_EXISTS, &[Param::Text(id.to_string())])
+        .await?;
+    if exists.is_none() {
+        return Ok(false);
+    }
+    let [running, queued] = limits;
+    let params = [client_param(id), running, queued];
+    rows.execute(sql::SET_CLIENT_LIMITS, &params).await?;
+    Ok(true)
+}
+
+/// Removes a file's record unless a batch that has not ended reads it; `client` must own it
+/// (I-7: the domain's [`decide_file_delete`]). The file's row is read with [`Rows::LOCK`], so a
+/// batch created meanwhile (which locks it first) is seen.
+pub async fn delete_file<R: Rows>(
+    rows: &R,
+    id: FileId,
+    client: Option<ClientId>,
+) -> Result<FileDeleteOutcome, R::Error> {
+    let key = [Param::Blob(file_key(id).to_vec())];
+    let sql = format!("SELECT client_id FROM files WHERE id = $1{}", R::LOCK);
+    let Some(owner) = rows.read_one::<Vec<u8>>(&sql, &key).await? else {
+        return Ok(FileDeleteOutcome::NotFound);
+    };
+    let sql = format!(
+        "SELECT 1 FROM batches WHERE input_file_id = $1 AND status IN ({}) LIMIT 1",
+        sql::unfinished_batch_statuses()
+    );
+    let in_use = rows.read_one::<i64>(&sql, &key).await?.is_some();
+    let owner = ClientId::from_ulid(ulid_of(&owner)?);
+    let outcome = decide_file_delete(owner, client, in_use);
+    if outcome == FileDeleteOutcome::Deleted {
+        rows.execute(sql::DELETE_FILE, &key).await?;
+    }
+    Ok(outcome)
+}
+
+/// Whether a batch is `validating` (the one status it starts from), its row read with
+/// [`Rows::LOCK`].
+pub async fn batch_validating<R: Rows>(rows: &R, id: BatchId) -> Result<bool, R::Error> {
+    let sql = format!("SELECT status FROM batches WHERE id = $1{}", R::LOCK);
+    let key = [Param::Blob(batch_key(id).to_vec())];
+    let status: Option<String> = rows.read_one(&sql, &key).await?;
+    Ok(status.as_deref() == Some(BatchStatus::Validating.as_str()))
 }

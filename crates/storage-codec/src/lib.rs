@@ -15,6 +15,7 @@ pub mod batches;
 pub mod columns;
 pub mod events;
 pub mod flows;
+pub mod ops;
 pub mod pairing;
 pub mod query;
 pub mod records;
@@ -27,7 +28,7 @@ pub mod webhooks;
 pub use batches::{
     batch_key, file_key, BatchRow, FileRow, StagedRow, BATCH_COLUMNS, FILE_COLUMNS, STAGING_COLUMNS,
 };
-pub use events::{event_data, EventCode, EventRow, Needs, Sources};
+pub use events::{decode_events, event_data, events_page, EventCode, EventRow, Needs, Sources};
 pub use records::{
     hash_from_text, ClientRow, IdempotencyRow, ModelRow, CLIENT_COLUMNS, IDEMPOTENCY_COLUMNS,
     MODEL_COLUMNS,

@@ -22,6 +22,56 @@ pub enum Param {
     Text(String),
     /// A count, a line or a limit (`INTEGER` / `bigint`).
     Integer(i64),
+    /// An attempt count, an HTTP status or a limit (`INTEGER` / `integer`): PostgreSQL takes a
+    /// 32-bit value for it.
+    Int4(i32),
+    /// `NULL`, of its column's kind: PostgreSQL checks a value's type even when it is `NULL`.
+    Null(Kind),
+}
+
+/// The kind of a column a `NULL` is bound to ([`Param::Null`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `BLOB` / `bytea`.
+    Blob,
+    /// `TEXT`.
+    Text,
+    /// `INTEGER` / `bigint`.
+    Integer,
+    /// `INTEGER` / `integer`.
+    Int4,
+}
+
+impl Param {
+    /// A key or bytes that may be `NULL`.
+    pub fn blob_or_null(value: Option<Vec<u8>>) -> Self {
+        value.map_or(Param::Null(Kind::Blob), Param::Blob)
+    }
+
+    /// A text that may be `NULL`.
+    pub fn text_or_null(value: Option<String>) -> Self {
+        value.map_or(Param::Null(Kind::Text), Param::Text)
+    }
+
+    /// A 64-bit integer (a time, a size) that may be `NULL`.
+    pub fn integer_or_null(value: Option<i64>) -> Self {
+        value.map_or(Param::Null(Kind::Integer), Param::Integer)
+    }
+
+    /// A value of an `integer` column, `what` naming it should it be out of that column's range
+    /// (a corrupt value: PostgreSQL could not store it).
+    pub fn int4(value: i64, what: &str) -> Result<Self, DbError> {
+        i32::try_from(value)
+            .map(Param::Int4)
+            .map_err(|_| crate::corrupt(format!("{what} {value} is out of range")))
+    }
+
+    /// [`Param::int4`] for a value that may be `NULL`.
+    pub fn int4_or_null(value: Option<i64>, what: &str) -> Result<Self, DbError> {
+        value.map_or(Ok(Param::Null(Kind::Int4)), |value| {
+            Param::int4(value, what)
+        })
+    }
 }
 
 /// A statement built at run time and the values of its placeholders, `$1` first.

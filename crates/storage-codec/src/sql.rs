@@ -6,6 +6,8 @@
 //! Only statements that mean the same in both databases are here; where one adapter locks what
 //! it reads (`FOR UPDATE`), upserts differently or batches, the statement stays in the adapter.
 
+use lmsp_domain::batch::BatchStatus;
+
 use crate::batches::{BATCH_COLUMNS, FILE_COLUMNS};
 use crate::records::{CLIENT_COLUMNS, IDEMPOTENCY_COLUMNS, MODEL_COLUMNS};
 use crate::rows::{TASK_COLUMNS, TASK_FROM};
@@ -28,6 +30,29 @@ pub fn for_sqlite(sql: &str) -> String {
         }
     }
     out
+}
+
+/// Stores an event of task `$1`: sequence number `$2`, kind `$3`, created at `$4`, data `$5`,
+/// item `$6` (the values of an [`crate::EventRow`]).
+pub const INSERT_EVENT: &str = "INSERT INTO task_events (task_id, sequence_number, kind, \
+     created_at, data, item) VALUES ($1, $2, $3, $4, $5, $6)";
+
+/// Removes up to `$2` idempotency records that expired by `$1`; `pick` is how the store picks
+/// them, after `WHERE expires_at <= $1` (PostgreSQL orders them and skips the locked ones).
+pub fn purge_expired_keys(pick: &str) -> String {
+    format!(
+        "DELETE FROM idempotency_keys WHERE (client_id, operation, key) IN \
+         (SELECT client_id, operation, key FROM idempotency_keys WHERE expires_at <= $1 {pick})"
+    )
+}
+
+/// The statuses of a batch that has not ended ([`BatchStatus::UNFINISHED`]) as an SQL list of
+/// literals (`'validating', …`): literal, so that a partial index on them serves the query
+/// (SQLite uses a partial index only for a query whose condition implies the index's).
+pub fn unfinished_batch_statuses() -> String {
+    BatchStatus::UNFINISHED
+        .map(|status| format!("'{}'", status.as_str()))
+        .join(", ")
 }
 
 /// Stores a client: its row's six values, in `CLIENT_COLUMNS` order.
@@ -179,6 +204,11 @@ pub fn endpoint_by_id() -> String {
     format!("SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id = $1")
 }
 
+/// Webhook endpoints, newest first, at most `$1`.
+pub fn newest_endpoints() -> String {
+    format!("SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints ORDER BY id DESC LIMIT $1")
+}
+
 /// Webhook endpoints older than `$1`, newest first, at most `$2`.
 pub fn endpoints_before() -> String {
     format!(
@@ -245,6 +275,20 @@ pub fn batch_by_id() -> String {
     format!("SELECT {BATCH_COLUMNS} FROM batches WHERE id = $1")
 }
 
+/// The columns a step of a batch writes (never its counts, which are the `batch_counts`
+/// trigger's), `$2…$12` (`$1` is the batch's id): the values of [`crate::ops::batch_step`].
+pub const BATCH_STEP_SET: &str = "status = $2, output_file_id = $3, error_file_id = $4, \
+     errors = $5, in_progress_at = $6, failed_at = $7, finalizing_at = $8, completed_at = $9, \
+     expired_at = $10, cancelling_at = $11, cancelled_at = $12";
+
+/// Writes a step of batch `$1` ([`BATCH_STEP_SET`]) if its status is `$13`; the row as written.
+pub fn update_batch() -> String {
+    format!(
+        "UPDATE batches SET {BATCH_STEP_SET} WHERE id = $1 AND status = $13 \
+         RETURNING {BATCH_COLUMNS}"
+    )
+}
+
 /// Removes batch `$1`.
 pub const DELETE_BATCH: &str = "DELETE FROM batches WHERE id = $1";
 
@@ -266,11 +310,12 @@ pub const DELETE_TASK_ROWS: [&str; 5] = [
 ];
 
 /// Batch `$1`'s tasks after line `$2` in line order, at most `$3`, each with its stored response
-/// document (NULL when it has none): the [`TASK_COLUMNS`] and then `r.doc`.
+/// document (NULL when it has none): the [`TASK_COLUMNS`] and then `r.doc`. `$2` is compared as a
+/// `bigint`, so that PostgreSQL takes a 64-bit line for it, as SQLite does.
 pub fn batch_answers() -> String {
     format!(
         "SELECT {TASK_COLUMNS}, r.doc FROM {TASK_FROM} LEFT JOIN responses r ON r.task_id = t.id \
-         WHERE t.batch_id = $1 AND t.batch_line > $2 ORDER BY t.batch_line LIMIT $3"
+         WHERE t.batch_id = $1 AND t.batch_line > CAST($2 AS BIGINT) ORDER BY t.batch_line LIMIT $3"
     )
 }
 
@@ -337,6 +382,7 @@ mod tests {
             FORGET_REMOVED_MODEL_FILE.to_owned(),
             insert_endpoint(),
             endpoint_by_id(),
+            newest_endpoints(),
             endpoints_before(),
             UPDATE_ENDPOINT.to_owned(),
             DELETE_ENDPOINT.to_owned(),
@@ -349,8 +395,11 @@ mod tests {
             DELETE_FILE.to_owned(),
             insert_batch(),
             batch_by_id(),
+            update_batch(),
             DELETE_BATCH.to_owned(),
             RESPONSE_DOC.to_owned(),
+            INSERT_EVENT.to_owned(),
+            purge_expired_keys("LIMIT $2"),
             STAGED_DUPLICATES.to_owned(),
         ]
         .into_iter()

@@ -62,7 +62,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
-use crate::codec::{self, EventRow, IdempotencyRow};
+use crate::codec::{self, EventRow};
 use crate::error::DbError;
 use crate::notify::Notifier;
 use crate::ops::{
@@ -1114,7 +1114,6 @@ fn update_params(old: &Task, new: &Task, events: &[Event]) -> Result<Vec<Param>,
 /// read none, a plain insert, whose unique violation (a concurrent request inserted one
 /// meanwhile) is a lost race: the command is run again and decides on that record.
 fn put_record_statement(record: &IdempotencyRecord, existed: bool) -> Stmt {
-    let row = IdempotencyRow::encode(record);
     let conflict = if existed {
         " ON CONFLICT (client_id, operation, key) DO UPDATE SET digest = EXCLUDED.digest, \
          reply = EXCLUDED.reply, reply_task = EXCLUDED.reply_task, \
@@ -1129,18 +1128,10 @@ fn put_record_statement(record: &IdempotencyRecord, existed: bool) -> Stmt {
              held_until, held_by, created_at, expires_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10){conflict}"
         ),
-        vec![
-            Box::new(client_key(record.scope.client_id)),
-            Box::new(record.scope.operation.as_str().to_owned()),
-            Box::new(record.key.as_str().to_owned()),
-            Box::new(row.digest),
-            Box::new(row.reply),
-            Box::new(row.reply_task),
-            Box::new(row.held_until),
-            Box::new(row.held_by),
-            Box::new(row.created_at),
-            Box::new(row.expires_at),
-        ],
+        codec::ops::record_params(record)
+            .into_iter()
+            .map(ops::boxed)
+            .collect(),
     );
     stmt.race_on_conflict = !existed;
     stmt

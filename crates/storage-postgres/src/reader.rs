@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 
-use crate::codec::{self, EventCode, EventRow, Sources};
+use crate::codec::{self, EventCode, EventRow};
 use crate::error::DbError;
 use crate::ops::{self, decode_task, key, to_i64, Db, Res, TASK_COLUMNS, TASK_COLUMN_COUNT};
 
@@ -344,17 +344,9 @@ fn gather_row(row: &Row, pages: &mut [Gathered]) -> Res<()> {
 impl Gathered {
     /// The page (at most `limit` of the rows, `limit` + 1 read), rebuilt with its rows.
     fn into_page(self, task_id: TaskId, limit: usize) -> Res<Page<Event>> {
-        let has_more = self.rows.len() > limit;
-        let sources = Sources {
-            task: self.task.as_ref(),
-            response: self.response.as_ref(),
-        };
-        let items = self
-            .rows
-            .into_iter()
-            .take(limit)
-            .map(|row| Ok(row.decode(task_id, sources)?))
-            .collect::<Res<Vec<_>>>()?;
-        Ok(Page { items, has_more })
+        let (task, response) = (self.task.as_ref(), self.response.as_ref());
+        Ok(codec::events_page(
+            self.rows, task_id, limit, task, response,
+        )?)
     }
 }

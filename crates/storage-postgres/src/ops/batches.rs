@@ -13,19 +13,14 @@ use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, ListOrder, Page};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::{decide_file_delete, PURGED_STATUSES};
-use tokio_postgres::types::ToSql;
-use tokio_postgres::Row;
+use lmsp_domain::writes::PURGED_STATUSES;
 
-use crate::codec::{self, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS, STAGING_COLUMNS};
-use crate::ops::{
-    batch_key, corrupt, decode_task, file_key, query_rows, read, to_i64, ulid_of, Db, Res,
-    TASK_COLUMN_COUNT,
+use crate::codec::flows::Rows as _;
+use crate::codec::query::Param;
+use crate::codec::{
+    self, flows, ops as shared, BatchRow, EventCode, StagedRow, BATCH_COLUMNS, STAGING_COLUMNS,
 };
-
-/// The statuses of a batch that has not ended ([`BatchStatus::UNFINISHED`]), as SQL: literal, so
-/// that the partial index `batches_unfinished` serves the queries that name it.
-const UNFINISHED: &str = "('validating', 'in_progress', 'finalizing', 'cancelling')";
+use crate::ops::{batch_key, corrupt, file_key, to_i64, ulid_of, Db, Res, Rows};
 
 /// The statuses of a batch that has ended.
 const FINISHED: &str = "('failed', 'completed', 'expired', 'cancelled')";
@@ -33,58 +28,19 @@ const FINISHED: &str = "('failed', 'completed', 'expired', 'cancelled')";
 /// When an ended batch ended ([`Batch::ended_at`]).
 const ENDED_AT: &str = "coalesce(failed_at, completed_at, cancelled_at, expired_at)";
 
-/// A statement parameter of a query built at run time.
-type Param = Box<dyn ToSql + Sync + Send>;
-
-fn params_of(values: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
-    values
-        .iter()
-        .map(|value| value.as_ref() as &(dyn ToSql + Sync))
-        .collect()
-}
-
 /// A batch line's stored form (`INTEGER`).
 pub fn line_key(line: u32) -> Res<i32> {
     i32::try_from(line).map_err(|_| corrupt(format!("batch line {line} is out of range")))
 }
 
-/// Decodes a batch row selected with [`BATCH_COLUMNS`].
-fn decode_batch(row: &Row) -> Res<Batch> {
-    Ok(read::<BatchRow>(row)?.decode()?)
-}
-
-/// Decodes a file row selected with [`FILE_COLUMNS`](codec::FILE_COLUMNS).
-fn decode_file(row: &Row) -> Res<StoredFile> {
-    Ok(read::<FileRow>(row)?.decode()?)
-}
-
 /// Stores a file's record.
 pub async fn insert_file<C: Db>(db: &C, file: &StoredFile) -> Res<()> {
-    let row = FileRow::encode(file)?;
-    db.execute(
-        &codec::sql::insert_file(),
-        &[
-            &row.id,
-            &row.client_id,
-            &row.filename,
-            &row.purpose,
-            &row.bytes,
-            &row.digest,
-            &row.created_at,
-            &row.batch_id,
-        ],
-    )
-    .await?;
-    Ok(())
+    shared::insert_file(&Rows(db), file).await
 }
 
 /// A file's record.
 pub async fn file<C: Db>(db: &C, id: FileId) -> Res<Option<StoredFile>> {
-    db.query_opt(&codec::sql::file_by_id(), &[&file_key(id)])
-        .await?
-        .as_ref()
-        .map(decode_file)
-        .transpose()
+    shared::file(&Rows(db), id).await
 }
 
 /// Files in id `order`, past `after` in that order, of `client` (I-7) and with `purpose` when
@@ -97,10 +53,7 @@ pub async fn list_files<C: Db>(
     order: ListOrder,
     limit: usize,
 ) -> Res<Page<StoredFile>> {
-    let query = codec::query::files_page(client, purpose, after, order, limit)?;
-    let rows = query_rows(db, &query).await?;
-    let items = rows.iter().map(decode_file).collect::<Res<Vec<_>>>()?;
-    Ok(Page::of_fetched(items, limit))
+    shared::list_files(&Rows(db), client, purpose, after, order, limit).await
 }
 
 /// Removes a file's record (and its bytes, which are rows of this database too), unless a batch
@@ -110,28 +63,13 @@ pub async fn delete_file<C: Db>(
     id: FileId,
     client: Option<ClientId>,
 ) -> Res<FileDeleteOutcome> {
-    let id = file_key(id);
-    let Some(row) = db
-        .query_opt(
-            "SELECT client_id FROM files WHERE id = $1 FOR UPDATE",
-            &[&id],
-        )
-        .await?
-    else {
-        return Ok(FileDeleteOutcome::NotFound);
-    };
-    let owner: Vec<u8> = row.try_get(0)?;
-    // A batch created meanwhile locked the file's row first (`insert_batch`), so it is seen here.
-    let sql = format!(
-        "SELECT 1 FROM batches WHERE input_file_id = $1 AND status IN {UNFINISHED} LIMIT 1"
-    );
-    let in_use = db.query_opt(&sql, &[&id]).await?.is_some();
-    let owner = ClientId::from_ulid(ulid_of(&owner)?);
-    let outcome = decide_file_delete(owner, client, in_use);
+    let outcome = flows::delete_file(&Rows(db), id, client).await?;
     if outcome == FileDeleteOutcome::Deleted {
-        db.execute(codec::sql::DELETE_FILE, &[&id]).await?;
-        db.execute("DELETE FROM file_chunks WHERE file_id = $1", &[&id])
-            .await?;
+        db.execute(
+            "DELETE FROM file_chunks WHERE file_id = $1",
+            &[&file_key(id)],
+        )
+        .await?;
     }
     Ok(outcome)
 }
@@ -145,44 +83,12 @@ pub async fn insert_batch<C: Db>(db: &C, batch: &Batch) -> Res<()> {
         &[&file_key(batch.input_file_id)],
     )
     .await?;
-    let row = BatchRow::encode(batch)?;
-    let [in_progress_at, failed_at, finalizing_at, completed_at, expired_at, cancelling_at, cancelled_at] =
-        row.times;
-    let values: Vec<Param> = vec![
-        Box::new(row.id),
-        Box::new(row.client_id),
-        Box::new(row.endpoint),
-        Box::new(row.input_file_id),
-        Box::new(row.completion_window),
-        Box::new(row.status),
-        Box::new(row.output_file_id),
-        Box::new(row.error_file_id),
-        Box::new(row.errors),
-        Box::new(row.total),
-        Box::new(row.completed),
-        Box::new(row.failed),
-        Box::new(row.metadata),
-        Box::new(row.created_at),
-        Box::new(in_progress_at),
-        Box::new(failed_at),
-        Box::new(finalizing_at),
-        Box::new(completed_at),
-        Box::new(expired_at),
-        Box::new(cancelling_at),
-        Box::new(cancelled_at),
-    ];
-    db.execute(&codec::sql::insert_batch(), &params_of(&values))
-        .await?;
-    Ok(())
+    shared::insert_batch(&Rows(db), batch).await
 }
 
 /// A batch, with its counts as they are now.
 pub async fn batch<C: Db>(db: &C, id: BatchId) -> Res<Option<Batch>> {
-    db.query_opt(&codec::sql::batch_by_id(), &[&batch_key(id)])
-        .await?
-        .as_ref()
-        .map(decode_batch)
-        .transpose()
+    shared::batch(&Rows(db), id).await
 }
 
 /// Batches, newest first, before `before`, of `client` when given (I-7).
@@ -192,18 +98,12 @@ pub async fn list_batches<C: Db>(
     before: Option<BatchId>,
     limit: usize,
 ) -> Res<Page<Batch>> {
-    let rows = query_rows(db, &codec::query::batches_page(client, before, limit)?).await?;
-    let items = rows.iter().map(decode_batch).collect::<Res<Vec<_>>>()?;
-    Ok(Page::of_fetched(items, limit))
+    shared::list_batches(&Rows(db), client, before, limit).await
 }
 
 /// The batches that have not ended, oldest first.
 pub async fn unfinished_batches<C: Db>(db: &C, limit: usize) -> Res<Vec<Batch>> {
-    let sql = format!(
-        "SELECT {BATCH_COLUMNS} FROM batches WHERE status IN {UNFINISHED} ORDER BY id LIMIT $1"
-    );
-    let rows = db.query(&sql, &[&to_i64(limit as u64)?]).await?;
-    rows.iter().map(decode_batch).collect()
+    shared::unfinished_batches(&Rows(db), "batches", limit).await
 }
 
 /// The kept lines of a batch whose `custom_id` an earlier kept line of it has, in line order,
@@ -334,31 +234,18 @@ const START_SQL: &str = "WITH staged AS (DELETE FROM batch_staging WHERE batch_i
      SELECT task_id, 1, $2::bigint, created_at, '' FROM staged) \
      SELECT count(*), (SELECT id FROM t ORDER BY batch_line LIMIT 1) FROM t";
 
-/// The columns a step of a batch writes (never its counts, which are the trigger's): `$1` is
-/// the batch's id, `$2…$12` [`step_params`].
-const STEP_SET: &str = "status = $2, output_file_id = $3, error_file_id = $4, errors = $5, \
-     in_progress_at = $6, failed_at = $7, finalizing_at = $8, completed_at = $9, \
-     expired_at = $10, cancelling_at = $11, cancelled_at = $12";
-
-fn step_params(batch: &Batch) -> Res<Vec<Param>> {
-    let row = BatchRow::encode(batch)?;
-    let mut values: Vec<Param> = vec![
-        Box::new(row.id),
-        Box::new(row.status),
-        Box::new(row.output_file_id),
-        Box::new(row.error_file_id),
-        Box::new(row.errors),
-    ];
-    for time in row.times {
-        values.push(Box::new(time));
-    }
-    Ok(values)
-}
-
 /// Drops the lines kept for a batch.
 async fn drop_staged<C: Db>(db: &C, batch: &[u8]) -> Res<()> {
     db.execute("DELETE FROM batch_staging WHERE batch_id = $1", &[&batch])
         .await?;
+    Ok(())
+}
+
+/// Drops a batch's kept lines when a step from `from` to `batch` leaves `validating`.
+async fn left_validating<C: Db>(db: &C, from: BatchStatus, batch: &Batch) -> Res<()> {
+    if from == BatchStatus::Validating && batch.status != BatchStatus::Validating {
+        drop_staged(db, &batch_key(batch.id)).await?;
+    }
     Ok(())
 }
 
@@ -367,15 +254,7 @@ async fn drop_staged<C: Db>(db: &C, batch: &[u8]) -> Res<()> {
 /// the kept lines dropped) when the batch is no longer `validating`.
 pub async fn start_batch<C: Db>(db: &C, started: &Batch) -> Res<(Option<Batch>, Option<TaskId>)> {
     let id = batch_key(started.id);
-    let status: Option<String> = db
-        .query_opt(
-            "SELECT status FROM batches WHERE id = $1 FOR UPDATE",
-            &[&id],
-        )
-        .await?
-        .map(|row| row.try_get(0))
-        .transpose()?;
-    if status.as_deref() != Some(BatchStatus::Validating.as_str()) {
+    if !flows::batch_validating(&Rows(db), started.id).await? {
         drop_staged(db, &id).await?;
         return Ok((None, None));
     }
@@ -385,17 +264,14 @@ pub async fn start_batch<C: Db>(db: &C, started: &Batch) -> Res<(Option<Batch>, 
         .ok_or_else(|| corrupt("the start of a batch counted nothing"))?;
     let total: i64 = row.try_get(0)?;
     let first: Option<Vec<u8>> = row.try_get(1)?;
-    let mut values = step_params(started)?;
-    values.push(Box::new(total));
+    let mut values = shared::batch_step(started)?;
+    values.push(Param::Integer(total));
     let sql = format!(
-        "UPDATE batches SET {STEP_SET}, total = $13 WHERE id = $1 RETURNING {BATCH_COLUMNS}"
+        "UPDATE batches SET {}, total = $13 WHERE id = $1 RETURNING {BATCH_COLUMNS}",
+        codec::sql::BATCH_STEP_SET
     );
-    let stored = db
-        .query_opt(&sql, &params_of(&values))
-        .await?
-        .as_ref()
-        .map(decode_batch)
-        .transpose()?;
+    let stored: Option<BatchRow> = Rows(db).read_one(&sql, &values).await?;
+    let stored = stored.map(BatchRow::decode).transpose()?;
     let first = first
         .as_deref()
         .map(|bytes| Ok::<_, crate::error::DbError>(TaskId::from_ulid(ulid_of(bytes)?)))
@@ -406,20 +282,8 @@ pub async fn start_batch<C: Db>(db: &C, started: &Batch) -> Res<(Option<Batch>, 
 /// Writes `batch` if the stored one is in status `from` (a compare-and-set; never the counts);
 /// leaving `validating` drops its kept lines. The batch as stored now, or `None`.
 pub async fn update_batch<C: Db>(db: &C, from: BatchStatus, batch: &Batch) -> Res<Option<Batch>> {
-    let mut values = step_params(batch)?;
-    values.push(Box::new(from.as_str()));
-    let sql = format!(
-        "UPDATE batches SET {STEP_SET} WHERE id = $1 AND status = $13 RETURNING {BATCH_COLUMNS}"
-    );
-    let stored = db
-        .query_opt(&sql, &params_of(&values))
-        .await?
-        .as_ref()
-        .map(decode_batch)
-        .transpose()?;
-    if from == BatchStatus::Validating && batch.status != BatchStatus::Validating {
-        drop_staged(db, &batch_key(batch.id)).await?;
-    }
+    let stored = shared::update_batch(&Rows(db), from, batch).await?;
+    left_validating(db, from, batch).await?;
     Ok(stored)
 }
 
@@ -430,12 +294,8 @@ pub async fn end_batch<C: Db>(
     batch: &Batch,
     files: &[StoredFile],
 ) -> Res<Option<Batch>> {
-    let stored = update_batch(db, from, batch).await?;
-    if stored.is_some() {
-        for file in files {
-            insert_file(db, file).await?;
-        }
-    }
+    let stored = shared::end_batch(&Rows(db), from, batch, files).await?;
+    left_validating(db, from, batch).await?;
     Ok(stored)
 }
 
@@ -448,9 +308,7 @@ pub async fn batch_tasks<C: Db>(
     after: u32,
     limit: usize,
 ) -> Res<Vec<Task>> {
-    let query = codec::query::batch_tasks(batch, statuses, after, limit)?;
-    let rows = query_rows(db, &query).await?;
-    rows.iter().map(decode_task).collect()
+    shared::batch_tasks(&Rows(db), batch, statuses, after, limit).await
 }
 
 /// A batch's tasks in line order after `after`, each with its stored response.
@@ -460,22 +318,7 @@ pub async fn batch_answers<C: Db>(
     after: u32,
     limit: usize,
 ) -> Res<Vec<(Task, Option<Response>)>> {
-    // Lines fit in the INTEGER column; an `after` past that simply has nothing after it.
-    let after = i32::try_from(after).unwrap_or(i32::MAX);
-    let rows = db
-        .query(
-            &codec::sql::batch_answers(),
-            &[&batch_key(batch), &after, &to_i64(limit as u64)?],
-        )
-        .await?;
-    rows.iter()
-        .map(|row| {
-            let task = decode_task(row)?;
-            let doc: Option<String> = row.try_get(TASK_COLUMN_COUNT)?;
-            let response = codec::response_of_task(task.id, doc.as_deref())?;
-            Ok((task, response))
-        })
-        .collect()
+    shared::batch_answers(&Rows(db), batch, after, limit).await
 }
 
 /// Removes many tasks' rows at once (`codec::flows::delete_task_rows`'s statements, set-based);
@@ -589,7 +432,8 @@ mod tests {
             .iter()
             .map(|status| status.as_str().to_owned())
             .collect();
-        assert_eq!(listed(super::UNFINISHED), unfinished);
+        let shared = format!("({})", crate::codec::sql::unfinished_batch_statuses());
+        assert_eq!(listed(&shared), unfinished);
         for name in listed(super::FINISHED) {
             let status = BatchStatus::parse(&name);
             assert!(status.is_some_and(BatchStatus::is_finished), "{name}");

@@ -6,103 +6,55 @@ use lmsp_domain::ids::ClientId;
 use lmsp_domain::ports::Redemption;
 use lmsp_domain::schedule::ClientLimits;
 use lmsp_domain::time::Timestamp;
-use tokio_postgres::Row;
 
 use crate::codec;
-use lmsp_storage_codec::flows::{self, ClientRows};
+use lmsp_storage_codec::flows;
 
-use crate::codec::{sql, ClientRow};
-use crate::ops::{client_key, corrupt, read, Db, Res, Rows};
-
-fn build_client(row: &Row) -> Res<Client> {
-    Ok(read::<ClientRow>(row)?.decode()?)
-}
+use crate::codec::ops as shared;
+use crate::codec::query::{Kind, Param};
+use crate::ops::{corrupt, Db, Res, Rows};
 
 /// Stores a client.
 pub async fn insert_client<C: Db>(db: &C, client: &Client) -> Res<()> {
-    let row = ClientRow::encode(client)?;
-    db.execute(
-        sql::INSERT_CLIENT,
-        &[
-            &row.id,
-            &row.name,
-            &row.token_hash,
-            &row.scopes,
-            &row.created_at,
-            &row.revoked_at,
-        ],
-    )
-    .await?;
-    Ok(())
+    shared::insert_client(&Rows(db), client).await
 }
 
 /// The unrevoked client with this token hash.
 pub async fn client_by_token_hash<C: Db>(db: &C, hash: &SecretHash) -> Res<Option<Client>> {
-    db.query_opt(&sql::client_by_token_hash(), &[&hash.to_hex()])
-        .await?
-        .as_ref()
-        .map(build_client)
-        .transpose()
+    shared::client_by_token_hash(&Rows(db), hash.to_hex()).await
 }
 
 /// A client by id.
 pub async fn client<C: Db>(db: &C, id: ClientId) -> Res<Option<Client>> {
-    db.query_opt(&sql::client_by_id(), &[&id.to_string()])
-        .await?
-        .as_ref()
-        .map(build_client)
-        .transpose()
+    shared::client(&Rows(db), id).await
 }
 
 /// Every client, oldest first.
 pub async fn list_clients<C: Db>(db: &C) -> Res<Vec<Client>> {
-    db.query(&sql::all_clients(), &[])
-        .await?
-        .iter()
-        .map(build_client)
-        .collect()
+    shared::list_clients(&Rows(db)).await
 }
 
 /// Revokes a client.
 pub async fn revoke_client<C: Db>(db: &C, id: ClientId, at: Timestamp) -> Res<bool> {
-    let changed = db
-        .execute(sql::REVOKE_CLIENT, &[&at.as_millis(), &id.to_string()])
-        .await?;
-    Ok(changed == 1)
+    shared::revoke_client(&Rows(db), id, at).await
 }
 
 /// A client's limits, as `client_queues` keeps them.
 pub async fn client_limits<C: Db>(db: &C, id: ClientId) -> Res<ClientLimits> {
-    let row = db
-        .query_opt(sql::CLIENT_LIMITS, &[&client_key(id).to_vec()])
-        .await?;
-    let Some(row) = row else {
-        return Ok(ClientLimits::default());
-    };
-    let limit = |value: Option<i32>| value.map(|v| codec::u32_of(i64::from(v))).transpose();
-    Ok(ClientLimits {
-        max_running: limit(row.try_get(0)?)?,
-        max_queued: limit(row.try_get(1)?)?,
-    })
+    shared::client_limits(&Rows(db), id).await
 }
 
 /// Replaces a client's limits; `false` when there is no such client.
 pub async fn set_client_limits<C: Db>(db: &C, id: ClientId, limits: ClientLimits) -> Res<bool> {
-    let exists = db.query_opt(sql::CLIENT_EXISTS, &[&id.to_string()]).await?;
-    if exists.is_none() {
-        return Ok(false);
-    }
-    let limit = |value: Option<u32>| value.map(i32::try_from).transpose();
-    let (max_running, max_queued) = (
-        limit(limits.max_running).map_err(|_| corrupt("a limit out of range"))?,
-        limit(limits.max_queued).map_err(|_| corrupt("a limit out of range"))?,
-    );
-    db.execute(
-        sql::SET_CLIENT_LIMITS,
-        &[&client_key(id).to_vec(), &max_running, &max_queued],
-    )
-    .await?;
-    Ok(true)
+    // An `integer` column: a limit past its range is refused.
+    let limit = |value: Option<u32>| match value {
+        Some(value) => i32::try_from(value)
+            .map(Param::Int4)
+            .map_err(|_| corrupt("a limit out of range")),
+        None => Ok(Param::Null(Kind::Int4)),
+    };
+    let limits = [limit(limits.max_running)?, limit(limits.max_queued)?];
+    flows::set_client_limits(&Rows(db), id, limits).await
 }
 
 /// Stores a pairing code hash.
@@ -121,13 +73,6 @@ pub async fn insert_pairing<C: Db>(db: &C, pairing: &Pairing) -> Res<()> {
     )
     .await?;
     Ok(())
-}
-
-/// The client row's insert, for the codec's pairing flow.
-impl<C: Db> ClientRows for Rows<'_, C> {
-    async fn insert_client(&self, client: &Client) -> Res<()> {
-        insert_client(self.0, client).await
-    }
 }
 
 /// Redeems a pairing code under the pairing limit, all in the current transaction: the limit's

@@ -3,7 +3,6 @@
 
 use lmsp_domain::event::{Event, EventKind};
 use lmsp_domain::ids::TaskId;
-use lmsp_domain::task::Response;
 
 use crate::codec::{self, EventCode, EventRow};
 use crate::ops::{key, Db, Res};
@@ -13,8 +12,7 @@ pub async fn insert_events<C: Db>(db: &C, events: &[Event]) -> Res<()> {
     for event in events {
         let row = EventRow::encode(event)?;
         db.execute(
-            "INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            codec::sql::INSERT_EVENT,
             &[
                 &key(event.task_id),
                 &row.sequence_number,
@@ -27,18 +25,6 @@ pub async fn insert_events<C: Db>(db: &C, events: &[Event]) -> Res<()> {
         .await?;
     }
     Ok(())
-}
-
-/// The stored response of a task, checked to be that task's.
-pub async fn response_of_task<C: Db>(db: &C, task_id: TaskId) -> Res<Option<Response>> {
-    let doc: Option<String> = match db
-        .query_opt(codec::sql::RESPONSE_DOC, &[&key(task_id)])
-        .await?
-    {
-        Some(row) => row.try_get(0)?,
-        None => None,
-    };
-    Ok(codec::response_of_task(task_id, doc.as_deref())?)
 }
 
 /// The text of the deltas of output item `index` of a task (an open item's text so far).

@@ -12,9 +12,9 @@ use lmsp_domain::ports::KeyedInsert;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::flows::{self, KeyRows};
 
-use crate::codec::{sql, IdempotencyRow};
+use crate::codec::{self, ops as shared, IdempotencyRow};
 use crate::error::DbError;
-use crate::ops::{client_key, read, to_i64, Db, Res, Rows};
+use crate::ops::{read, to_i64, Db, Res, Rows};
 
 /// Decodes a record read with [`IDEMPOTENCY_COLUMNS`](crate::codec::IDEMPOTENCY_COLUMNS) (its key
 /// given).
@@ -30,25 +30,7 @@ pub fn decode_record(
 /// replaced; when it found none and a concurrent transaction inserted one meanwhile, the
 /// transaction runs again ([`DbError::Retry`]) to decide on that record.
 pub async fn put_record<C: Db>(db: &C, record: &IdempotencyRecord, existed: bool) -> Res<()> {
-    let row = IdempotencyRow::encode(record);
-    let sql = sql::put_idempotency_record(existed);
-    let written = db
-        .execute(
-            &sql,
-            &[
-                &client_key(record.scope.client_id),
-                &record.scope.operation.as_str(),
-                &record.key.as_str(),
-                &row.digest,
-                &row.reply,
-                &row.reply_task,
-                &row.held_until,
-                &row.held_by,
-                &row.created_at,
-                &row.expires_at,
-            ],
-        )
-        .await?;
+    let written = shared::put_record(&Rows(db), record, existed).await?;
     if written != 1 {
         return Err(DbError::Retry);
     }
@@ -101,13 +83,9 @@ pub async fn release_key<C: Db>(
 
 /// Deletes up to `batch` expired records.
 pub async fn purge_idempotency<C: Db>(db: &C, at: Timestamp, batch: usize) -> Res<u64> {
+    let sql = codec::sql::purge_expired_keys("ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED");
     Ok(db
-        .execute(
-            "DELETE FROM idempotency_keys WHERE (client_id, operation, key) IN \
-             (SELECT client_id, operation, key FROM idempotency_keys \
-             WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-            &[&at.as_millis(), &to_i64(batch as u64)?],
-        )
+        .execute(&sql, &[&at.as_millis(), &to_i64(batch as u64)?])
         .await?)
 }
 

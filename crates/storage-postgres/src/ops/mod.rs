@@ -23,7 +23,7 @@ use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::columns::{Columns, ReadRow};
 use lmsp_storage_codec::flows;
-use lmsp_storage_codec::query::{Param, Query};
+use lmsp_storage_codec::query::{Kind, Param};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
@@ -175,13 +175,39 @@ fn values(params: &[Param]) -> Vec<&(dyn ToSql + Sync)> {
             Param::Blob(bytes) => bytes as &(dyn ToSql + Sync),
             Param::Text(text) => text,
             Param::Integer(number) => number,
+            Param::Int4(number) => number,
+            Param::Null(kind) => null_of(kind),
         })
         .collect()
 }
 
-/// Runs a list read built by `codec::query`; its rows.
-pub async fn query_rows<C: Db>(db: &C, query: &Query) -> Res<Vec<Row>> {
-    Ok(db.query(&query.sql, &values(&query.params)).await?)
+/// A value bound to a statement of the codec's ([`Param`]), owned: as a statement of the group
+/// commit keeps its parameters until its batch is written.
+pub fn boxed(param: Param) -> Box<dyn ToSql + Sync + Send> {
+    match param {
+        Param::Blob(bytes) => Box::new(bytes),
+        Param::Text(text) => Box::new(text),
+        Param::Integer(number) => Box::new(number),
+        Param::Int4(number) => Box::new(number),
+        Param::Null(Kind::Blob) => Box::new(None::<Vec<u8>>),
+        Param::Null(Kind::Text) => Box::new(None::<String>),
+        Param::Null(Kind::Integer) => Box::new(None::<i64>),
+        Param::Null(Kind::Int4) => Box::new(None::<i32>),
+    }
+}
+
+/// A `NULL` of a column's kind, as tokio-postgres checks it against the column's type.
+fn null_of(kind: &Kind) -> &'static (dyn ToSql + Sync) {
+    static BLOB: Option<Vec<u8>> = None;
+    static TEXT: Option<String> = None;
+    static INTEGER: Option<i64> = None;
+    static INT4: Option<i32> = None;
+    match kind {
+        Kind::Blob => &BLOB,
+        Kind::Text => &TEXT,
+        Kind::Integer => &INTEGER,
+        Kind::Int4 => &INT4,
+    }
 }
 
 /// The row access of the codec's shared flows ([`flows`]) on a connection or a transaction:
@@ -194,6 +220,7 @@ impl<C: Db> flows::Rows for Rows<'_, C> {
 
     const LOCK: &'static str = " FOR UPDATE";
     const SHARE: &'static str = " FOR SHARE";
+    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]> = None;
 
     async fn execute(&self, sql: &str, params: &[Param]) -> Res<u64> {
         Ok(self.0.execute(sql, &values(params)).await?)
@@ -202,6 +229,11 @@ impl<C: Db> flows::Rows for Rows<'_, C> {
     async fn read_one<T: ReadRow>(&self, sql: &str, params: &[Param]) -> Res<Option<T>> {
         let row = self.0.query_opt(sql, &values(params)).await?;
         row.as_ref().map(read::<T>).transpose()
+    }
+
+    async fn read_all<T: ReadRow>(&self, sql: &str, params: &[Param]) -> Res<Vec<T>> {
+        let rows = self.0.query(sql, &values(params)).await?;
+        rows.iter().map(read::<T>).collect()
     }
 }
 

@@ -10,11 +10,11 @@ use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::flows::{self, TaskWrites};
 
 use crate::codec;
+use crate::codec::ops as shared;
 use crate::error::DbError;
 use crate::ops::{
-    client_key, corrupt, decode_task, delete_snapshot, events, from_i64, instance_key, key,
-    load_task, lock_task, query_rows, to_i64, ulid_of, write_advanced, Db, Res, Rows, TASK_COLUMNS,
-    TASK_FROM,
+    client_key, delete_snapshot, instance_key, key, lock_task, to_i64, ulid_of, write_advanced, Db,
+    Res, Rows, TASK_COLUMNS,
 };
 
 async fn insert_response<C: Db>(db: &C, response: &Response) -> Res<()> {
@@ -172,62 +172,22 @@ pub async fn delete_finished<C: Db>(
 /// The task whose response has this id: a task's own response id is its ULID, unless another
 /// one was stored with the task.
 pub async fn task_by_response<C: Db>(db: &C, response_id: ResponseId) -> Res<Option<Task>> {
-    if let Some(task) = load_task(db, TaskId::from_ulid(response_id.ulid())).await? {
-        if task.response_id == response_id {
-            return Ok(Some(task));
-        }
-    }
-    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.response_id = $1");
-    db.query_opt(&sql, &[&response_id.to_string()])
-        .await?
-        .as_ref()
-        .map(decode_task)
-        .transpose()
+    shared::task_by_response(&Rows(db), response_id).await
 }
 
 /// Tasks, newest first.
 pub async fn list_tasks<C: Db>(db: &C, filter: &TaskFilter) -> Res<Page<Task>> {
-    let rows = query_rows(db, &codec::query::tasks_page(filter)?).await?;
-    let items = rows.iter().map(decode_task).collect::<Res<Vec<Task>>>()?;
-    Ok(Page::of_fetched(items, filter.limit))
+    shared::list_tasks(&Rows(db), filter).await
 }
 
 /// A task's snapshot.
 pub async fn snapshot<C: Db>(db: &C, task_id: TaskId) -> Res<Option<Snapshot>> {
-    let Some(row) = db
-        .query_opt(
-            "SELECT sequence_number, state FROM snapshots WHERE task_id = $1",
-            &[&key(task_id)],
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    let seq: i64 = row.try_get(0)?;
-    Ok(Some(Snapshot {
-        sequence_number: from_i64(seq)?,
-        state: row.try_get(1)?,
-    }))
+    shared::snapshot(&Rows(db), task_id).await
 }
 
 /// Counts per status.
 pub async fn count_by_status<C: Db>(db: &C) -> Res<Vec<(TaskStatus, u64)>> {
-    let rows = db
-        .query(
-            "SELECT status, COUNT(*) FROM tasks GROUP BY status ORDER BY status",
-            &[],
-        )
-        .await?;
-    rows.iter()
-        .map(|row| {
-            let status: String = row.try_get(0)?;
-            let count: i64 = row.try_get(1)?;
-            Ok((
-                TaskStatus::parse(&status).map_err(corrupt)?,
-                from_i64(count)?,
-            ))
-        })
-        .collect()
+    shared::count_by_status(&Rows(db)).await
 }
 
 /// The `cancelling` tasks in the care of `owner`.
@@ -248,5 +208,5 @@ pub async fn cancelling_tasks<C: Db>(db: &C, owner: InstanceId) -> Res<Vec<TaskI
 
 /// The stored response of a task, with its id checked against the task's.
 pub async fn response<C: Db>(db: &C, task_id: TaskId) -> Res<Option<Response>> {
-    events::response_of_task(db, task_id).await
+    shared::response_of_task(&Rows(db), task_id).await
 }

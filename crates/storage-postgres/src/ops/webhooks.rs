@@ -12,59 +12,28 @@ use lmsp_domain::time::Timestamp;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
 use tokio_postgres::Row;
 
-use crate::codec::{
-    endpoint_key, sql, DeliveryRow, EndpointRow, DELIVERY_COLUMNS, ENDPOINT_COLUMNS,
-};
-use crate::ops::{corrupt, read, to_i64, Db, Res};
+use crate::codec::ops as shared;
+use crate::codec::{DeliveryRow, DELIVERY_COLUMNS};
+use crate::ops::{read, to_i64, Db, Res, Rows};
 
 /// The advisory lock the claims of deliveries take (`pg_advisory_xact_lock`), so that claims in
 /// every process take their turn: each sees what the one before leased, and "none of an endpoint
 /// that has a delivery leased now" holds across processes.
 const CLAIM_LOCK: i64 = 0x6c6d_7370_0003;
 
-/// Decodes an endpoint row selected with [`ENDPOINT_COLUMNS`].
-fn decode_endpoint(row: &Row) -> Res<WebhookEndpoint> {
-    Ok(read::<EndpointRow>(row)?.decode()?)
-}
-
 /// Decodes a delivery row selected with [`DELIVERY_COLUMNS`].
 fn decode_delivery(row: &Row) -> Res<Delivery> {
     Ok(read::<DeliveryRow>(row)?.decode()?)
 }
 
-/// A count or status in its stored form (`INTEGER`).
-fn int_of(value: i64, what: &str) -> Res<i32> {
-    i32::try_from(value).map_err(|_| corrupt(format!("{what} {value} is out of range")))
-}
-
 /// Stores a new endpoint.
 pub async fn insert_endpoint<C: Db>(db: &C, endpoint: &WebhookEndpoint) -> Res<()> {
-    let row = EndpointRow::encode(endpoint);
-    db.execute(
-        &sql::insert_endpoint(),
-        &[
-            &row.id,
-            &row.name,
-            &row.url,
-            &row.event_types,
-            &row.secret,
-            &row.previous_secret,
-            &row.previous_valid_until,
-            &row.created_at,
-            &row.updated_at,
-        ],
-    )
-    .await?;
-    Ok(())
+    shared::insert_endpoint(&Rows(db), endpoint).await
 }
 
 /// An endpoint.
 pub async fn endpoint<C: Db>(db: &C, id: WebhookEndpointId) -> Res<Option<WebhookEndpoint>> {
-    db.query_opt(&sql::endpoint_by_id(), &[&endpoint_key(id).to_vec()])
-        .await?
-        .as_ref()
-        .map(decode_endpoint)
-        .transpose()
+    shared::endpoint(&Rows(db), id).await
 }
 
 /// Endpoints, newest first (ids are ULIDs: their order is creation order), older than `before`.
@@ -73,56 +42,18 @@ pub async fn list_endpoints<C: Db>(
     before: Option<WebhookEndpointId>,
     limit: usize,
 ) -> Res<Page<WebhookEndpoint>> {
-    let fetch = to_i64(limit as u64 + 1)?;
-    let rows = match before {
-        Some(before) => {
-            db.query(
-                &sql::endpoints_before(),
-                &[&endpoint_key(before).to_vec(), &fetch],
-            )
-            .await?
-        }
-        None => {
-            let sql = format!(
-                "SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints ORDER BY id DESC LIMIT $1"
-            );
-            db.query(&sql, &[&fetch]).await?
-        }
-    };
-    let items = rows.iter().map(decode_endpoint).collect::<Res<Vec<_>>>()?;
-    Ok(Page::of_fetched(items, limit))
+    shared::list_endpoints(&Rows(db), before, limit).await
 }
 
 /// Rewrites an endpoint (every column but its id and `created_at`); `false` when there is none.
 pub async fn update_endpoint<C: Db>(db: &C, endpoint: &WebhookEndpoint) -> Res<bool> {
-    let row = EndpointRow::encode(endpoint);
-    let changed = db
-        .execute(
-            sql::UPDATE_ENDPOINT,
-            &[
-                &row.id,
-                &row.name,
-                &row.url,
-                &row.event_types,
-                &row.secret,
-                &row.previous_secret,
-                &row.previous_valid_until,
-                &row.updated_at,
-            ],
-        )
-        .await?;
-    Ok(changed == 1)
+    shared::update_endpoint(&Rows(db), endpoint).await
 }
 
 /// Removes an endpoint and its deliveries (in the caller's transaction); `false` when there is
 /// no such endpoint.
 pub async fn delete_endpoint<C: Db>(db: &C, id: WebhookEndpointId) -> Res<bool> {
-    let key = endpoint_key(id).to_vec();
-    // The endpoint first: its row lock orders this delete after a trigger that is writing a
-    // delivery for it, so no delivery of it is left behind.
-    let deleted = db.execute(sql::DELETE_ENDPOINT, &[&key]).await?;
-    db.execute(sql::DELETE_ENDPOINT_DELIVERIES, &[&key]).await?;
-    Ok(deleted == 1)
+    shared::delete_endpoint(&Rows(db), id).await
 }
 
 /// The claim, in one statement: the due deliveries (`next_attempt_at` reached, not leased now)
@@ -185,28 +116,7 @@ pub async fn claim_deliveries<C: Db>(
 
 /// Stores a delivery after an attempt and ends its lease.
 pub async fn record_attempt<C: Db>(db: &C, delivery: &Delivery) -> Res<()> {
-    let row = DeliveryRow::encode(delivery);
-    let attempts = int_of(row.attempts, "an attempt count")?;
-    let last_status = row
-        .last_status
-        .map(|status| int_of(status, "an HTTP status"))
-        .transpose()?;
-    db.execute(
-        sql::RECORD_ATTEMPT,
-        &[
-            &row.endpoint_id,
-            &row.event_id,
-            &attempts,
-            &row.next_attempt_at,
-            &last_status,
-            &row.last_error,
-            &row.last_attempt_at,
-            &row.delivered_at,
-            &row.given_up_at,
-        ],
-    )
-    .await?;
-    Ok(())
+    shared::record_attempt(&Rows(db), delivery).await
 }
 
 /// An endpoint's deliveries, the most recent event first, at most `limit`.
@@ -215,11 +125,5 @@ pub async fn deliveries<C: Db>(
     endpoint: WebhookEndpointId,
     limit: usize,
 ) -> Res<Vec<Delivery>> {
-    let rows = db
-        .query(
-            &sql::deliveries_of(),
-            &[&endpoint_key(endpoint).to_vec(), &to_i64(limit as u64)?],
-        )
-        .await?;
-    rows.iter().map(decode_delivery).collect()
+    shared::deliveries(&Rows(db), endpoint, limit).await
 }

@@ -10,52 +10,20 @@ use lmsp_domain::ports::{BatchPurge, FileDeleteOutcome, ListOrder, Page};
 use lmsp_domain::status::TaskStatus;
 use lmsp_domain::task::{Response, Task};
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::writes::decide_file_delete;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 
-use crate::codec::columns::ReadRow;
-use crate::codec::{
-    self, batch_key, file_key, BatchRow, EventCode, FileRow, StagedRow, BATCH_COLUMNS,
-    STAGING_COLUMNS,
-};
+use crate::codec::{self, batch_key, flows, ops as shared, EventCode, StagedRow, STAGING_COLUMNS};
 use crate::ops::tasks::delete_task_rows;
-use crate::ops::{prepare, query_rows, raw_task, read, to_i64, RawTask, Res};
+use crate::ops::{prepare, run, to_i64, Res, Rows};
 
 /// Stores a file's record.
 pub fn insert_file(conn: &Connection, file: &StoredFile) -> Res<()> {
-    let row = FileRow::encode(file)?;
-    prepare(conn, &codec::sql::insert_file())?.execute(params![
-        row.id,
-        row.client_id,
-        row.filename,
-        row.purpose,
-        row.bytes,
-        row.digest,
-        row.created_at,
-        row.batch_id
-    ])?;
-    Ok(())
-}
-
-/// The row `sql` selects by the key `$1`, decoded.
-fn by_key<R: ReadRow, T>(
-    conn: &Connection,
-    sql: &str,
-    key: [u8; 16],
-    decode: fn(R) -> Result<T, codec::DbError>,
-) -> Res<Option<T>> {
-    let row = prepare(conn, sql)?.query_row([key], read::<R>).optional()?;
-    Ok(row.map(decode).transpose()?)
+    run(shared::insert_file(&Rows(conn), file))
 }
 
 /// A file's record.
 pub fn file(conn: &Connection, id: FileId) -> Res<Option<StoredFile>> {
-    by_key(
-        conn,
-        &codec::sql::file_by_id(),
-        file_key(id),
-        FileRow::decode,
-    )
+    run(shared::file(&Rows(conn), id))
 }
 
 /// Files in id `order`, past `after` in that order.
@@ -67,17 +35,14 @@ pub fn list_files(
     order: ListOrder,
     limit: usize,
 ) -> Res<Page<StoredFile>> {
-    let query = codec::query::files_page(client, purpose, after, order, limit)?;
-    let rows = query_rows(conn, &query, read::<FileRow>)?;
-    page(rows.into_iter().map(FileRow::decode), limit)
-}
-
-fn page<T, E>(items: impl Iterator<Item = Result<T, E>>, limit: usize) -> Res<Page<T>>
-where
-    crate::error::DbError: From<E>,
-{
-    let items = items.collect::<Result<Vec<T>, E>>()?;
-    Ok(Page::of_fetched(items, limit))
+    run(shared::list_files(
+        &Rows(conn),
+        client,
+        purpose,
+        after,
+        order,
+        limit,
+    ))
 }
 
 /// The statuses of a batch that has not ended, as bound parameters.
@@ -91,63 +56,17 @@ pub fn delete_file(
     id: FileId,
     client: Option<ClientId>,
 ) -> Res<FileDeleteOutcome> {
-    let Some(stored) = file(conn, id)? else {
-        return Ok(FileDeleteOutcome::NotFound);
-    };
-    let [a, b, c, d] = unfinished();
-    let in_use: bool = conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM batches WHERE input_file_id = ?1 \
-             AND status IN (?2, ?3, ?4, ?5))",
-        )?
-        .query_row(params![file_key(id), a, b, c, d], |row| row.get(0))?;
-    let outcome = decide_file_delete(stored.client_id, client, in_use);
-    if outcome == FileDeleteOutcome::Deleted {
-        prepare(conn, codec::sql::DELETE_FILE)?.execute([file_key(id)])?;
-    }
-    Ok(outcome)
-}
-
-fn write_batch_row(conn: &Connection, row: &BatchRow) -> Res<()> {
-    prepare(conn, &codec::sql::insert_batch())?.execute(params![
-        row.id,
-        row.client_id,
-        row.endpoint,
-        row.input_file_id,
-        row.completion_window,
-        row.status,
-        row.output_file_id,
-        row.error_file_id,
-        row.errors,
-        row.total,
-        row.completed,
-        row.failed,
-        row.metadata,
-        row.created_at,
-        row.times[0],
-        row.times[1],
-        row.times[2],
-        row.times[3],
-        row.times[4],
-        row.times[5],
-        row.times[6],
-    ])?;
-    Ok(())
+    run(flows::delete_file(&Rows(conn), id, client))
 }
 
 /// Stores a new batch.
 pub fn insert_batch(conn: &Connection, batch: &Batch) -> Res<()> {
-    write_batch_row(conn, &BatchRow::encode(batch)?)
+    run(shared::insert_batch(&Rows(conn), batch))
 }
 
 /// A batch.
 pub fn batch(conn: &Connection, id: BatchId) -> Res<Option<Batch>> {
-    by_key(
-        conn,
-        &codec::sql::batch_by_id(),
-        batch_key(id),
-        BatchRow::decode,
-    )
+    run(shared::batch(&Rows(conn), id))
 }
 
 /// Batches, newest first, before `before`.
@@ -157,29 +76,15 @@ pub fn list_batches(
     before: Option<BatchId>,
     limit: usize,
 ) -> Res<Page<Batch>> {
-    let rows = query_rows(
-        conn,
-        &codec::query::batches_page(client, before, limit)?,
-        read::<BatchRow>,
-    )?;
-    page(rows.into_iter().map(BatchRow::decode), limit)
+    run(shared::list_batches(&Rows(conn), client, before, limit))
 }
 
 /// The batches that have not ended, oldest first. The statuses are written into the SQL (the
 /// domain's [`BatchStatus::UNFINISHED`]), as the partial index `batches_unfinished` is: SQLite
 /// uses a partial index only for a query whose condition implies the index's.
 pub fn unfinished_batches(conn: &Connection, limit: usize) -> Res<Vec<Batch>> {
-    let statuses = unfinished().map(|status| format!("'{status}'")).join(", ");
-    let rows: Vec<BatchRow> = conn
-        .prepare_cached(&format!(
-            "SELECT {BATCH_COLUMNS} FROM batches INDEXED BY batches_unfinished \
-             WHERE status IN ({statuses}) ORDER BY id LIMIT ?1"
-        ))?
-        .query_map(params![to_i64(limit as u64)?], read::<BatchRow>)?
-        .collect::<Result<_, _>>()?;
-    rows.into_iter()
-        .map(|row| row.decode().map_err(Into::into))
-        .collect()
+    let from = "batches INDEXED BY batches_unfinished";
+    run(shared::unfinished_batches(&Rows(conn), from, limit))
 }
 
 /// Keeps lines' tasks aside; a line kept already keeps its first task.
@@ -263,47 +168,17 @@ fn drop_staged_rows(conn: &Connection, batch: &[u8], limit: usize) -> Res<usize>
 
 /// Writes `batch` if the stored one is in `from`; the batch as stored after, or `None`.
 pub fn update_batch(conn: &Connection, from: BatchStatus, batch: &Batch) -> Res<Option<Batch>> {
-    let row = BatchRow::encode(batch)?;
-    let changed = conn
-        .prepare_cached(
-            "UPDATE batches SET status = ?1, output_file_id = ?2, error_file_id = ?3, \
-             errors = ?4, in_progress_at = ?5, failed_at = ?6, finalizing_at = ?7, \
-             completed_at = ?8, expired_at = ?9, cancelling_at = ?10, cancelled_at = ?11 \
-             WHERE id = ?12 AND status = ?13",
-        )?
-        .execute(params![
-            row.status,
-            row.output_file_id,
-            row.error_file_id,
-            row.errors,
-            row.times[0],
-            row.times[1],
-            row.times[2],
-            row.times[3],
-            row.times[4],
-            row.times[5],
-            row.times[6],
-            row.id,
-            from.as_str(),
-        ])?;
-    if changed == 0 {
-        return Ok(None);
-    }
-    self::batch(conn, batch.id)
+    run(shared::update_batch(&Rows(conn), from, batch))
 }
 
 /// P-2 for a whole batch: every kept task created (`queued`, with its `response.created`
 /// event), the total set and the batch `in_progress`, set-based, in the caller's transaction.
 /// A line's task is not `background`: its answer is the one a synchronous request gets.
 pub fn start_batch(conn: &Connection, started: &Batch) -> Res<Option<Batch>> {
-    let id = batch_key(started.id);
-    let status: Option<String> = conn
-        .prepare_cached("SELECT status FROM batches WHERE id = ?1")?
-        .query_row([id], |row| row.get(0))
-        .optional()?;
-    if status.as_deref() != Some(BatchStatus::Validating.as_str()) {
+    if !run(flows::batch_validating(&Rows(conn), started.id))? {
         return Ok(None);
     }
+    let id = batch_key(started.id);
     let created = conn
         .prepare_cached(
             "INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, \
@@ -335,13 +210,7 @@ pub fn end_batch(
     batch: &Batch,
     files: &[StoredFile],
 ) -> Res<Option<Batch>> {
-    let Some(ended) = update_batch(conn, from, batch)? else {
-        return Ok(None);
-    };
-    for file in files {
-        insert_file(conn, file)?;
-    }
-    Ok(Some(ended))
+    run(shared::end_batch(&Rows(conn), from, batch, files))
 }
 
 /// A batch's tasks in line order after `after`.
@@ -352,9 +221,7 @@ pub fn batch_tasks(
     after: u32,
     limit: usize,
 ) -> Res<Vec<Task>> {
-    let query = codec::query::batch_tasks(id, statuses, after, limit)?;
-    let raws = query_rows(conn, &query, raw_task)?;
-    raws.into_iter().map(RawTask::decode).collect()
+    run(shared::batch_tasks(&Rows(conn), id, statuses, after, limit))
 }
 
 /// A batch's tasks in line order after `after`, each with its stored response.
@@ -364,19 +231,7 @@ pub fn batch_answers(
     after: u32,
     limit: usize,
 ) -> Res<Vec<(Task, Option<Response>)>> {
-    let rows: Vec<(RawTask, Option<String>)> = prepare(conn, &codec::sql::batch_answers())?
-        .query_map(
-            params![batch_key(id), i64::from(after), to_i64(limit as u64)?],
-            |row| Ok((raw_task(row)?, row.get(codec::TASK_COLUMN_COUNT)?)),
-        )?
-        .collect::<Result<_, _>>()?;
-    rows.into_iter()
-        .map(|(raw, doc)| {
-            let task = raw.decode()?;
-            let response = codec::response_of_task(task.id, doc.as_deref())?;
-            Ok((task, response))
-        })
-        .collect()
+    run(shared::batch_answers(&Rows(conn), id, after, limit))
 }
 
 /// Removes ended batches older than `cutoff`: their tasks first (at most `max_tasks`), then,

@@ -1,17 +1,20 @@
 //! Events in their stored form (`lmsp_storage_codec::events`), written and read on SQLite.
 
+use std::sync::LazyLock;
+
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::TaskId;
 use lmsp_domain::ports::Page;
 use lmsp_domain::task::{Response, Task};
-use rusqlite::{params, Connection, OptionalExtension, Statement};
+use rusqlite::{params, Connection, Statement};
 
-use crate::codec::{self, EventRow, Needs, Sources};
-use crate::ops::{key, load_task, prepare, to_i64, Res};
+use crate::codec::{self, ops as shared, EventRow, Needs};
+use crate::ops::{key, load_task, run, to_i64, Res, Rows};
 
-/// Inserts one event: bound by [`insert_event_with`].
-pub const INSERT_EVENT: &str = "INSERT INTO task_events (task_id, sequence_number, kind, \
-     created_at, data, item) VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+/// Inserts one event (the codec's statement, in SQLite's text once): bound by
+/// [`insert_event_with`].
+pub static INSERT_EVENT: LazyLock<String> =
+    LazyLock::new(|| codec::sql::for_sqlite(codec::sql::INSERT_EVENT));
 
 /// Inserts one event with [`INSERT_EVENT`], prepared by the caller.
 pub fn insert_event_with(stmt: &mut Statement<'_>, event: &Event) -> Res<()> {
@@ -29,7 +32,7 @@ pub fn insert_event_with(stmt: &mut Statement<'_>, event: &Event) -> Res<()> {
 
 /// Appends events.
 pub fn insert_events(conn: &Connection, events: &[Event]) -> Res<()> {
-    let mut stmt = conn.prepare_cached(INSERT_EVENT)?;
+    let mut stmt = conn.prepare_cached(&INSERT_EVENT)?;
     for event in events {
         insert_event_with(&mut stmt, event)?;
     }
@@ -38,10 +41,7 @@ pub fn insert_events(conn: &Connection, events: &[Event]) -> Res<()> {
 
 /// The stored response of a task, checked to be that task's.
 pub fn response_of_task(conn: &Connection, task_id: TaskId) -> Res<Option<Response>> {
-    let doc: Option<String> = prepare(conn, codec::sql::RESPONSE_DOC)?
-        .query_row([key(task_id)], |row| row.get(0))
-        .optional()?;
-    Ok(codec::response_of_task(task_id, doc.as_deref())?)
+    run(shared::response_of_task(&Rows(conn), task_id))
 }
 
 /// Events after `after`, ascending. One read transaction, so the events and the task and response
@@ -57,7 +57,7 @@ pub fn events(conn: &Connection, task_id: TaskId, after: u64, limit: usize) -> R
 pub fn events_in(conn: &Connection, task_id: TaskId, after: u64, limit: usize) -> Res<Page<Event>> {
     // Sequence numbers fit in i64; an `after` past that simply has nothing after it.
     let after_key = i64::try_from(after).unwrap_or(i64::MAX);
-    let mut rows: Vec<EventRow<'static>> = conn
+    let rows: Vec<EventRow<'static>> = conn
         .prepare_cached(
             "SELECT sequence_number, kind, created_at, data, item FROM task_events \
              WHERE task_id = ?1 AND sequence_number > ?2 ORDER BY sequence_number LIMIT ?3",
@@ -75,10 +75,15 @@ pub fn events_in(conn: &Connection, task_id: TaskId, after: u64, limit: usize) -
             },
         )?
         .collect::<Result<_, _>>()?;
-    let has_more = rows.len() > limit;
-    rows.truncate(limit);
-    let items = decode_events(conn, task_id, rows)?;
-    Ok(Page { items, has_more })
+    let kept = &rows[..rows.len().min(limit)];
+    let (task, response) = sources(conn, task_id, EventRow::needs_of(kept))?;
+    Ok(codec::events_page(
+        rows,
+        task_id,
+        limit,
+        task.as_ref(),
+        response.as_ref(),
+    )?)
 }
 
 /// Stored event rows of one task as the domain's events, reading the task and its response only
@@ -89,13 +94,12 @@ pub fn decode_events(
     rows: Vec<EventRow<'_>>,
 ) -> Res<Vec<Event>> {
     let (task, response) = sources(conn, task_id, EventRow::needs_of(&rows))?;
-    let sources = Sources {
-        task: task.as_ref(),
-        response: response.as_ref(),
-    };
-    rows.into_iter()
-        .map(|row| Ok(row.decode(task_id, sources)?))
-        .collect()
+    Ok(codec::decode_events(
+        rows,
+        task_id,
+        task.as_ref(),
+        response.as_ref(),
+    )?)
 }
 
 /// The rows that `needs` names.

@@ -11,41 +11,16 @@ use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::flows::{self, KeyRows};
 use rusqlite::{params, Connection};
 
-use crate::codec::{sql, IdempotencyRow};
-use crate::ops::{client_key, prepare, run, to_i64, Res, Rows};
-
-/// The record stored under a key, expired or not.
-pub fn stored_record(
-    conn: &Connection,
-    scope: &IdempotencyScope,
-    key_text: &IdempotencyKey,
-) -> Res<Option<IdempotencyRecord>> {
-    run(flows::stored_record(&Rows(conn), scope, key_text))
-}
-
-/// Writes a record, replacing whatever was stored under its key.
-pub fn put_record(conn: &Connection, record: &IdempotencyRecord) -> Res<()> {
-    let row = IdempotencyRow::encode(record);
-    prepare(conn, &sql::put_idempotency_record(true))?.execute(params![
-        client_key(record.scope.client_id),
-        record.scope.operation.as_str(),
-        record.key.as_str(),
-        row.digest,
-        row.reply,
-        row.reply_task,
-        row.held_until,
-        row.held_by,
-        row.created_at,
-        row.expires_at,
-    ])?;
-    Ok(())
-}
+use crate::codec;
+use crate::codec::ops as shared;
+use crate::ops::{prepare, run, to_i64, Res, Rows};
 
 /// A record replaces whatever is stored under its key: the writer thread runs one transaction
 /// at a time, so none can appear under it.
 impl KeyRows for Rows<'_> {
     async fn put_record(&self, record: &IdempotencyRecord, _existed: bool) -> Res<()> {
-        put_record(self.0, record)
+        shared::put_record(self, record, true).await?;
+        Ok(())
     }
 }
 
@@ -94,13 +69,8 @@ pub fn release_key(
 
 /// Deletes up to `batch` expired records.
 pub fn purge_idempotency(conn: &Connection, at: Timestamp, batch: usize) -> Res<u64> {
-    Ok(conn
-        .prepare_cached(
-            "DELETE FROM idempotency_keys WHERE (client_id, operation, key) IN \
-             (SELECT client_id, operation, key FROM idempotency_keys \
-             WHERE expires_at <= ?1 LIMIT ?2)",
-        )?
-        .execute(params![at.as_millis(), to_i64(batch as u64)?])? as u64)
+    let sql = codec::sql::purge_expired_keys("LIMIT $2");
+    Ok(prepare(conn, &sql)?.execute(params![at.as_millis(), to_i64(batch as u64)?])? as u64)
 }
 
 /// Ends every hold of a stopped instance: its pending records go, its answered ones replay.

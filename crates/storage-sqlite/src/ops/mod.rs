@@ -22,10 +22,10 @@ use lmsp_domain::task::Task;
 use lmsp_domain::time::Timestamp;
 use lmsp_storage_codec::columns::{Columns, ReadRow};
 use lmsp_storage_codec::flows;
-use lmsp_storage_codec::query::{Param, Query};
-use rusqlite::types::Value;
+use lmsp_storage_codec::query::Param;
+use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{
-    params, params_from_iter, CachedStatement, Connection, OptionalExtension, Row, Statement,
+    params, params_from_iter, CachedStatement, Connection, OptionalExtension, Row, Statement, ToSql,
 };
 
 use crate::codec;
@@ -87,25 +87,25 @@ pub fn read<T: ReadRow>(row: &Row<'_>) -> rusqlite::Result<T> {
     T::read(&SqliteColumns(row))
 }
 
-/// The values bound to a statement of the codec's ([`Param`]), as SQLite takes them.
-fn values(params: &[Param]) -> impl Iterator<Item = Value> + '_ {
-    params.iter().map(|param| match param {
-        Param::Blob(bytes) => Value::Blob(bytes.clone()),
-        Param::Text(text) => Value::Text(text.clone()),
-        Param::Integer(number) => Value::Integer(*number),
-    })
+/// A value bound to a statement of the codec's ([`Param`]), as SQLite takes it: borrowed, not
+/// copied.
+struct Bound<'p>(&'p Param);
+
+impl ToSql for Bound<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self.0 {
+            Param::Blob(bytes) => ValueRef::Blob(bytes),
+            Param::Text(text) => ValueRef::Text(text.as_bytes()),
+            Param::Integer(number) => ValueRef::Integer(*number),
+            Param::Int4(number) => ValueRef::Integer(i64::from(*number)),
+            Param::Null(_) => ValueRef::Null,
+        }))
+    }
 }
 
-/// Runs a list read built by `codec::query` (its `$N` placeholders as `?N`), each row read by
-/// `read`.
-pub fn query_rows<T>(
-    conn: &Connection,
-    query: &Query,
-    read: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
-) -> Res<Vec<T>> {
-    Ok(prepare(conn, &query.sql)?
-        .query_map(params_from_iter(values(&query.params)), read)?
-        .collect::<Result<_, _>>()?)
+/// The values bound to a statement of the codec's ([`Param`]), as SQLite takes them.
+fn values(params: &[Param]) -> impl Iterator<Item = Bound<'_>> + '_ {
+    params.iter().map(Bound)
 }
 
 /// The row access of the codec's shared flows ([`flows`]) on a connection, inside the current
@@ -120,6 +120,7 @@ impl flows::Rows for Rows<'_> {
     // The writer thread runs one transaction at a time: nothing to lock against.
     const LOCK: &'static str = "";
     const SHARE: &'static str = "";
+    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]> = Some(&LEGACY_OWNER);
 
     async fn execute(&self, sql: &str, params: &[Param]) -> Res<u64> {
         let changed = prepare(self.0, sql)?.execute(params_from_iter(values(params)))?;
@@ -130,6 +131,12 @@ impl flows::Rows for Rows<'_> {
         Ok(prepare(self.0, sql)?
             .query_row(params_from_iter(values(params)), read::<T>)
             .optional()?)
+    }
+
+    async fn read_all<T: ReadRow>(&self, sql: &str, params: &[Param]) -> Res<Vec<T>> {
+        Ok(prepare(self.0, sql)?
+            .query_map(params_from_iter(values(params)), read::<T>)?
+            .collect::<Result<_, _>>()?)
     }
 }
 

@@ -20,13 +20,12 @@ use lmsp_storage_codec::schema::OPEN_FRONT;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::codec;
+use crate::codec::ops as shared;
 use crate::error::DbError;
 use crate::ops::clients;
-use crate::ops::idempotency::{put_record, stored_record};
 use crate::ops::{
     client_key, corrupt, delete_snapshot, events, from_i64, insert_task_rows, instance_key, key,
-    load_task, query_rows, raw_task, run, to_i64, write_advanced, RawTask, Res, Rows, TASK_COLUMNS,
-    TASK_FROM,
+    load_task, run, to_i64, write_advanced, Res, Rows,
 };
 use lmsp_domain::transition::Step;
 
@@ -244,7 +243,7 @@ impl TaskWrites for Rows<'_> {
 
 impl CreateRows for Rows<'_> {
     async fn stored_key(&self, record: &IdempotencyRecord) -> Res<Option<IdempotencyRecord>> {
-        stored_record(self.0, &record.scope, &record.key)
+        flows::stored_record(self, &record.scope, &record.key).await
     }
 
     async fn max_queued(&self, client: ClientId) -> Res<Option<u32>> {
@@ -287,7 +286,7 @@ impl CreateRows for Rows<'_> {
         insert_task_rows(self.0, &write.task)?;
         events::insert_events(self.0, &write.events)?;
         if let Some(record) = record {
-            put_record(self.0, record)?;
+            shared::put_record(self, record, true).await?;
         }
         Ok(())
     }
@@ -305,56 +304,22 @@ pub fn delete_finished(
 /// The task whose response has this id: a task's own response id is its ULID, unless the first
 /// release stored another one (then `responses` or the row's `response_id` names it).
 pub fn task_by_response(conn: &Connection, response_id: ResponseId) -> Res<Option<Task>> {
-    if let Some(task) = load_task(conn, TaskId::from_ulid(response_id.ulid()))? {
-        if task.response_id == response_id {
-            return Ok(Some(task));
-        }
-    }
-    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.response_id = ?1");
-    let found = conn
-        .prepare_cached(&sql)?
-        .query_row([response_id.to_string()], raw_task)
-        .optional()?;
-    found.map(RawTask::decode).transpose()
+    run(shared::task_by_response(&Rows(conn), response_id))
 }
 
 /// Tasks, newest first.
 pub fn list_tasks(conn: &Connection, filter: &TaskFilter) -> Res<Page<Task>> {
-    let raws = query_rows(conn, &codec::query::tasks_page(filter)?, raw_task)?;
-    let items = raws
-        .into_iter()
-        .map(RawTask::decode)
-        .collect::<Res<Vec<Task>>>()?;
-    Ok(Page::of_fetched(items, filter.limit))
+    run(shared::list_tasks(&Rows(conn), filter))
 }
 
 /// A task's snapshot.
 pub fn snapshot(conn: &Connection, task_id: TaskId) -> Res<Option<Snapshot>> {
-    let row: Option<(i64, Vec<u8>)> = conn
-        .prepare_cached("SELECT sequence_number, state FROM snapshots WHERE task_id = ?1")?
-        .query_row([key(task_id)], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()?;
-    row.map(|(seq, state)| {
-        Ok(Snapshot {
-            sequence_number: from_i64(seq)?,
-            state,
-        })
-    })
-    .transpose()
+    run(shared::snapshot(&Rows(conn), task_id))
 }
 
 /// Counts per status.
 pub fn count_by_status(conn: &Connection) -> Res<Vec<(TaskStatus, u64)>> {
-    let rows: Vec<(String, i64)> = conn
-        .prepare_cached("SELECT status, COUNT(*) FROM tasks GROUP BY status ORDER BY status")?
-        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
-        .collect::<Result<_, _>>()?;
-    rows.into_iter()
-        .map(|(status, count)| {
-            let status = TaskStatus::parse(&status).map_err(corrupt)?;
-            Ok((status, from_i64(count)?))
-        })
-        .collect()
+    run(shared::count_by_status(&Rows(conn)))
 }
 
 /// The `cancelling` tasks in the care of `owner`.
@@ -370,5 +335,5 @@ pub fn cancelling_tasks(conn: &Connection, owner: InstanceId) -> Res<Vec<TaskId>
 
 /// The stored response of a task, with its id checked against the task's.
 pub fn response(conn: &Connection, task_id: TaskId) -> Res<Option<Response>> {
-    events::response_of_task(conn, task_id)
+    run(shared::response_of_task(&Rows(conn), task_id))
 }

@@ -6,41 +6,20 @@ use lmsp_domain::ids::WebhookEndpointId;
 use lmsp_domain::ports::Page;
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 
-use crate::codec::{endpoint_key, sql, DeliveryRow, EndpointRow, DELIVERY_COLUMNS};
-use crate::ops::{prepare, read, to_i64, Res};
-
-fn decode_deliveries(rows: Vec<DeliveryRow>) -> Res<Vec<Delivery>> {
-    rows.into_iter()
-        .map(|row| row.decode().map_err(Into::into))
-        .collect()
-}
+use crate::codec::ops as shared;
+use crate::codec::{DeliveryRow, DELIVERY_COLUMNS};
+use crate::ops::{read, run, to_i64, Res, Rows};
 
 /// Stores a new endpoint.
 pub fn insert_endpoint(conn: &Connection, endpoint: &WebhookEndpoint) -> Res<()> {
-    let row = EndpointRow::encode(endpoint);
-    prepare(conn, &sql::insert_endpoint())?.execute(params![
-        row.id,
-        row.name,
-        row.url,
-        row.event_types,
-        row.secret,
-        row.previous_secret,
-        row.previous_valid_until,
-        row.created_at,
-        row.updated_at
-    ])?;
-    Ok(())
+    run(shared::insert_endpoint(&Rows(conn), endpoint))
 }
 
 /// An endpoint.
 pub fn endpoint(conn: &Connection, id: WebhookEndpointId) -> Res<Option<WebhookEndpoint>> {
-    prepare(conn, &sql::endpoint_by_id())?
-        .query_row([endpoint_key(id)], read::<EndpointRow>)
-        .optional()?
-        .map(|row| row.decode().map_err(Into::into))
-        .transpose()
+    run(shared::endpoint(&Rows(conn), id))
 }
 
 /// Endpoints, newest first, older than `before`.
@@ -49,42 +28,17 @@ pub fn list_endpoints(
     before: Option<WebhookEndpointId>,
     limit: usize,
 ) -> Res<Page<WebhookEndpoint>> {
-    // No `before`: every key is below sixteen 0xff bytes.
-    let before = before.map_or([0xff; 16], endpoint_key);
-    let rows: Vec<EndpointRow> = prepare(conn, &sql::endpoints_before())?
-        .query_map(
-            params![before, to_i64(limit as u64 + 1)?],
-            read::<EndpointRow>,
-        )?
-        .collect::<Result<_, _>>()?;
-    let items = rows
-        .into_iter()
-        .map(|row| row.decode().map_err(Into::into))
-        .collect::<Res<Vec<_>>>()?;
-    Ok(Page::of_fetched(items, limit))
+    run(shared::list_endpoints(&Rows(conn), before, limit))
 }
 
 /// Rewrites an endpoint; `false` when there is none.
 pub fn update_endpoint(conn: &Connection, endpoint: &WebhookEndpoint) -> Res<bool> {
-    let row = EndpointRow::encode(endpoint);
-    let changed = prepare(conn, sql::UPDATE_ENDPOINT)?.execute(params![
-        row.id,
-        row.name,
-        row.url,
-        row.event_types,
-        row.secret,
-        row.previous_secret,
-        row.previous_valid_until,
-        row.updated_at
-    ])?;
-    Ok(changed == 1)
+    run(shared::update_endpoint(&Rows(conn), endpoint))
 }
 
 /// Removes an endpoint and its deliveries.
 pub fn delete_endpoint(conn: &Connection, id: WebhookEndpointId) -> Res<bool> {
-    prepare(conn, sql::DELETE_ENDPOINT_DELIVERIES)?.execute([endpoint_key(id)])?;
-    let deleted = prepare(conn, sql::DELETE_ENDPOINT)?.execute([endpoint_key(id)])?;
-    Ok(deleted == 1)
+    run(shared::delete_endpoint(&Rows(conn), id))
 }
 
 /// Whether any delivery is due at `now` and not leased: a read on `webhook_deliveries_due`, so
@@ -133,24 +87,14 @@ pub fn claim_deliveries(
             read::<DeliveryRow>,
         )?
         .collect::<Result<_, _>>()?;
-    decode_deliveries(rows)
+    rows.into_iter()
+        .map(|row| row.decode().map_err(Into::into))
+        .collect()
 }
 
 /// Stores a delivery after an attempt and ends its lease.
 pub fn record_attempt(conn: &Connection, delivery: &Delivery) -> Res<()> {
-    let row = DeliveryRow::encode(delivery);
-    prepare(conn, sql::RECORD_ATTEMPT)?.execute(params![
-        row.endpoint_id,
-        row.event_id,
-        row.attempts,
-        row.next_attempt_at,
-        row.last_status,
-        row.last_error,
-        row.last_attempt_at,
-        row.delivered_at,
-        row.given_up_at
-    ])?;
-    Ok(())
+    run(shared::record_attempt(&Rows(conn), delivery))
 }
 
 /// An endpoint's deliveries, the most recent event first.
@@ -159,11 +103,5 @@ pub fn deliveries(
     endpoint: WebhookEndpointId,
     limit: usize,
 ) -> Res<Vec<Delivery>> {
-    let rows: Vec<DeliveryRow> = prepare(conn, &sql::deliveries_of())?
-        .query_map(
-            params![endpoint_key(endpoint), to_i64(limit as u64)?],
-            read::<DeliveryRow>,
-        )?
-        .collect::<Result<_, _>>()?;
-    decode_deliveries(rows)
+    run(shared::deliveries(&Rows(conn), endpoint, limit))
 }
