@@ -273,6 +273,11 @@ fn tokens(deltas: &[(String, Vec<u8>)]) -> usize {
     state.tokens().len()
 }
 
+/// Every delta of `job` on `engine`, once its run has ended.
+async fn whole(engine: &LlamaEngine, job: GenerationJob) -> Deltas {
+    rest(engine.generate(job).await.unwrap()).await
+}
+
 /// A job asking `max` sampled tokens for `input`.
 fn job_for(
     model: &ModelToLoad,
@@ -303,29 +308,16 @@ async fn a_reused_context_gives_what_a_new_one_gives() {
         .with_idle_contexts(idle)
     };
     let fresh = engine(0);
-    let alone = text(
-        &rest(
-            fresh
-                .generate(job_for(&model, "hi", 40, None))
-                .await
-                .unwrap(),
-        )
-        .await,
-    );
+    let alone = text(&whole(&fresh, job_for(&model, "hi", 40, None)).await);
 
     let reusing = engine(1);
     // Another prompt first, so that the context the next run takes held other tokens.
-    let other = job_for(&model, "a different and longer prompt", 40, None);
-    rest(reusing.generate(other).await.unwrap()).await;
-    let again = text(
-        &rest(
-            reusing
-                .generate(job_for(&model, "hi", 40, None))
-                .await
-                .unwrap(),
-        )
-        .await,
-    );
+    whole(
+        &reusing,
+        job_for(&model, "a different and longer prompt", 40, None),
+    )
+    .await;
+    let again = text(&whole(&reusing, job_for(&model, "hi", 40, None)).await);
     assert_eq!(again, alone);
 
     // Interrupted after 10 deltas, then resumed on the context it parked.
@@ -341,13 +333,7 @@ async fn a_reused_context_gives_what_a_new_one_gives() {
         state: so_far.last().unwrap().1.clone(),
         text_so_far: text(&so_far),
     };
-    let resumed = rest(
-        reusing
-            .generate(job_for(&model, "hi", 40, Some(point)))
-            .await
-            .unwrap(),
-    )
-    .await;
+    let resumed = whole(&reusing, job_for(&model, "hi", 40, Some(point))).await;
     assert_eq!(format!("{}{}", text(&so_far), text(&resumed)), alone);
 
     let loaded = reusing.model(&model).await.unwrap();
