@@ -160,30 +160,40 @@ impl Controls {
         ) && !self.tools.is_empty()
     }
 
-    /// Where `text` must end under the stop strings: the byte offset of the earliest stop string
-    /// in it, if any.
+    /// Where `text` must end under the stop strings ([`stop_at`]).
     pub fn stop_at(&self, text: &str) -> Option<usize> {
-        self.stop
-            .iter()
-            .filter(|stop| !stop.is_empty())
-            .filter_map(|stop| text.find(stop.as_str()))
-            .min()
+        stop_at(&self.stop, text)
     }
 
-    /// How many bytes at the end of `text` may be the start of a stop string, so must be held
-    /// back until the next text shows whether a stop string follows (never more than the longest
-    /// stop string less one byte; always at a character boundary).
+    /// How many bytes at the end of `text` must be held back ([`stop_holdback`]).
     pub fn stop_holdback(&self, text: &str) -> usize {
-        let mut held = 0;
-        for stop in self.stop.iter().filter(|stop| !stop.is_empty()) {
-            for (cut, _) in stop.char_indices().skip(1) {
-                if text.ends_with(&stop[..cut]) {
-                    held = held.max(cut);
-                }
+        stop_holdback(&self.stop, text)
+    }
+}
+
+/// Where `text` must end under the stop strings `stops`: the byte offset of the earliest stop
+/// string in it, if any (empty strings are never met).
+pub fn stop_at(stops: &[String], text: &str) -> Option<usize> {
+    stops
+        .iter()
+        .filter(|stop| !stop.is_empty())
+        .filter_map(|stop| text.find(stop.as_str()))
+        .min()
+}
+
+/// How many bytes at the end of `text` may be the start of one of the stop strings `stops`, so
+/// must be held back until the next text shows whether a stop string follows (never more than
+/// the longest stop string less one byte; always at a character boundary).
+pub fn stop_holdback(stops: &[String], text: &str) -> usize {
+    let mut held = 0;
+    for stop in stops.iter().filter(|stop| !stop.is_empty()) {
+        for (cut, _) in stop.char_indices().skip(1) {
+            if text.ends_with(&stop[..cut]) {
+                held = held.max(cut);
             }
         }
-        held
     }
+    held
 }
 
 /// A call the assistant made in an earlier turn of a conversation.

@@ -10,13 +10,13 @@
 //! ([`StopWatch::resumed`]): the tail it keeps depends only on the text so far, not on how that
 //! text was cut into deltas.
 
-use lmsp_domain::tools::Controls;
+use lmsp_domain::tools::{stop_at, stop_holdback, Controls};
 
 /// Watches the text of one generation for a set of stop strings.
 #[derive(Debug, Clone)]
 pub struct StopWatch {
-    /// The stop strings (only `stop` is set): its `stop_at` and `stop_holdback` are the rules.
-    stops: Controls,
+    /// The stop strings, none empty.
+    stops: Vec<String>,
     /// The end of the text so far that may be the start of a stop string.
     tail: String,
     /// A stop string was written.
@@ -27,10 +27,7 @@ impl StopWatch {
     /// A watch of `stops` over a text not yet begun (empty strings are never met).
     pub fn new(stops: &[String]) -> Self {
         Self {
-            stops: Controls {
-                stop: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
-                ..Controls::default()
-            },
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             tail: String::new(),
             met: false,
         }
@@ -51,7 +48,7 @@ impl StopWatch {
 
     /// Whether the watch has stop strings at all (without, it is never met).
     pub fn is_active(&self) -> bool {
-        !self.stops.stop.is_empty()
+        !self.stops.is_empty()
     }
 
     /// Takes the next piece of text. When it completes a stop string (the earliest one, when
@@ -63,13 +60,13 @@ impl StopWatch {
             return None;
         }
         self.tail.push_str(text);
-        if let Some(at) = self.stops.stop_at(&self.tail) {
+        if let Some(at) = stop_at(&self.stops, &self.tail) {
             self.met = true;
             let from_stop = self.tail.len() - at;
             self.tail.clear();
             return Some(from_stop);
         }
-        let keep = self.stops.stop_holdback(&self.tail);
+        let keep = stop_holdback(&self.stops, &self.tail);
         self.tail.drain(..self.tail.len() - keep);
         None
     }
