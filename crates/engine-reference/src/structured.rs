@@ -120,8 +120,7 @@ impl Script {
     pub fn of(spec: &TaskSpec) -> Result<Option<Self>, Unsupported> {
         let controls = &spec.controls;
         if let Some((index, tool)) = called_tool(spec, controls) {
-            let arguments = arguments(tool.parameters.as_ref())
-                .map_err(|refusal| refusal.at(&format!("tools[{index}].parameters")))?;
+            let arguments = tool_arguments(index, tool)?;
             return Ok(Some(Script::Call {
                 name: tool.name.clone(),
                 arguments: arguments.to_string(),
@@ -131,8 +130,7 @@ impl Script {
             OutputFormat::Text => None,
             OutputFormat::JsonObject => Some(Script::Json(String::from("{}"))),
             OutputFormat::JsonSchema { schema, .. } => {
-                let instance = instance(schema).map_err(|r| r.at("text.format.schema"))?;
-                Some(Script::Json(instance.to_string()))
+                Some(Script::Json(format_instance(schema)?.to_string()))
             }
         })
     }
@@ -160,13 +158,25 @@ impl Script {
 /// `tools[i].parameters…` (`text.format.schema.properties.a.pattern`).
 pub fn check_controls(controls: &Controls) -> Result<(), Unsupported> {
     if let OutputFormat::JsonSchema { schema, .. } = &controls.format {
-        instance(schema).map_err(|refusal| refusal.at("text.format.schema"))?;
+        format_instance(schema)?;
     }
     for (index, tool) in controls.tools.iter().enumerate() {
-        arguments(tool.parameters.as_ref())
-            .map_err(|refusal| refusal.at(&format!("tools[{index}].parameters")))?;
+        tool_arguments(index, tool)?;
     }
     Ok(())
+}
+
+/// The smallest valid instance of a `json_schema` format's schema; a refusal names the keyword
+/// under `text.format.schema`.
+fn format_instance(schema: &JsonText) -> Result<Value, Unsupported> {
+    instance(schema).map_err(|refusal| refusal.at("text.format.schema"))
+}
+
+/// The arguments a call of tool `index` writes; a refusal names the keyword under
+/// `tools[index].parameters`.
+fn tool_arguments(index: usize, tool: &FunctionTool) -> Result<Value, Unsupported> {
+    arguments(tool.parameters.as_ref())
+        .map_err(|refusal| refusal.at(&format!("tools[{index}].parameters")))
 }
 
 /// Why a schema gets no instance: where (dot-separated, from the schema's root, down to the
