@@ -95,17 +95,16 @@ impl<'m> Idle<'m> {
         backend: &LlamaBackend,
         shape: Shape,
     ) -> Result<Lease<'i, 'm>, LlamaContextLoadError> {
-        let reused = {
+        let (reused, oldest) = {
             let mut parked = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
             match parked.iter().rposition(|p| p.shape == shape) {
-                Some(at) => parked.remove(at).map(|p| p.context),
-                None => {
-                    // Dropped after the lock is released: freeing a context takes a while.
-                    let _oldest = parked.pop_front();
-                    None
-                }
+                Some(at) => (parked.remove(at).map(|p| p.context), None),
+                None => (None, parked.pop_front()),
             }
         };
+        // Freed after the lock is released (freeing a context takes a while), before a new one
+        // is made.
+        drop(oldest);
         let context = match reused {
             Some(mut context) => {
                 // The KV memory zeroed, as a new context's is.
