@@ -370,10 +370,14 @@ async fn run(pool: &Pool, task: Task, resumed: bool) -> Ending {
             (Appended::Applied(task), Ok(generation)) => (task, RunSoFar::default(), generation),
             (Appended::Applied(_), Err(ending)) => return ending,
             (Appended::Ended(ending), started) => {
-                if let (Ok(Ok(mut generation)), false) = (started, matches!(ending, Ending::Leave))
-                {
-                    // Nothing will resume this run: the engine may drop what it kept for that.
-                    generation.stop().await;
+                // Nothing will resume this run (unless the process is stopping, when the
+                // generation is only dropped): the engine may drop what it kept for that. An
+                // engine that does not stop is dropped after the grace, as on a cancel.
+                if !matches!(ending, Ending::Leave) {
+                    if let Ok(Ok(mut generation)) = started {
+                        let grace = core.settings.engine_stop_grace;
+                        let _ = tokio::time::timeout(grace, generation.stop()).await;
+                    }
                 }
                 return ending;
             }

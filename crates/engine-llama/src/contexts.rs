@@ -7,14 +7,15 @@
 //! before reuse, its KV memory zeroed as a new context's is: a run on it makes the same llama.cpp
 //! calls on the same memory as a run on a new one, so its output is the same to the bit (I-6).
 //!
-//! Memory: at most [`LoadedModel::new`]'s `max_idle` contexts are parked per model, and a run
+//! Memory: at most [`LoadedModel::of`]'s `max_idle` contexts are parked per model, and a run
 //! that finds none of its shape drops the oldest parked one before it makes its own, so a model's
-//! contexts, running and parked, never outnumber the most generations run at once on it or
-//! `max_idle`, whichever is larger.
+//! contexts, running and parked, never outnumber the most generations run at once on it. Parked
+//! contexts are held while the service is idle, per loaded model (`--llama-idle-contexts`).
 
 use std::collections::VecDeque;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
@@ -64,8 +65,12 @@ struct Parked<'m> {
 
 /// The parked contexts of one model, most recently parked last.
 pub(crate) struct Idle<'m> {
+    /// The model every context here is of.
+    model: &'m LlamaModel,
     parked: Mutex<VecDeque<Parked<'m>>>,
     max: usize,
+    /// Counts the contexts taken from here (not made), with the engine's other models'.
+    reused: Arc<AtomicU64>,
 }
 
 self_cell::self_cell!(
@@ -78,20 +83,22 @@ self_cell::self_cell!(
 );
 
 impl LoadedModel {
-    /// `model`, keeping at most `max_idle` idle contexts (0: none, every run makes its own).
-    pub(crate) fn of(model: Model, max_idle: usize) -> Self {
-        Self::new(model, |_| Idle {
+    /// `model`, keeping at most `max_idle` idle contexts (0: none, every run makes its own),
+    /// counting each reuse in `reused`.
+    pub(crate) fn of(model: Model, max_idle: usize, reused: Arc<AtomicU64>) -> Self {
+        Self::new(model, |model| Idle {
+            model: &model.model,
             parked: Mutex::new(VecDeque::new()),
             max: max_idle,
+            reused,
         })
     }
 }
 
 impl<'m> Idle<'m> {
-    /// A context of `shape` for `model`: a parked one, cleared, or a new one.
+    /// A context of `shape` for this model: a parked one, cleared, or a new one.
     pub(crate) fn take<'i>(
         &'i self,
-        model: &'m LlamaModel,
         backend: &LlamaBackend,
         shape: Shape,
     ) -> Result<Lease<'i, 'm>, LlamaContextLoadError> {
@@ -109,13 +116,14 @@ impl<'m> Idle<'m> {
             Some(mut context) => {
                 // The KV memory zeroed, as a new context's is.
                 context.clear_kv_cache();
+                self.reused.fetch_add(1, Ordering::Relaxed);
                 context
             }
             None => {
                 let _creating = CONTEXT_CREATION
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
-                model.new_context(backend, shape.params())?
+                self.model.new_context(backend, shape.params())?
             }
         };
         Ok(Lease {
@@ -171,6 +179,10 @@ impl DerefMut for Lease<'_, '_> {
 
 impl Drop for Lease<'_, '_> {
     fn drop(&mut self) {
+        // A run that panicked frees its context: nothing it left is kept.
+        if std::thread::panicking() {
+            return;
+        }
         if let Some(context) = self.context.take() {
             self.idle.park(self.shape, context);
         }

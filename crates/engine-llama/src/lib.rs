@@ -14,10 +14,10 @@
 //! evaluation follows a fixed schedule that a resume repeats: the prompt in chunks of
 //! [`LlamaSettings::batch_size`] tokens starting at its multiples, every output token alone, one
 //! context per task (new, or an idle one of the same shape cleared: `contexts`), flash attention
-//! off (its CPU kernel sums over threads). A resume restores the
-//! newest valid KV checkpoint (`checkpoint`, with [`LlamaEngine::with_checkpoints`]) and evaluates
-//! only the tokens after it, or, without one, the prompt and every token on the same schedule;
-//! either way it then draws exactly what the uninterrupted run drew. A prompt cache
+//! off (its CPU kernel sums over threads). A resume restores the newest valid KV checkpoint
+//! (`checkpoint`, with [`LlamaEngine::with_checkpoints`]) and evaluates only the tokens after
+//! it, or, without one, the prompt and every token on the same schedule; either way it then
+//! draws exactly what the uninterrupted run drew. A prompt cache
 //! (`cache`, [`LlamaEngine::with_prompt_cache`]) reuses whole chunks of recent prompts with the
 //! same result. The budget counts the same tokens: a resumed run never generates past
 //! `max_output_tokens` in all.
@@ -35,9 +35,8 @@
 //! drawn, and its log probabilities), `controls` (what a task's tools, format and controls ask of
 //! a run), `schema` (which JSON schemas a grammar enforces), `steer` (penalties and grammars),
 //! `shape` (what the tokens become: text, a call's start, its arguments), `contexts` (a loaded
-//! model and its idle contexts), `checkpoint` (KV
-//! checkpoints on disk), `cache` (the prompt cache), `generation` (the async side of a
-//! generation) and [`state`] (what a resume needs).
+//! model and its idle contexts), `checkpoint` (KV checkpoints on disk), `cache` (the prompt
+//! cache), `generation` (the async side of a generation) and [`state`] (what a resume needs).
 //!
 //! **Stopping.** The generating thread checks a stop flag between tokens and between prompt
 //! chunks of [`LlamaSettings::batch_size`] tokens; [`Generation::stop`] sets it, closes the
@@ -50,6 +49,7 @@
 
 use std::num::NonZeroU32;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
@@ -149,6 +149,7 @@ pub struct LlamaEngine {
     checkpoints: Option<Arc<Checkpoints>>,
     cache: Arc<PromptCache>,
     idle_contexts: usize,
+    contexts_reused: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for LlamaEngine {
@@ -169,13 +170,13 @@ impl LlamaEngine {
             checkpoints: None,
             cache: Arc::new(PromptCache::new(0)),
             idle_contexts: 1,
+            contexts_reused: Arc::new(AtomicU64::new(0)),
         })
     }
 
     /// The same engine, keeping up to `count` idle llama.cpp contexts per model for the next
     /// generations of the same shape (a context costs about a millisecond to make; 0: every
-    /// generation makes its own). One per worker keeps a model's contexts, running and idle, at
-    /// most one per worker. The default is 1. Takes effect for models loaded afterwards.
+    /// generation makes its own). The default is 1. Takes effect for models loaded afterwards.
     #[must_use]
     pub fn with_idle_contexts(mut self, count: usize) -> Self {
         self.idle_contexts = count;
@@ -196,6 +197,11 @@ impl LlamaEngine {
     pub fn with_prompt_cache(mut self, max_bytes: u64) -> Self {
         self.cache = Arc::new(PromptCache::new(max_bytes));
         self
+    }
+
+    /// How many generations ran on an idle context another one left (the others made their own).
+    pub fn contexts_reused(&self) -> u64 {
+        self.contexts_reused.load(Ordering::Relaxed)
     }
 
     /// How many resumes restored a KV checkpoint (the others replayed from the prompt).
@@ -228,13 +234,14 @@ impl LlamaEngine {
         let backend = self.backend;
         let gpu_layers = self.settings.gpu_layers;
         let idle = self.idle_contexts;
+        let reused = Arc::clone(&self.contexts_reused);
         self.loaded
             .get_or_load(model, "GGUF model files", |path| {
                 // Dropping this future abandons the wait; the blocking load then finishes and
                 // its result is dropped (a later load starts afresh).
                 async move {
                     tokio::task::spawn_blocking(move || {
-                        load_model(backend, &path, gpu_layers, idle)
+                        load_model(backend, &path, gpu_layers, idle, reused)
                     })
                     .await
                     .map_err(|error| {
@@ -259,6 +266,7 @@ fn load_model(
     path: &str,
     gpu_layers: u32,
     idle_contexts: usize,
+    reused: Arc<AtomicU64>,
 ) -> Result<LoadedModel, EngineError> {
     // Clients read the message: it names the file, not where the server keeps it.
     let name = shown_name(path);
@@ -272,7 +280,11 @@ fn load_model(
         EngineError::ModelUnavailable(format!("{name}: llama.cpp cannot load it ({error})"))
     })?;
     let template = model.chat_template(None).ok();
-    Ok(LoadedModel::of(Model { model, template }, idle_contexts))
+    Ok(LoadedModel::of(
+        Model { model, template },
+        idle_contexts,
+        reused,
+    ))
 }
 
 #[async_trait]

@@ -158,8 +158,9 @@ impl Run {
 
     fn run(mut self) {
         let resume = std::mem::replace(&mut self.resume, Resume::Fresh);
-        let loaded = Arc::clone(&self.loaded);
-        let outcome = loaded.with_dependent(|model, idle| self.generate(model, idle, resume));
+        let outcome = self
+            .loaded
+            .with_dependent(|model, idle| self.generate(model, idle, resume));
         // Finished, failed or cancelled, the task is over: nothing resumes it, so its
         // checkpoints go. Stopped by a drop alone (the process stopping, a lost lease), it will
         // resume, from them.
@@ -255,7 +256,7 @@ impl Run {
             return Err(Halt::Stopped);
         }
         let mut lease = idle
-            .take(model, self.backend, shape)
+            .take(self.backend, shape)
             .map_err(|error| failed("llama.cpp cannot make a context", error))?;
         let context: &mut LlamaContext<'m> = &mut lease;
 

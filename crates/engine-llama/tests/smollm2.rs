@@ -408,3 +408,26 @@ async fn a_cached_prompt_gives_the_uncached_output() {
         assert_eq!(counts(&usage), counts(&expected));
     }
 }
+
+/// I-6 on kept contexts: a generation on the context another prompt's run left (cleared) gives
+/// the text and usage of one on a new context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_context_gives_what_a_new_one_gives_i6() {
+    let small = LlamaSettings {
+        context_size: NonZeroU32::new(128).unwrap(),
+        ..settings(1)
+    };
+    let fresh = LlamaEngine::new(small).unwrap().with_idle_contexts(0);
+    let keeping = LlamaEngine::new(small).unwrap().with_idle_contexts(1);
+    // Both ask more than the context holds, so both runs get a context of its whole size: the
+    // same shape, so the second run takes the first one's.
+    let other = spec("Name three rivers of Europe.", 200, 5, 0.8, Some(0.9));
+    let story = spec(STORY, 200, 11, 0.8, Some(0.9));
+    let (expected, usage) = run(&fresh, job(&story, None)).await;
+    run(&keeping, job(&other, None)).await;
+    let (reused, reused_usage) = run(&keeping, job(&story, None)).await;
+    assert_eq!(keeping.contexts_reused(), 1);
+    assert_eq!(fresh.contexts_reused(), 0);
+    assert_eq!(text(&reused), text(&expected));
+    assert_eq!(counts(&reused_usage), counts(&usage));
+}

@@ -173,6 +173,11 @@ pub struct ServeArgs {
     /// noticed between two chunks.
     #[arg(long, env = "LMSP_LLAMA_BATCH", default_value = "32")]
     pub llama_batch: NonZeroU32,
+    /// llama.cpp: idle contexts kept per loaded model for the next generations of the same size
+    /// (making one costs about a millisecond of a first token; each holds its KV memory while
+    /// idle; 0: none; default: --workers).
+    #[arg(long, env = "LMSP_LLAMA_IDLE_CONTEXTS")]
+    pub llama_idle_contexts: Option<usize>,
     /// llama.cpp: layers offloaded to the GPU (builds with the `cuda` or `metal` feature).
     #[arg(long, env = "LMSP_LLAMA_GPU_LAYERS")]
     pub llama_gpu_layers: Option<u32>,

@@ -129,8 +129,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             gpu_layers: args.llama_gpu_layers.unwrap_or(defaults.gpu_layers),
         })?
         .with_prompt_cache(args.prompt_cache_bytes)
-        // One idle context per worker: a model never has more contexts than workers.
-        .with_idle_contexts(usize::from(args.workers));
+        // One idle context per worker by default: a model never has more contexts than workers.
+        .with_idle_contexts(
+            args.llama_idle_contexts
+                .unwrap_or_else(|| usize::from(args.workers)),
+        );
         // Checkpoints live in the data directory: another instance that recovers a task finds
         // none and replays from the prompt.
         let llama = match NonZeroU32::new(args.checkpoint_every) {
