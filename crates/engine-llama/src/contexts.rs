@@ -37,12 +37,30 @@ pub(crate) struct Model {
 /// parameters are the same for every run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
-    pub(crate) n_ctx: u32,
-    pub(crate) chunk: u32,
-    pub(crate) threads: i32,
+    n_ctx: u32,
+    chunk: u32,
+    threads: i32,
 }
 
+/// llama.cpp sizes a context's KV in multiples of this many cells (`GGML_PAD(n_ctx, 256)` in
+/// `llama_context`'s constructor, whose only earlier use of the asked size is
+/// `min(n_ctx, n_batch)`, which a chunk never exceeds).
+const CELLS_PADDED_TO: u32 = 256;
+
 impl Shape {
+    /// The shape of a context of at least `n_ctx` cells (`chunk` ≤ `n_ctx`): asked as llama.cpp
+    /// would pad it anyway, so that runs whose sizes differ only within a padding share contexts
+    /// (the context is the same either way: the same output).
+    pub(crate) fn new(n_ctx: u32, chunk: u32, threads: i32) -> Self {
+        Self {
+            n_ctx: n_ctx
+                .checked_next_multiple_of(CELLS_PADDED_TO)
+                .unwrap_or(n_ctx),
+            chunk,
+            threads,
+        }
+    }
+
     fn params(self) -> LlamaContextParams {
         LlamaContextParams::default()
             .with_n_ctx(std::num::NonZeroU32::new(self.n_ctx))

@@ -247,11 +247,7 @@ impl Run {
             },
             |n| i32::try_from(n.get()).unwrap_or(1),
         );
-        let shape = Shape {
-            n_ctx,
-            chunk,
-            threads,
-        };
+        let shape = Shape::new(n_ctx, chunk, threads);
         if self.stopped() {
             return Err(Halt::Stopped);
         }
