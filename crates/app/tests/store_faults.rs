@@ -123,6 +123,47 @@ async fn an_engine_started_beside_a_step_that_cannot_be_recorded_is_stopped() {
     assert_eq!(stops.load(Ordering::SeqCst), 1);
 }
 
+/// P-4, I-3: a cancel that lands while the worker's `in_progress` step is being written (the
+/// engine already started beside it) ends the task `cancelled`, with nothing generated, and the
+/// started engine is stopped.
+#[tokio::test]
+async fn a_cancel_during_the_in_progress_step_ends_cancelled_and_stops_the_engine_i3() {
+    let stops = Arc::new(AtomicUsize::new(0));
+    let generates = Arc::new(AtomicUsize::new(0));
+    let mut engine = MockEngine::new();
+    engine.expect_load().returning(|_| Ok(()));
+    let (counter, started) = (Arc::clone(&stops), Arc::clone(&generates));
+    engine.expect_generate().returning(move |_job| {
+        started.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(CountsStops(Arc::clone(&counter))) as Box<dyn Generation>)
+    });
+    let h = harness(engine, files_ok(), settings(Duration::from_secs(30))).await;
+    h.faults.appends_held.send_replace(true);
+    let task = submit(&h, 5).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h.faults.appends_waited.load(Ordering::SeqCst) == 0
+        || generates.load(Ordering::SeqCst) == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker never wrote its step beside a started engine"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    h.service.cancel(&h.admin, task.id).await.unwrap();
+    h.faults.appends_held.send_replace(false);
+    let done = finished(&h, &task).await;
+    assert_eq!(done.status, TaskStatus::Cancelled);
+    let events = kinds(&h, &task).await;
+    assert!(!events.contains(&EventKind::OutputTextDelta));
+    assert_eq!(events.last(), Some(&EventKind::Cancelled));
+    assert_eq!(
+        stops.load(Ordering::SeqCst),
+        1,
+        "the started engine is stopped"
+    );
+}
+
 /// P-4, I-3: a task cancelled while its run cannot write ends `cancelled` once the store is back,
 /// never `completed`. The steps wait for what they need instead of sleeping: the outage has
 /// refused one of the run's appends before the cancel, and refuses another after it.

@@ -147,6 +147,10 @@ pub struct Faults {
     pub appends: AtomicU32,
     /// Finishes still to fail with a full disk.
     pub finishes: AtomicU32,
+    /// While true, appends wait (a write in flight, for a test that acts meanwhile).
+    pub appends_held: tokio::sync::watch::Sender<bool>,
+    /// Appends that have waited while held.
+    pub appends_waited: AtomicU32,
 }
 
 fn take(counter: &AtomicU32) -> bool {
@@ -184,6 +188,11 @@ impl TaskStore for FaultyStore {
     ) -> Result<StepOutcome, StoreError> {
         if take(&self.faults.appends) {
             return Err(StoreError::Full);
+        }
+        let mut held = self.faults.appends_held.subscribe();
+        if *held.borrow_and_update() {
+            self.faults.appends_waited.fetch_add(1, Ordering::SeqCst);
+            let _ = held.wait_for(|held| !*held).await;
         }
         self.inner
             .append(task_id, by, expected, steps, snapshot, at)
