@@ -21,9 +21,7 @@ use crate::columns::{Columns, ReadRow};
 use crate::flows::Rows;
 use crate::query::{self, Param, Query};
 use crate::records::{ClientRow, IdempotencyRow, ModelRow};
-use crate::rows::{
-    from_i64, key_of, to_i64, u32_of, TaskRow, TASK_COLUMNS, TASK_COLUMN_COUNT, TASK_FROM,
-};
+use crate::rows::{from_i64, key_of, to_i64, u32_of, TaskRow, TASK_COLUMN_COUNT};
 use crate::webhooks::{endpoint_key, DeliveryRow, EndpointRow};
 use crate::{sql, DbError};
 
@@ -479,15 +477,13 @@ pub async fn task_by_response<R: Rows>(
     response_id: ResponseId,
 ) -> Result<Option<Task>, R::Error> {
     let own = key_param(key_of(response_id.ulid()));
-    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = $1");
-    if let Some(task) = by_key(rows, &sql, own, task_of::<R>).await? {
+    if let Some(task) = by_key(rows, &sql::task_by_id(), own, task_of::<R>).await? {
         if task.response_id == response_id {
             return Ok(Some(task));
         }
     }
-    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.response_id = $1");
     let stored = Param::Text(response_id.to_string());
-    by_key(rows, &sql, stored, task_of::<R>).await
+    by_key(rows, &sql::task_by_stored_response(), stored, task_of::<R>).await
 }
 
 /// Tasks, newest first, as `filter` says.

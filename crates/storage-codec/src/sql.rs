@@ -64,6 +64,16 @@ pub fn client_by_token_hash() -> String {
     format!("SELECT {CLIENT_COLUMNS} FROM clients WHERE token_hash = $1 AND revoked_at IS NULL")
 }
 
+/// A task by id (`$1`), its [`TASK_COLUMNS`].
+pub fn task_by_id() -> String {
+    format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = $1")
+}
+
+/// The task that stored response id `$1` with it (`tasks.response_id`), its [`TASK_COLUMNS`].
+pub fn task_by_stored_response() -> String {
+    format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.response_id = $1")
+}
+
 /// A client by id (`$1`).
 pub fn client_by_id() -> String {
     format!("SELECT {CLIENT_COLUMNS} FROM clients WHERE id = $1")
@@ -380,6 +390,8 @@ mod tests {
             REMOVED_MODEL_FILE.to_owned(),
             REMEMBER_REMOVED_MODEL_FILE.to_owned(),
             FORGET_REMOVED_MODEL_FILE.to_owned(),
+            task_by_id(),
+            task_by_stored_response(),
             insert_endpoint(),
             endpoint_by_id(),
             newest_endpoints(),

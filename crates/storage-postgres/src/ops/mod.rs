@@ -16,6 +16,8 @@ pub mod service;
 pub mod tasks;
 pub mod webhooks;
 
+use std::sync::LazyLock;
+
 use async_trait::async_trait;
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{BatchId, ClientId, FileId, InstanceId, TaskId};
@@ -276,10 +278,14 @@ pub fn decode_task(row: &Row) -> Res<Task> {
     Ok(read::<codec::TaskRow>(row)?.decode(None)?)
 }
 
+/// [`codec::sql::task_by_id`], made once; and with the task's row locked.
+static TASK_BY_ID: LazyLock<String> = LazyLock::new(codec::sql::task_by_id);
+static TASK_BY_ID_LOCKED: LazyLock<String> =
+    LazyLock::new(|| format!("{} FOR UPDATE OF t", codec::sql::task_by_id()));
+
 /// Reads a task (no lock: a read).
 pub async fn load_task<C: Db>(db: &C, id: TaskId) -> Res<Option<Task>> {
-    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = $1");
-    db.query_opt(&sql, &[&key(id)])
+    db.query_opt(TASK_BY_ID.as_str(), &[&key(id)])
         .await?
         .as_ref()
         .map(decode_task)
@@ -289,8 +295,7 @@ pub async fn load_task<C: Db>(db: &C, id: TaskId) -> Res<Option<Task>> {
 /// Reads a task and locks its row until the transaction ends (`FOR UPDATE`), so the
 /// compare-and-set that follows cannot lose to a concurrent writer.
 pub async fn lock_task<C: Db>(db: &C, id: TaskId) -> Res<Option<Task>> {
-    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = $1 FOR UPDATE OF t");
-    db.query_opt(&sql, &[&key(id)])
+    db.query_opt(TASK_BY_ID_LOCKED.as_str(), &[&key(id)])
         .await?
         .as_ref()
         .map(decode_task)

@@ -16,6 +16,8 @@ pub mod service;
 pub mod tasks;
 pub mod webhooks;
 
+use std::sync::LazyLock;
+
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::task::Task;
@@ -34,7 +36,7 @@ use crate::error::DbError;
 /// The result type of the operations.
 pub type Res<T> = Result<T, DbError>;
 
-pub use codec::{from_i64, to_i64, TASK_COLUMNS, TASK_FROM};
+pub use codec::{from_i64, to_i64};
 
 /// A stored row that makes no sense.
 pub fn corrupt(what: impl std::fmt::Display) -> DbError {
@@ -183,10 +185,13 @@ impl RawTask {
     }
 }
 
+/// [`codec::sql::task_by_id`] in SQLite's placeholders, made once (every step reads its task).
+static TASK_BY_ID: LazyLock<String> =
+    LazyLock::new(|| codec::sql::for_sqlite(&codec::sql::task_by_id()));
+
 /// Reads a task inside the current transaction.
 pub fn load_task(conn: &Connection, id: TaskId) -> Res<Option<Task>> {
-    let sql = format!("SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = ?1");
-    conn.prepare_cached(&sql)?
+    conn.prepare_cached(&TASK_BY_ID)?
         .query_row([key(id)], raw_task)
         .optional()?
         .map(RawTask::decode)
