@@ -334,40 +334,38 @@ async fn run(pool: &Pool, task: Task, resumed: bool) -> Ending {
     if let Err(error) = loaded {
         return Ending::Failed(engine_task_error(&error));
     }
-    let (mut current, so_far, generation) = if resumed {
-        let (resume, so_far) = match resume_from_log(pool, &task).await {
+    let (resume, so_far) = if resumed {
+        match resume_from_log(pool, &task).await {
             Ok(Some((resume, so_far))) => (Some(resume), so_far),
             Ok(None) => (None, RunSoFar::default()),
             Err(_) => return Ending::StoreGaveUp,
-        };
-        let job = GenerationJob {
-            model,
-            spec: task.spec.clone(),
-            resume,
-        };
-        let generation = tokio::select! {
-            generation = engine.generate(job) => generation,
-            ending = cancelled_or_stopping(&cancel, &stop_now) => return ending,
-        };
-        (task, so_far, generation)
+        }
+    } else {
+        (None, RunSoFar::default())
+    };
+    let job = GenerationJob {
+        model,
+        spec: task.spec.clone(),
+        resume,
+    };
+    let starting = async {
+        tokio::select! {
+            generation = engine.generate(job) => Ok(generation),
+            ending = cancelled_or_stopping(&cancel, &stop_now) => Err(ending),
+        }
+    };
+    let (mut current, generation) = if resumed {
+        match starting.await {
+            Ok(generation) => (task, generation),
+            Err(ending) => return ending,
+        }
     } else {
         // The engine starts while `Loaded` commits (its output is taken only after the commit),
         // so a cached prompt's first token does not wait for one more commit first.
-        let job = GenerationJob {
-            model,
-            spec: task.spec.clone(),
-            resume: None,
-        };
-        let starting = async {
-            tokio::select! {
-                generation = engine.generate(job) => Ok(generation),
-                ending = cancelled_or_stopping(&cancel, &stop_now) => Err(ending),
-            }
-        };
         let (appended, started) =
             tokio::join!(append(pool, &task, vec![Step::Loaded], None), starting);
         match (appended, started) {
-            (Appended::Applied(task), Ok(generation)) => (task, RunSoFar::default(), generation),
+            (Appended::Applied(task), Ok(generation)) => (task, generation),
             (Appended::Applied(_), Err(ending)) => return ending,
             (Appended::Ended(ending), started) => {
                 // Nothing will resume this run (unless the process is stopping, when the

@@ -103,24 +103,38 @@ impl Generation for CountsStops {
     }
 }
 
+/// Counts of what an engine of [`CountsStops`] generations was asked.
+#[derive(Default)]
+struct Counts {
+    generates: AtomicUsize,
+    stops: Arc<AtomicUsize>,
+}
+
+/// An engine whose generations never yield, counting its generations and their stops.
+fn counting_engine() -> (MockEngine, Arc<Counts>) {
+    let counts = Arc::new(Counts::default());
+    let mut engine = MockEngine::new();
+    engine.expect_load().returning(|_| Ok(()));
+    let seen = Arc::clone(&counts);
+    engine.expect_generate().returning(move |_job| {
+        seen.generates.fetch_add(1, Ordering::SeqCst);
+        Ok(Box::new(CountsStops(Arc::clone(&seen.stops))) as Box<dyn Generation>)
+    });
+    (engine, counts)
+}
+
 /// The engine starts while the task's `in_progress` step commits; when that step cannot be
 /// recorded, the run ends (`storage_unavailable`) and the engine it started is stopped, not left
 /// generating for nobody.
 #[tokio::test]
 async fn an_engine_started_beside_a_step_that_cannot_be_recorded_is_stopped() {
-    let stops = Arc::new(AtomicUsize::new(0));
-    let mut engine = MockEngine::new();
-    engine.expect_load().returning(|_| Ok(()));
-    let counter = Arc::clone(&stops);
-    engine.expect_generate().returning(move |_job| {
-        Ok(Box::new(CountsStops(Arc::clone(&counter))) as Box<dyn Generation>)
-    });
+    let (engine, counts) = counting_engine();
     let h = harness(engine, files_ok(), settings(Duration::from_millis(200))).await;
     h.faults.appends.store(u32::MAX, Ordering::SeqCst);
     let task = submit(&h, 5).await;
     let done = finished(&h, &task).await;
     assert_eq!(done.error.unwrap().code, TaskErrorCode::StorageUnavailable);
-    assert_eq!(stops.load(Ordering::SeqCst), 1);
+    assert_eq!(counts.stops.load(Ordering::SeqCst), 1);
 }
 
 /// P-4, I-3: a cancel that lands while the worker's `in_progress` step is being written (the
@@ -128,21 +142,13 @@ async fn an_engine_started_beside_a_step_that_cannot_be_recorded_is_stopped() {
 /// started engine is stopped.
 #[tokio::test]
 async fn a_cancel_during_the_in_progress_step_ends_cancelled_and_stops_the_engine_i3() {
-    let stops = Arc::new(AtomicUsize::new(0));
-    let generates = Arc::new(AtomicUsize::new(0));
-    let mut engine = MockEngine::new();
-    engine.expect_load().returning(|_| Ok(()));
-    let (counter, started) = (Arc::clone(&stops), Arc::clone(&generates));
-    engine.expect_generate().returning(move |_job| {
-        started.fetch_add(1, Ordering::SeqCst);
-        Ok(Box::new(CountsStops(Arc::clone(&counter))) as Box<dyn Generation>)
-    });
+    let (engine, counts) = counting_engine();
     let h = harness(engine, files_ok(), settings(Duration::from_secs(30))).await;
     h.faults.appends_held.send_replace(true);
     let task = submit(&h, 5).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while h.faults.appends_waited.load(Ordering::SeqCst) == 0
-        || generates.load(Ordering::SeqCst) == 0
+        || counts.generates.load(Ordering::SeqCst) == 0
     {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -158,7 +164,7 @@ async fn a_cancel_during_the_in_progress_step_ends_cancelled_and_stops_the_engin
     assert!(!events.contains(&EventKind::OutputTextDelta));
     assert_eq!(events.last(), Some(&EventKind::Cancelled));
     assert_eq!(
-        stops.load(Ordering::SeqCst),
+        counts.stops.load(Ordering::SeqCst),
         1,
         "the started engine is stopped"
     );

@@ -13,6 +13,8 @@ use lmsp_domain::{ClientId, EventKind, Task, TaskErrorCode, TaskStatus};
 
 use support::*;
 
+/// I-2: the log runs `created`, `loading`, `in_progress`, the output's events, `completed`, in
+/// that order, although the engine starts while `in_progress` is being written.
 #[tokio::test]
 async fn a_worker_runs_a_task_through_loading_and_running_to_completed() {
     let h = harness(
