@@ -293,9 +293,7 @@ fn job_for(
     resume: Option<ResumePoint>,
 ) -> GenerationJob {
     let mut job = job(model, max, resume);
-    if let Some(spec) = Arc::get_mut(&mut job.spec) {
-        spec.input = Input::Text(input.into());
-    }
+    Arc::make_mut(&mut job.spec).input = Input::Text(input.into());
     job
 }
 
