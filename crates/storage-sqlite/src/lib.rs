@@ -120,12 +120,9 @@ fn configure_writer(conn: &Connection, options: &SqliteOptions) -> Result<(), Db
     conn.pragma_update(None, "synchronous", sync)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     conn.pragma_update(None, "wal_autocheckpoint", 1000)?;
-    // Each command runs in a savepoint, whose statement journal (the pages it changed that
-    // existed before, for a rollback to the savepoint) SQLite keeps in memory up to 64 KiB and
-    // then spills to an unlinked temporary file (written, never synced: it is not needed after a
-    // crash, the WAL is the durable log). Most commands stay under that; the big ones (a batch's
-    // start, a recovery or purge batch) would otherwise hold every page they touched in memory
-    // until they commit: +20 MiB for a 50 000-line batch's start with `temp_store=MEMORY`.
+    // Where each command's savepoint journal lives: the writer sets it per transaction
+    // (`writer::Journal`); until then, a file past 64 KiB, which bounds what the big commands
+    // hold in memory.
     conn.pragma_update(None, "temp_store", "FILE")?;
     conn.set_prepared_statement_cache_capacity(128);
     Ok(())
@@ -244,8 +241,25 @@ impl SqliteStore {
         })
     }
 
+    /// Queues `work` for the writer and waits for its answer, after the commit; its savepoint
+    /// journal spills to a file past 64 KiB, so it may change any number of rows.
     async fn write<T: Send + 'static>(&self, work: Work<T>) -> Result<T, StoreError> {
-        let (command, rx) = Typed::new(work);
+        self.submit(Typed::new(work)).await
+    }
+
+    /// Queues `work` for the writer as a command that changes a bounded few rows, whose
+    /// savepoint journal may stay in memory (`writer::Journal`): the hot writes of one task.
+    async fn write_small<T: Send + 'static>(&self, work: Work<T>) -> Result<T, StoreError> {
+        self.submit(Typed::small(work)).await
+    }
+
+    async fn submit<T: Send + 'static>(
+        &self,
+        (command, rx): (
+            Typed<T>,
+            tokio::sync::oneshot::Receiver<Result<T, StoreError>>,
+        ),
+    ) -> Result<T, StoreError> {
         self.send(Box::new(command))?;
         rx.await.map_err(|_| {
             let stopped = self.writer_status.borrow().stopped.clone();

@@ -37,7 +37,7 @@ impl TaskStore for SqliteStore {
         idempotency: Option<IdempotencyRecord>,
         service_max_queued: Option<u32>,
     ) -> Result<CreateOutcome, StoreError> {
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::tasks::create_task(conn, task, idempotency, service_max_queued)
         }))
         .await
@@ -52,7 +52,7 @@ impl TaskStore for SqliteStore {
         snapshot: Option<Snapshot>,
         at: Timestamp,
     ) -> Result<StepOutcome, StoreError> {
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::tasks::append(
                 conn,
                 task_id,
@@ -73,7 +73,7 @@ impl TaskStore for SqliteStore {
         step: Step,
         at: Timestamp,
     ) -> Result<StepOutcome, StoreError> {
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::tasks::append(
                 conn,
                 task_id,
@@ -93,7 +93,7 @@ impl TaskStore for SqliteStore {
         at: Timestamp,
         aging: TierAging,
     ) -> Result<Option<Task>, StoreError> {
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::tasks::claim_next(conn, by, at, aging)
         }))
         .await
@@ -105,7 +105,7 @@ impl TaskStore for SqliteStore {
         client_id: Option<ClientId>,
         at: Timestamp,
     ) -> Result<CancelOutcome, StoreError> {
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::tasks::cancel(conn, task_id, client_id, at)
         }))
         .await
@@ -290,7 +290,7 @@ impl ModelStore for SqliteStore {
 impl IdempotencyStore for SqliteStore {
     async fn claim_key(&self, claim: &KeyClaim, now: Timestamp) -> Result<KeyDecision, StoreError> {
         let claim = claim.clone();
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::idempotency::claim_key(conn, &claim, now).map(no_events)
         }))
         .await
@@ -315,7 +315,7 @@ impl IdempotencyStore for SqliteStore {
         reply: StoredReply,
     ) -> Result<bool, StoreError> {
         let (scope, key, expected) = (scope.clone(), key.clone(), expected.clone());
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::idempotency::settle_key(conn, &scope, &key, &expected, reply).map(no_events)
         }))
         .await
@@ -327,7 +327,7 @@ impl IdempotencyStore for SqliteStore {
         key: &IdempotencyKey,
     ) -> Result<(), StoreError> {
         let (scope, key) = (scope.clone(), key.clone());
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::idempotency::release_key(conn, &scope, &key).map(no_events)
         }))
         .await
@@ -356,7 +356,7 @@ impl InstanceStore for SqliteStore {
         lease_until: Timestamp,
         _at: Timestamp,
     ) -> Result<bool, StoreError> {
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::instances::renew(conn, instance, lease_until).map(no_events)
         }))
         .await
@@ -633,7 +633,7 @@ impl WebhookStore for SqliteStore {
     }
 
     async fn record_attempt(&self, delivery: Delivery) -> Result<(), StoreError> {
-        self.write(Box::new(move |conn| {
+        self.write_small(Box::new(move |conn| {
             ops::webhooks::record_attempt(conn, &delivery).map(no_events)
         }))
         .await

@@ -30,8 +30,52 @@ pub const MAX_BATCH: usize = 256;
 /// A command's work inside its savepoint: its reply value and the events it wrote.
 pub type Work<T> = Box<dyn FnOnce(&Connection) -> Result<(T, Vec<Event>), DbError> + Send>;
 
+/// Where SQLite keeps a savepoint's journal (the pages the command changed that existed before
+/// it, as they were, for a rollback to the savepoint) while a transaction runs: `temp_store`,
+/// set between transactions, since SQLite reads it when a transaction begins.
+///
+/// In memory the journal costs a copy of each page a command first changes; in a file it costs
+/// that copy and, past 64 KiB in one savepoint, a new unlinked file written through the kernel
+/// (never synced: the WAL is the durable log), which was a fifth of the writer's time on fair
+/// claims across tiers (≈ 20 pages each). A command that may touch any number of pages (a
+/// batch's start, a recovery or purge pass) would hold all of them in memory until it commits
+/// (+20 MiB for a 50 000-line batch's start), so only commands that change a bounded few rows
+/// ([`Typed::small`]) ask for memory, and a transaction gets it only if all its commands do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Journal {
+    /// `temp_store=MEMORY`.
+    Memory,
+    /// `temp_store=FILE`: past 64 KiB, an unlinked temporary file.
+    File,
+}
+
+impl Journal {
+    fn pragma(self) -> &'static str {
+        match self {
+            Journal::Memory => "PRAGMA temp_store = MEMORY",
+            Journal::File => "PRAGMA temp_store = FILE",
+        }
+    }
+
+    /// The journal a transaction of `batch` gets: in memory only if every command may have it so.
+    fn for_batch(batch: &[Box<dyn Command>]) -> Journal {
+        if batch
+            .iter()
+            .all(|command| command.journal() == Journal::Memory)
+        {
+            Journal::Memory
+        } else {
+            Journal::File
+        }
+    }
+}
+
 /// A command queued for the writer.
 pub trait Command: Send {
+    /// Where its savepoint's journal may be kept.
+    fn journal(&self) -> Journal {
+        Journal::File
+    }
     /// Runs the command inside its savepoint; returns the events it wrote (empty on failure).
     fn run(&mut self, conn: &Connection) -> Vec<Event>;
     /// The error the command failed with, if it failed.
@@ -42,6 +86,7 @@ pub trait Command: Send {
 
 /// A typed command: its work, its result and where the caller waits.
 pub struct Typed<T> {
+    journal: Journal,
     work: Option<Work<T>>,
     result: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
@@ -56,9 +101,23 @@ impl<T> std::fmt::Debug for Typed<T> {
 impl<T: Send> Typed<T> {
     /// A command and the receiver its answer arrives on.
     pub fn new(work: Work<T>) -> (Self, oneshot::Receiver<Result<T, StoreError>>) {
+        Self::with_journal(work, Journal::File)
+    }
+
+    /// A command that changes a bounded few rows (one task and what hangs on it, one key, one
+    /// lease), whose savepoint journal may stay in memory ([`Journal`]).
+    pub fn small(work: Work<T>) -> (Self, oneshot::Receiver<Result<T, StoreError>>) {
+        Self::with_journal(work, Journal::Memory)
+    }
+
+    fn with_journal(
+        work: Work<T>,
+        journal: Journal,
+    ) -> (Self, oneshot::Receiver<Result<T, StoreError>>) {
         let (reply, rx) = oneshot::channel();
         (
             Self {
+                journal,
                 work: Some(work),
                 result: None,
                 reply,
@@ -69,6 +128,10 @@ impl<T: Send> Typed<T> {
 }
 
 impl<T: Send> Command for Typed<T> {
+    fn journal(&self) -> Journal {
+        self.journal
+    }
+
     fn run(&mut self, conn: &Connection) -> Vec<Event> {
         let Some(work) = self.work.take() else {
             return Vec::new();
@@ -280,6 +343,8 @@ fn tell_failure(hook: &dyn StoreListener, commands: usize, duration: Duration) {
 /// fails (the batch it was committing is answered with the error first).
 fn run(conn: &Connection, rx: &Receiver<Box<dyn Command>>, hook: &dyn StoreListener) -> Ended {
     let mut commits: u64 = 0;
+    // Unknown until set: the connection may have been configured either way.
+    let mut journal: Option<Journal> = None;
     while let Ok(first) = rx.recv() {
         let mut batch = Vec::with_capacity(16);
         batch.push(first);
@@ -288,6 +353,12 @@ fn run(conn: &Connection, rx: &Receiver<Box<dyn Command>>, hook: &dyn StoreListe
                 Ok(next) => batch.push(next),
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
+        }
+        let wanted = Journal::for_batch(&batch);
+        if journal != Some(wanted) {
+            // A failed switch leaves the setting unknown (either is correct, only slower or
+            // larger), to be tried again with the next transaction.
+            journal = exec(conn, wanted.pragma()).ok().map(|()| wanted);
         }
         let started = Instant::now();
         let (commit, events, failed) =
@@ -433,5 +504,70 @@ mod tests {
             WriterStatus::default(),
             "a panicking command is no failure of the writer"
         );
+    }
+
+    /// A transaction keeps its savepoints' journals in memory only when every command in it
+    /// changes a bounded few rows: one that may change any number keeps the whole transaction's
+    /// in a file, whatever came before it.
+    #[test]
+    fn only_a_transaction_of_small_commands_keeps_its_journal_in_memory() {
+        const FILE: u32 = 1;
+        const MEMORY: u32 = 2;
+        let temp_store = || -> Work<u32> {
+            Box::new(|conn| {
+                let setting = conn.query_row("PRAGMA temp_store", [], |row| row.get(0))?;
+                Ok((setting, Vec::new()))
+            })
+        };
+        let small = |work| {
+            let (command, rx) = Typed::small(work);
+            (Box::new(command) as Box<dyn Command>, rx)
+        };
+        let answer =
+            |rx: oneshot::Receiver<Result<u32, StoreError>>| rx.blocking_recv().unwrap().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Command>>();
+        let conn = Connection::open_in_memory().unwrap();
+        let writer = std::thread::spawn(move || {
+            let reopen: Reopen = Box::new(|| Err(crate::ops::corrupt(String::from("no reopen"))));
+            let status = Arc::new(watch::channel(WriterStatus::default()).0);
+            let hook = Arc::new(crate::NoListener);
+            supervise(conn, reopen, rx, hook, RestartBudget::default(), status);
+        });
+        let (first, first_rx) = small(temp_store());
+        tx.send(first).unwrap();
+        assert_eq!(answer(first_rx), MEMORY);
+
+        // A command that holds the writer until told, so that the next two queue behind it and
+        // are taken together, in one transaction.
+        let (running, started) = std::sync::mpsc::channel();
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        let (holder, held) = small(Box::new(move |_| {
+            running.send(()).unwrap();
+            gate.recv().unwrap();
+            Ok((0, Vec::new()))
+        }));
+        tx.send(holder).unwrap();
+        started.recv().unwrap();
+        let (small_one, small_rx) = small(temp_store());
+        let (big_one, big_rx) = command(temp_store());
+        tx.send(small_one).unwrap();
+        tx.send(big_one).unwrap();
+        open.send(()).unwrap();
+        answer(held);
+        assert_eq!(
+            (answer(small_rx), answer(big_rx)),
+            (FILE, FILE),
+            "a big command's transaction keeps every journal in a file"
+        );
+
+        let (last, last_rx) = small(temp_store());
+        tx.send(last).unwrap();
+        assert_eq!(
+            answer(last_rx),
+            MEMORY,
+            "and the next small one's in memory again"
+        );
+        drop(tx);
+        writer.join().unwrap();
     }
 }
