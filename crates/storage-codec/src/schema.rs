@@ -526,7 +526,9 @@ pub const OPEN_FRONT: &str =
 /// within a tier (fewest running, least recently served with never first, oldest head; it also
 /// carries the head's creation time and `max_running`, so that a claim that walks past the heads
 /// too young for an aged tier reads only the index), and `queue_fronts_age` by the head's age
-/// within a tier (`lmsp_domain::schedule::claim_window`'s input).
+/// within a tier (`lmsp_domain::schedule::claim_window`'s input). This is the layout of SQLite's
+/// schema version 6; its version 9 makes `queue_fronts_age` hold every front with a head, since
+/// a condition that reads `running` had every claim and end rewrite three of its entries.
 ///
 /// Triggers keep them in the transaction of every write, on every write path (a create, a batch's
 /// bulk insert, a claim, a step that ends a task, a cancel, recovery's requeues and failures, a

@@ -264,6 +264,16 @@ CREATE INDEX batch_staging_custom_id ON batch_staging (batch_id, custom_id, line
     )
 });
 
+/// Version 9: `queue_fronts_age` holds every front with a head, open or not. It held only the
+/// open ones (`schema::OPEN_FRONT`), whose condition reads `running`: every claim and every end
+/// rewrote the entries of the client's three tiers (a changed row is reindexed in every partial
+/// index whose condition names a column the statement sets), three pages of about twenty that
+/// a fair claim across tiers writes. Now an entry moves only when its head does, and the oldest
+/// open front's read ([`crate::ops::tasks`]' `OLDEST_FRONT`) passes over the fronts of clients
+/// at their `max_running`: at most one per such client.
+const V9: &str = "DROP INDEX queue_fronts_age;
+CREATE INDEX queue_fronts_age ON queue_fronts (tier, head_created_at) WHERE head_id IS NOT NULL;";
+
 fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(V1.as_str()),
@@ -274,11 +284,12 @@ fn migrations() -> Migrations<'static> {
         M::up(V6.as_str()),
         M::up(schema::BATCH_LINES_APART),
         M::up(V8.as_str()),
+        M::up(V9),
     ])
 }
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: usize = 8;
+pub const SCHEMA_VERSION: usize = 9;
 
 /// Applies every migration newer than the database's `user_version`, each in its own transaction,
 /// then checks that the layout is the one this build expects.

@@ -119,11 +119,14 @@ pub fn claim_next(
 // `INDEXED BY`: the claim's reads must stay seeks in the partial indexes of the open fronts
 // however many clients have queued work; the conditions repeat `OPEN_FRONT` so that they apply.
 
-/// The creation time of the oldest open front's head in tier `?1` (a seek in `queue_fronts_age`).
+/// The creation time of the oldest open front's head in tier `?1` (a seek in `queue_fronts_age`,
+/// then a walk past the fronts of clients at their `max_running`, which that index holds too:
+/// schema version 9).
 pub(crate) static OLDEST_FRONT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT head_created_at FROM queue_fronts INDEXED BY queue_fronts_age \
-         WHERE tier = ?1 AND {OPEN_FRONT} ORDER BY head_created_at LIMIT 1"
+         WHERE tier = ?1 AND head_id IS NOT NULL AND {OPEN_FRONT} \
+         ORDER BY head_created_at LIMIT 1"
     )
 });
 
