@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lmsp_domain::ports::{EngineError, Generation, GenerationItem};
+use lmsp_domain::task::Task;
 use lmsp_domain::{EventKind, TaskErrorCode, TaskStatus};
 
 use support::*;
@@ -144,18 +145,7 @@ async fn an_engine_started_beside_a_step_that_cannot_be_recorded_is_stopped() {
 async fn a_cancel_during_the_in_progress_step_ends_cancelled_and_stops_the_engine_i3() {
     let (engine, counts) = counting_engine();
     let h = harness(engine, files_ok(), settings(Duration::from_secs(30))).await;
-    h.faults.appends_held.send_replace(true);
-    let task = submit(&h, 5).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while h.faults.appends_waited.load(Ordering::SeqCst) == 0
-        || counts.generates.load(Ordering::SeqCst) == 0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the worker never wrote its step beside a started engine"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let task = submit_and_hold_its_in_progress_step(&h, &counts).await;
     h.service.cancel(&h.admin, task.id).await.unwrap();
     h.faults.appends_held.send_replace(false);
     let done = finished(&h, &task).await;
@@ -168,6 +158,49 @@ async fn a_cancel_during_the_in_progress_step_ends_cancelled_and_stops_the_engin
         1,
         "the started engine is stopped"
     );
+}
+
+/// I-5: the process stopping while the worker's `in_progress` step is being written leaves the
+/// run as it is, for the next start to recover and resume: nothing more is written, and the
+/// engine started beside the step is dropped, not stopped (a stop tells an engine that nothing
+/// will resume the run, so that it may drop what it kept for a resume).
+#[tokio::test]
+async fn a_stop_during_the_in_progress_step_leaves_the_run_to_resume_i5() {
+    let (engine, counts) = counting_engine();
+    let h = harness(engine, files_ok(), settings(Duration::from_secs(30))).await;
+    let task = submit_and_hold_its_in_progress_step(&h, &counts).await;
+    h.service.stop().await;
+    h.faults.appends_held.send_replace(false);
+    let stored = h.store.task(task.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, TaskStatus::Loading, "left as claimed");
+    assert_eq!(
+        kinds(&h, &task).await.last(),
+        Some(&EventKind::Loading),
+        "nothing written after the claim"
+    );
+    assert_eq!(
+        counts.stops.load(Ordering::SeqCst),
+        0,
+        "the started engine is dropped, not stopped"
+    );
+}
+
+/// Submits a task while appends are held, and waits (at most 10 s) until its worker writes the
+/// `in_progress` step with the engine started beside it.
+async fn submit_and_hold_its_in_progress_step(h: &Harness, counts: &Counts) -> Task {
+    h.faults.appends_held.send_replace(true);
+    let task = submit(h, 5).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while h.faults.appends_waited.load(Ordering::SeqCst) == 0
+        || counts.generates.load(Ordering::SeqCst) == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker never wrote its step beside a started engine"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    task
 }
 
 /// P-4, I-3: a task cancelled while its run cannot write ends `cancelled` once the store is back,
