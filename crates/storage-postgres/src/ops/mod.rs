@@ -222,7 +222,7 @@ impl<C: Db> flows::Rows for Rows<'_, C> {
 
     const LOCK: &'static str = " FOR UPDATE";
     const SHARE: &'static str = " FOR SHARE";
-    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]> = None;
+    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]> = ACCEPTED_BY_DEFAULT;
 
     async fn execute(&self, sql: &str, params: &[Param]) -> Res<u64> {
         Ok(self.0.execute(sql, &values(params)).await?)
@@ -272,10 +272,12 @@ pub fn instance_of(bytes: &[u8]) -> Res<InstanceId> {
     Ok(InstanceId::from_ulid(ulid_of(bytes)?))
 }
 
-/// Decodes a task row selected with [`TASK_COLUMNS`]; a row that stores no `accepted_by` was
-/// accepted by its owner.
+/// A row that stores no `accepted_by` was accepted by its owner.
+const ACCEPTED_BY_DEFAULT: Option<&[u8]> = None;
+
+/// Decodes a task row selected with [`TASK_COLUMNS`].
 pub fn decode_task(row: &Row) -> Res<Task> {
-    Ok(read::<codec::TaskRow>(row)?.decode(None)?)
+    Ok(read::<codec::TaskRow>(row)?.decode(ACCEPTED_BY_DEFAULT)?)
 }
 
 /// [`codec::sql::task_by_id`], made once; and with the task's row locked.

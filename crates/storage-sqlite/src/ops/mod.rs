@@ -122,7 +122,7 @@ impl flows::Rows for Rows<'_> {
     // The writer thread runs one transaction at a time: nothing to lock against.
     const LOCK: &'static str = "";
     const SHARE: &'static str = "";
-    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]> = Some(&LEGACY_OWNER);
+    const ACCEPTED_BY_DEFAULT: Option<&'static [u8]> = ACCEPTED_BY_DEFAULT;
 
     async fn execute(&self, sql: &str, params: &[Param]) -> Res<u64> {
         let changed = prepare(self.0, sql)?.execute(params_from_iter(values(params)))?;
@@ -166,8 +166,9 @@ pub fn instance_key(id: InstanceId) -> [u8; 16] {
 /// A ULID from its stored 16 bytes (the codec's, its error converting with `?`).
 pub use codec::ulid_of;
 
-/// The owner of every task the first release wrote (see the v2 migration).
-const LEGACY_OWNER: [u8; 16] = crate::schema::LEGACY_INSTANCE;
+/// The owner of every task the first release wrote (see the v2 migration), which stores no
+/// `accepted_by`: such a task was accepted by it.
+const ACCEPTED_BY_DEFAULT: Option<&[u8]> = Some(&crate::schema::LEGACY_INSTANCE);
 
 /// A task row as SQLite hands it over; [`RawTask::decode`] checks and converts it.
 pub struct RawTask(codec::TaskRow);
@@ -181,7 +182,7 @@ impl RawTask {
     /// The domain task; a row of the first release, which stores no `accepted_by`, was accepted
     /// by the legacy instance.
     pub fn decode(self) -> Res<Task> {
-        Ok(self.0.decode(Some(&LEGACY_OWNER))?)
+        Ok(self.0.decode(ACCEPTED_BY_DEFAULT)?)
     }
 }
 
