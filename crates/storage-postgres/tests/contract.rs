@@ -135,26 +135,35 @@ impl MultiProcess for Postgres {
 
 /// The events of database `name` whose task is not there (schema version 7 has no foreign key
 /// on `task_events`: the adapter keeps that integrity, and every check of the suite ends by
-/// counting them).
-async fn events_without_their_task(base: &str, name: &str) -> i64 {
+/// counting them); none when the database has no events table (its check failed before the
+/// migrations ran), an error when it cannot be read.
+async fn events_without_their_task(base: &str, name: &str) -> Result<i64, String> {
     let url = database_url(base, name);
-    let Ok((client, connection)) = tokio_postgres::connect(&url, NoTls).await else {
-        return 0;
-    };
-    let driver = tokio::spawn(connection);
-    let orphans = client
-        .query_one(
-            "SELECT CASE WHEN to_regclass('task_events') IS NULL THEN 0 ELSE \
-             (SELECT count(*) FROM task_events e \
-              WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = e.task_id)) END",
-            &[],
-        )
+    let (client, connection) = tokio_postgres::connect(&url, NoTls)
         .await
-        .unwrap()
+        .map_err(|e| format!("cannot connect to {name}: {e}"))?;
+    let driver = tokio::spawn(connection);
+    let exists: bool = client
+        .query_one("SELECT to_regclass('task_events') IS NOT NULL", &[])
+        .await
+        .map_err(|e| format!("{name}: {e}"))?
         .get(0);
+    let orphans = if exists {
+        client
+            .query_one(
+                "SELECT count(*) FROM task_events e \
+                 WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = e.task_id)",
+                &[],
+            )
+            .await
+            .map_err(|e| format!("{name}: {e}"))?
+            .get(0)
+    } else {
+        0
+    };
     drop(client);
     let _ = driver.await;
-    orphans
+    Ok(orphans)
 }
 
 impl Drop for Postgres {
@@ -171,11 +180,14 @@ impl Drop for Postgres {
                 .build()
                 .unwrap();
             runtime.block_on(async {
-                let mut orphans = Vec::new();
+                let mut found = Vec::new();
                 for name in names {
-                    let count = events_without_their_task(&base, &name).await;
-                    if count > 0 {
-                        orphans.push(format!("{name}: {count}"));
+                    match events_without_their_task(&base, &name).await {
+                        Ok(0) => {}
+                        Ok(count) => {
+                            found.push(format!("{name}: {count} events without their task"))
+                        }
+                        Err(error) => found.push(error),
                     }
                     admin(
                         &base,
@@ -183,12 +195,14 @@ impl Drop for Postgres {
                     )
                     .await;
                 }
-                orphans
+                found
             })
         });
-        let orphans = dropped.join().unwrap_or_default();
-        if !orphans.is_empty() && !std::thread::panicking() {
-            panic!("events without their task were left: {orphans:?}");
+        let found = dropped
+            .join()
+            .unwrap_or_else(|_| vec![String::from("the databases could not all be dropped")]);
+        if !found.is_empty() && !std::thread::panicking() {
+            panic!("after the check: {found:?}");
         }
     }
 }

@@ -343,8 +343,8 @@ mod tests {
     }
 
     /// Issue 25: a claim stays O(log n) with a million queued tasks over a thousand clients: each
-    /// of its reads is a seek in a partial index of the open queue fronts, never a scan of the
-    /// fronts or the queue, and never a sort.
+    /// of its reads is a seek in a partial index of the queue fronts, never a scan of the fronts
+    /// or the queue, and never a sort.
     #[test]
     fn the_claims_queries_seek_the_open_fronts() {
         use crate::ops::tasks::{FIRST_FRONT, OLDEST_FRONT};

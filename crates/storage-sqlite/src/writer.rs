@@ -40,7 +40,10 @@ pub type Work<T> = Box<dyn FnOnce(&Connection) -> Result<(T, Vec<Event>), DbErro
 /// claims across tiers (≈ 20 pages each). A command that may touch any number of pages (a
 /// batch's start, a recovery or purge pass) would hold all of them in memory until it commits
 /// (+20 MiB for a 50 000-line batch's start), so only commands that change a bounded few rows
-/// ([`Typed::small`]) ask for memory, and a transaction gets it only if all its commands do.
+/// ([`Typed::small`]: one task's row, spec, events and snapshot, one key, one lease; at most a
+/// request body's worth of pages) ask for memory, and a transaction gets it only if all its
+/// commands do. A savepoint's journal is dropped when the command's savepoint is released, so
+/// a transaction of many small commands holds one command's pages at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Journal {
     /// `temp_store=MEMORY`.
@@ -508,17 +511,42 @@ mod tests {
 
     /// A transaction keeps its savepoints' journals in memory only when every command in it
     /// changes a bounded few rows: one that may change any number keeps the whole transaction's
-    /// in a file, whatever came before it.
+    /// in a file, whatever came before it. Seen as SQLite does it: a command changes more than
+    /// 64 KiB of pages that existed before it, and its journal either stays in memory or spills
+    /// to a new unlinked temporary file (`etilqs_…`, counted among the process's open files).
     #[test]
     fn only_a_transaction_of_small_commands_keeps_its_journal_in_memory() {
         const FILE: u32 = 1;
-        const MEMORY: u32 = 2;
-        let temp_store = || -> Work<u32> {
-            Box::new(|conn| {
-                let setting = conn.query_row("PRAGMA temp_store", [], |row| row.get(0))?;
-                Ok((setting, Vec::new()))
+        const MEMORY: u32 = 0;
+        fn spill_files() -> usize {
+            std::fs::read_dir("/proc/self/fd")
+                .unwrap()
+                .filter_map(Result::ok)
+                .filter(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|target| target.to_string_lossy().contains("etilqs_"))
+                })
+                .count()
+        }
+        // A transaction's spill file stays open until it ends, so a second command of it opens
+        // none of its own: count those open while the command runs, beyond the ones before.
+        let before = spill_files();
+        let spilled = move || -> Work<u32> {
+            Box::new(move |conn| {
+                conn.execute("UPDATE t SET n = n + 1", [])?;
+                let spilled = spill_files().saturating_sub(before);
+                Ok((u32::try_from(spilled.min(1)).unwrap(), Vec::new()))
             })
         };
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join("journal.db")).unwrap();
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE t (n INTEGER, pad BLOB);
+             WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 400)
+             INSERT INTO t SELECT i, zeroblob(1000) FROM r;",
+        )
+        .unwrap();
         let small = |work| {
             let (command, rx) = Typed::small(work);
             (Box::new(command) as Box<dyn Command>, rx)
@@ -526,14 +554,13 @@ mod tests {
         let answer =
             |rx: oneshot::Receiver<Result<u32, StoreError>>| rx.blocking_recv().unwrap().unwrap();
         let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Command>>();
-        let conn = Connection::open_in_memory().unwrap();
         let writer = std::thread::spawn(move || {
             let reopen: Reopen = Box::new(|| Err(crate::ops::corrupt(String::from("no reopen"))));
             let status = Arc::new(watch::channel(WriterStatus::default()).0);
             let hook = Arc::new(crate::NoListener);
             supervise(conn, reopen, rx, hook, RestartBudget::default(), status);
         });
-        let (first, first_rx) = small(temp_store());
+        let (first, first_rx) = small(spilled());
         tx.send(first).unwrap();
         assert_eq!(answer(first_rx), MEMORY);
 
@@ -548,8 +575,8 @@ mod tests {
         }));
         tx.send(holder).unwrap();
         started.recv().unwrap();
-        let (small_one, small_rx) = small(temp_store());
-        let (big_one, big_rx) = command(temp_store());
+        let (small_one, small_rx) = small(spilled());
+        let (big_one, big_rx) = command(spilled());
         tx.send(small_one).unwrap();
         tx.send(big_one).unwrap();
         open.send(()).unwrap();
@@ -560,7 +587,7 @@ mod tests {
             "a big command's transaction keeps every journal in a file"
         );
 
-        let (last, last_rx) = small(temp_store());
+        let (last, last_rx) = small(spilled());
         tx.send(last).unwrap();
         assert_eq!(
             answer(last_rx),

@@ -91,17 +91,21 @@ pub fn append(
 /// Claims the next queued task for `by`: the one [`next_claim`] puts first among every client's
 /// queue heads (tiers with aging, then fairness between clients), and records when its client
 /// was served. It reads the queue fronts (`schema::queue_fronts`), never every client's heads:
-/// the oldest open front of each tier (three seeks in `queue_fronts_age`), then, for each tier
+/// the oldest open front of each tier (three seeks in `queue_fronts_age`, each passing over the
+/// fronts of clients at their `max_running`), then, for each tier
 /// [`claim_window`] names, the first open front in claim order whose head has aged into the
 /// window (`queue_fronts_claim`), and hands those (at most three) to [`next_claim`]. Claiming
 /// the task moves its front (triggers), in this transaction.
 ///
-/// The cost does not grow with the number of clients with queued work, with one bound: in a tier
+/// The cost does not grow with the number of clients with queued work, with two bounds. In a tier
 /// that aging brought down into the window (its oldest head waited a whole period more than the
 /// tier's rank allows), the read of its first front walks past the fronts, in claim order, whose
 /// heads have not waited that long. They are fronts of clients whose oldest queued task of that
 /// tier is younger than the aging period (or two): at most one per such client, and none once
-/// every head has aged (a long backlog) or none has (a short queue).
+/// every head has aged (a long backlog) or none has (a short queue). And the read of a tier's
+/// oldest open front walks past the older fronts of clients at their `max_running` (at most one
+/// per such client; such a client runs at least one task, so they are never more than the tasks
+/// running).
 pub fn claim_next(
     conn: &Connection,
     by: InstanceId,
@@ -116,8 +120,8 @@ pub fn claim_next(
     Ok((Some(task), events))
 }
 
-// `INDEXED BY`: the claim's reads must stay seeks in the partial indexes of the open fronts
-// however many clients have queued work; the conditions repeat `OPEN_FRONT` so that they apply.
+// `INDEXED BY`: the claim's reads must stay seeks in the fronts' partial indexes however many
+// clients have queued work; the conditions repeat the indexes' own so that they apply.
 
 /// The creation time of the oldest open front's head in tier `?1` (a seek in `queue_fronts_age`,
 /// then a walk past the fronts of clients at their `max_running`, which that index holds too:
