@@ -129,8 +129,7 @@ pub fn claim_next(
 pub(crate) static OLDEST_FRONT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT head_created_at FROM queue_fronts INDEXED BY queue_fronts_age \
-         WHERE tier = ?1 AND head_id IS NOT NULL AND {OPEN_FRONT} \
-         ORDER BY head_created_at LIMIT 1"
+         WHERE tier = ?1 AND {OPEN_FRONT} ORDER BY head_created_at LIMIT 1"
     )
 });
 
