@@ -453,30 +453,36 @@ fn commit_batch(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
 
+    use std::sync::PoisonError;
+
     use super::*;
 
-    fn command(work: Work<u32>) -> (Box<dyn Command>, oneshot::Receiver<Result<u32, StoreError>>) {
+    type Answer = oneshot::Receiver<Result<u32, StoreError>>;
+
+    /// Held by the tests whose commands spill a savepoint journal to a temporary file, so that
+    /// the one that counts such files sees only its own.
+    static SPILLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn command(work: Work<u32>) -> (Box<dyn Command>, Answer) {
         let (command, rx) = Typed::new(work);
         (Box::new(command), rx)
     }
 
-    /// A command that panics is rolled back alone and answered with an error; the writer lives
-    /// on and commits the other commands, of the same batch and later ones.
-    #[test]
-    fn a_panicking_command_fails_alone_and_the_writer_lives_on() {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch("CREATE TABLE t (v INTEGER)").unwrap();
+    fn small(work: Work<u32>) -> (Box<dyn Command>, Answer) {
+        let (command, rx) = Typed::small(work);
+        (Box::new(command), rx)
+    }
+
+    /// A writer on `conn`, supervised as the store's is (no reopen), fed through the sender;
+    /// its status is watched.
+    fn spawn_writer(
+        conn: Connection,
+    ) -> (
+        std::sync::mpsc::Sender<Box<dyn Command>>,
+        std::thread::JoinHandle<()>,
+        watch::Receiver<WriterStatus>,
+    ) {
         let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Command>>();
-        let (panicking, panicked) = command(Box::new(|conn| {
-            conn.execute("INSERT INTO t VALUES (1)", [])?;
-            panic!("a bug");
-        }));
-        let (fine, answered) = command(Box::new(|conn| {
-            conn.execute("INSERT INTO t VALUES (2)", [])?;
-            Ok((2, Vec::new()))
-        }));
-        tx.send(panicking).unwrap();
-        tx.send(fine).unwrap();
         let status = Arc::new(watch::channel(WriterStatus::default()).0);
         let watched = status.subscribe();
         let writer = std::thread::spawn(move || {
@@ -484,29 +490,77 @@ mod tests {
             let hook = Arc::new(crate::NoListener);
             supervise(conn, reopen, rx, hook, RestartBudget::default(), status);
         });
-        assert!(matches!(
-            panicked.blocking_recv().unwrap(),
-            Err(StoreError::Unavailable(message)) if message.contains("a bug")
-        ));
-        assert_eq!(answered.blocking_recv().unwrap(), Ok(2));
-        let (count, counted) = command(Box::new(|conn| {
-            let rows: u32 = conn.query_row("SELECT count(*) FROM t", [], |row| row.get(0))?;
-            let values: u32 = conn.query_row("SELECT sum(v) FROM t", [], |row| row.get(0))?;
-            Ok((rows * 10 + values, Vec::new()))
-        }));
-        tx.send(count).unwrap();
-        assert_eq!(
-            counted.blocking_recv().unwrap(),
-            Ok(12),
-            "only the second row is there"
-        );
-        drop(tx);
-        writer.join().unwrap();
-        assert_eq!(
-            *watched.borrow(),
-            WriterStatus::default(),
-            "a panicking command is no failure of the writer"
-        );
+        (tx, writer, watched)
+    }
+
+    /// P-11: a command that panics is rolled back alone (nothing it wrote stays) and answered
+    /// with an error, whether its savepoint's journal is in a file or in memory; the writer lives
+    /// on and commits the other commands, of the same batch and later ones.
+    #[test]
+    fn a_panicking_command_fails_alone_and_the_writer_lives_on() {
+        let _spilling = SPILLING.lock().unwrap_or_else(PoisonError::into_inner);
+        for make in [command, small] {
+            // A file database, and more than 64 KiB of pages changed before the panic: the
+            // rollback reads them back from the journal, spilled to a file or in memory.
+            let dir = tempfile::tempdir().unwrap();
+            let conn = Connection::open(dir.path().join("fails-alone.db")).unwrap();
+            conn.execute_batch(
+                "PRAGMA journal_mode = WAL;
+                 CREATE TABLE t (v INTEGER);
+                 CREATE TABLE big (n INTEGER, pad BLOB);
+                 WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 400)
+                 INSERT INTO big SELECT i, zeroblob(1000) FROM r;",
+            )
+            .unwrap();
+            let (panicking, panicked) = make(Box::new(|conn| {
+                conn.execute("UPDATE big SET n = 0", [])?;
+                conn.execute("INSERT INTO t VALUES (1)", [])?;
+                panic!("a bug");
+            }));
+            let (fine, answered) = make(Box::new(|conn| {
+                conn.execute("INSERT INTO t VALUES (2)", [])?;
+                Ok((2, Vec::new()))
+            }));
+            // Queued before the writer starts: one transaction.
+            let (tx, writer, watched) = spawn_writer(conn);
+            tx.send(panicking).unwrap();
+            tx.send(fine).unwrap();
+            assert!(matches!(
+                panicked.blocking_recv().unwrap(),
+                Err(StoreError::Unavailable(message)) if message.contains("a bug")
+            ));
+            assert_eq!(answered.blocking_recv().unwrap(), Ok(2));
+            let (count, counted) = command(Box::new(|conn| {
+                let rows: u32 = conn.query_row("SELECT count(*) FROM t", [], |row| row.get(0))?;
+                let values: u32 = conn.query_row("SELECT sum(v) FROM t", [], |row| row.get(0))?;
+                Ok((rows * 10 + values, Vec::new()))
+            }));
+            tx.send(count).unwrap();
+            assert_eq!(
+                counted.blocking_recv().unwrap(),
+                Ok(12),
+                "only the second row is there"
+            );
+            let (big, summed) = command(Box::new(|conn| {
+                Ok((
+                    conn.query_row("SELECT sum(n) FROM big", [], |row| row.get(0))?,
+                    Vec::new(),
+                ))
+            }));
+            tx.send(big).unwrap();
+            assert_eq!(
+                summed.blocking_recv().unwrap(),
+                Ok(80_200),
+                "the panicking command's update is undone"
+            );
+            drop(tx);
+            writer.join().unwrap();
+            assert_eq!(
+                *watched.borrow(),
+                WriterStatus::default(),
+                "a panicking command is no failure of the writer"
+            );
+        }
     }
 
     /// A transaction keeps its savepoints' journals in memory only when every command in it
@@ -516,6 +570,7 @@ mod tests {
     /// to a new unlinked temporary file (`etilqs_…`, counted among the process's open files).
     #[test]
     fn only_a_transaction_of_small_commands_keeps_its_journal_in_memory() {
+        let _spilling = SPILLING.lock().unwrap_or_else(PoisonError::into_inner);
         const FILE: u32 = 1;
         const MEMORY: u32 = 0;
         fn spill_files() -> usize {
@@ -547,19 +602,8 @@ mod tests {
              INSERT INTO t SELECT i, zeroblob(1000) FROM r;",
         )
         .unwrap();
-        let small = |work| {
-            let (command, rx) = Typed::small(work);
-            (Box::new(command) as Box<dyn Command>, rx)
-        };
-        let answer =
-            |rx: oneshot::Receiver<Result<u32, StoreError>>| rx.blocking_recv().unwrap().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Command>>();
-        let writer = std::thread::spawn(move || {
-            let reopen: Reopen = Box::new(|| Err(crate::ops::corrupt(String::from("no reopen"))));
-            let status = Arc::new(watch::channel(WriterStatus::default()).0);
-            let hook = Arc::new(crate::NoListener);
-            supervise(conn, reopen, rx, hook, RestartBudget::default(), status);
-        });
+        let answer = |rx: Answer| rx.blocking_recv().unwrap().unwrap();
+        let (tx, writer, _) = spawn_writer(conn);
         let (first, first_rx) = small(spilled());
         tx.send(first).unwrap();
         assert_eq!(answer(first_rx), MEMORY);
