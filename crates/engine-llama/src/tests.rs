@@ -298,10 +298,10 @@ fn job_for(
 }
 
 /// I-6 on a reused context: a generation on a context another run left (another prompt of a
-/// size within the same padding; its KV cleared) draws the same tokens as one on a context of its own, and a resume
-/// on one continues exactly; runs at once each have their own, and no more than the engine was
-/// told stay parked after them. (The tiny model writes its cycle whatever the prompt: the
-/// SmolLM2 tests check a reused context's text on a real model.)
+/// size within the same padding; its KV cleared) draws the same tokens as one on a context of
+/// its own, and a resume on one continues exactly; runs at once each have their own, and no
+/// more than the engine was told stay parked after them. (The tiny model writes its cycle
+/// whatever the prompt: the SmolLM2 tests check a reused context's text on a real model.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_context_gives_what_a_new_one_gives() {
     let dir = tempfile::tempdir().unwrap();
