@@ -133,9 +133,10 @@ impl MultiProcess for Postgres {
     }
 }
 
-/// The events of database `name` whose task is not there (schema version 7 has no foreign key
-/// on `task_events`: the adapter keeps that integrity, and every check of the suite ends by
-/// counting them); none when the database has no events table (its check failed before the
+/// I-4 (a purge removes a task with all its rows) and I-2 (a task's events are its log): the
+/// events of database `name` whose task is not there. Schema version 7 has no foreign key on
+/// `task_events`: the adapter keeps that integrity, and every check of the suite ends by
+/// counting them; none when the database has no events table (its check failed before the
 /// migrations ran), an error when it cannot be read.
 async fn events_without_their_task(base: &str, name: &str) -> Result<i64, String> {
     let url = database_url(base, name);
