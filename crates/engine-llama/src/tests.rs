@@ -194,9 +194,15 @@ async fn a_checkpoint_sealed_by_the_writer_restores_and_resumes_exactly() {
         "a finished run leaves no file"
     );
 
+    // The writer held while the run goes: its first checkpoint (8 tokens in) is copied and
+    // waits, and no later one is taken meanwhile, however far the run gets ahead of this reader
+    // before the drop reaches it (a run that got 30 tokens ahead had sealed two checkpoints past
+    // the resume point, and the older ones were dropped). Released, the writer seals it.
+    let held = engine.checkpoints.as_ref().unwrap().hold();
     let mut generation = engine.generate(job(&model, max, None)).await.unwrap();
     let so_far = deltas(&mut generation, 30).await;
     drop(generation);
+    drop(held);
     engine.checkpoints_settled().await;
     assert!(
         !sealed(&checkpoints).is_empty(),
