@@ -62,26 +62,43 @@ pub async fn prepare(
     Ok(())
 }
 
-/// Claims in `instances` stores on `url`, `claimers` loops each, for `duration` (or until the
-/// queue runs dry): claims per second, summed.
+/// What a run of [`claims_per_s`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRun {
+    /// Claims committed per second, summed over the instances.
+    pub per_s: f64,
+    /// Claims that came back empty while tasks were still queued (each loop then tried again).
+    pub empty: u64,
+}
+
+/// Claims in `instances` stores on `url`, `claimers` loops each, for `duration` or until all
+/// `queued` tasks (those queued when it starts) are claimed: claims per second, summed.
+///
+/// An empty claim does not end a loop while tasks are still queued: under contention a claim
+/// can find every head it read locked by another claimer (`SKIP LOCKED`) and come back empty
+/// with thousands queued. Ending the loop there would count fewer claimers than the run started
+/// with, and understate the figure of several instances most.
 pub async fn claims_per_s(
     url: &str,
     instances: usize,
     claimers: usize,
     duration: Duration,
-) -> anyhow::Result<f64> {
+    queued: u64,
+) -> anyhow::Result<ClaimRun> {
     let mut stores: Vec<(Arc<PostgresStore>, lmsp_domain::ids::InstanceId)> = Vec::new();
     for _ in 0..instances.max(1) {
         // A claimer's id (claims need no registered instance: no lease is checked).
         stores.push((Arc::new(open(url).await?), fixtures::instance_id()));
     }
     let claimed = Arc::new(AtomicU64::new(0));
+    let empty = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let deadline = started + duration;
     let mut loops = Vec::new();
     for (store, id) in &stores {
         for _ in 0..claimers.max(1) {
-            let (store, id, claimed) = (Arc::clone(store), *id, Arc::clone(&claimed));
+            let (store, id) = (Arc::clone(store), *id);
+            let (claimed, empty) = (Arc::clone(&claimed), Arc::clone(&empty));
             loops.push(tokio::spawn(async move {
                 let mut n = 0_u64;
                 while Instant::now() < deadline {
@@ -93,7 +110,12 @@ pub async fn claims_per_s(
                         }
                         // The queue ran dry: the run ends early, and its rate is over the time
                         // it ran.
-                        None => break,
+                        None if claimed.load(Ordering::Relaxed) >= queued => break,
+                        // Every head this claim read was another claimer's.
+                        None => {
+                            empty.fetch_add(1, Ordering::Relaxed);
+                            tokio::task::yield_now().await;
+                        }
                     }
                 }
                 Ok::<(), anyhow::Error>(())
@@ -107,5 +129,9 @@ pub async fn claims_per_s(
     for (store, _) in &stores {
         store.close().await;
     }
-    Ok(claimed.load(Ordering::Relaxed) as f64 / seconds)
+    let claimed = claimed.load(Ordering::Relaxed);
+    Ok(ClaimRun {
+        per_s: claimed as f64 / seconds,
+        empty: empty.load(Ordering::Relaxed),
+    })
 }

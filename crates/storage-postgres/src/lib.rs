@@ -11,7 +11,9 @@
 //!   whose row this store last committed, is one statement decided without a read (its premise
 //!   checked inside it: the queue limits, the row's compare-and-set), so a batch of them is one
 //!   round trip, `BEGIN` to `COMMIT` (`batch/fast.rs`); the others take one pipelined round
-//!   trip for the batch's reads and one for its writes, each command in a savepoint of its own.
+//!   trip for the batch's reads and one for its writes. Those writes go without savepoints
+//!   first; only when one fails is the transaction written again with each command in a
+//!   savepoint of its own, so that it fails alone.
 //! - The hot reads (a token's client, a model, a task, a stream's events) run on a few
 //!   connections of their own, each shared by every caller at once (their requests pipelined);
 //!   the event reads that gather while one is answered are one statement (`reader.rs`).

@@ -613,3 +613,84 @@ async fn concurrent_webhook_claims_in_two_processes_take_each_delivery_once() {
     }
     assert_eq!(taken.len(), ENDPOINTS * TASKS);
 }
+
+/// P-11 (a command that fails fails alone; the others written in its transaction stay written):
+/// cancels gathered by one write lane into shared transactions, one of which PostgreSQL refuses
+/// (a trigger of this test's rejects the update of the one `flex` task). That cancel fails; the
+/// 30 others are all written, each task cancelled once with its log whole.
+///
+/// The group commit sends a batch's writes without savepoints first (`batch.rs`: a row locked
+/// by the transaction and updated by a savepoint gets a MultiXact), so a failure aborts the
+/// whole transaction, and the batch is written again with a savepoint around each command.
+/// This check fails if that second pass loses or repeats the others' writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_postgres_refuses_fails_alone_in_its_batch_p11() {
+    use lmsp_domain::ports::{CancelOutcome, CreateOutcome, TaskStore};
+    use lmsp_domain::recovery::RestartPolicy;
+    use lmsp_domain::schedule::ServiceTier;
+    use lmsp_domain::status::TaskStatus;
+    use lmsp_storage_contract::{self as contract, RecordingListener};
+
+    let factory = Postgres::with(PostgresOptions {
+        pool_size: 4,
+        write_lanes: 1,
+        ..PostgresOptions::default()
+    });
+    let (first, _heard) = contract::fresh_store(&factory).await;
+    let owner = contract::support::register(&first, "owner", contract::time(0))
+        .await
+        .id;
+    let mut tasks = Vec::new();
+    for index in 0..31 {
+        let mut task = contract::task(owner, RestartPolicy::Retry);
+        if index == 17 {
+            task.service_tier = ServiceTier::Flex;
+        }
+        let CreateOutcome::Created(task) = first.create_task(task, None).await.unwrap() else {
+            panic!("a create without a key or limit")
+        };
+        tasks.push(task);
+    }
+    let name = first.database().expect("the store names its database");
+    admin(
+        &database_url(&factory.base, &name),
+        "CREATE FUNCTION refuse_flex() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'refused by the test'; END $$; \
+         CREATE TRIGGER refuse_flex BEFORE UPDATE ON tasks FOR EACH ROW \
+         WHEN (OLD.tier = 2) EXECUTE FUNCTION refuse_flex();",
+    )
+    .await;
+    // Another store: it has committed none of these rows, so every cancel reads its row first
+    // and is written by the batch's read–decide–write path.
+    let second = Arc::new(
+        factory
+            .another_process(&first, RecordingListener::new())
+            .await,
+    );
+    let cancels = tasks.iter().map(|task| {
+        let (second, id) = (Arc::clone(&second), task.id);
+        tokio::spawn(async move { second.cancel(id, None, contract::time(10)).await })
+    });
+    let outcomes = futures::future::join_all(cancels).await;
+    for (task, outcome) in tasks.iter().zip(outcomes) {
+        let outcome = outcome.unwrap();
+        let (after, events) = contract::assert_log_consistent(&first, task.id).await;
+        if task.service_tier == ServiceTier::Flex {
+            assert!(outcome.is_err(), "the refused cancel failed: {outcome:?}");
+            assert_eq!(after.status, TaskStatus::Queued);
+            assert_eq!(after.last_sequence_number, task.last_sequence_number);
+        } else {
+            assert!(
+                matches!(outcome, Ok(CancelOutcome::Decided { .. })),
+                "{outcome:?}"
+            );
+            assert_eq!(after.status, TaskStatus::Cancelled, "{:?}", task.id);
+            assert_eq!(events.len() as u64, after.last_sequence_number);
+            assert_eq!(
+                after.last_sequence_number,
+                task.last_sequence_number + 1,
+                "cancelled once"
+            );
+        }
+    }
+}

@@ -149,17 +149,14 @@ impl Phases<'_> {
             figures.streams_delay_p50.push(run.delay_p50_ms);
             figures.streams_delay_p99.push(run.delay_p99_ms);
 
-            let name = postgres::database_name("claims");
-            let url = pg.create_database(&name).await?;
-            let run = self.pg_claims(&url).await;
-            pg.drop_database(&name).await?;
+            let run = self.pg_claims(&pg, 1).await;
             let (one, three) = run?;
             println!(
-                "  rep {rep}: claims, {} queued, {} claim loops per instance: one instance {one:.0}/s, {} instances {three:.0}/s",
-                plan.pg_claim_queue, plan.pg_claimers, plan.pg_instances
+                "  rep {rep}: claims, {} queued, {} claim loops per instance: one instance {:.0}/s, {} instances {:.0}/s ({} and {} claims came back empty with tasks queued, and were tried again)",
+                plan.pg_claim_queue, plan.pg_claimers, one.per_s, plan.pg_instances, three.per_s, one.empty, three.empty
             );
-            figures.claims_one.push(one);
-            figures.claims_three.push(three);
+            figures.claims_one.push(one.per_s);
+            figures.claims_three.push(three.per_s);
         }
         if pg.is_owned() {
             eprintln!("  stopping and removing the cluster");
@@ -224,21 +221,43 @@ impl Phases<'_> {
         Ok((run, paced, cpu.join("; ")))
     }
 
-    /// Claims per second on `url` with `pg_claim_queue` tasks queued: one instance, then
-    /// `pg_instances` on what is left of the same queue.
-    async fn pg_claims(&self, url: &str) -> anyhow::Result<(f64, f64)> {
-        let plan = self.plan;
-        // Enough for both runs: the second starts on the queue the first left.
-        pg_claims::prepare(url, plan.pg_claim_queue, 64, 1).await?;
-        let one = pg_claims::claims_per_s(url, 1, plan.pg_claimers, plan.pg_claim_duration).await?;
-        let three = pg_claims::claims_per_s(
-            url,
-            plan.pg_instances,
-            plan.pg_claimers,
-            plan.pg_claim_duration,
-        )
-        .await?;
+    /// Claims per second with `pg_claim_queue` tasks queued in `clients` clients: one instance,
+    /// then `pg_instances`, each on a queue of its own in a fresh database. The second run does
+    /// not start on what the first left: the tasks the first claimed would still be running
+    /// (nothing ends them), and a claim reads its client's running tasks.
+    async fn pg_claims(
+        &self,
+        pg: &postgres::Postgres,
+        clients: usize,
+    ) -> anyhow::Result<(pg_claims::ClaimRun, pg_claims::ClaimRun)> {
+        let one = self.claims_on_a_fresh_queue(pg, clients, 1).await?;
+        let three = self
+            .claims_on_a_fresh_queue(pg, clients, self.plan.pg_instances)
+            .await?;
         Ok((one, three))
+    }
+
+    /// Claims per second of `instances` instances on a fresh database with `pg_claim_queue`
+    /// tasks queued in `clients` clients.
+    async fn claims_on_a_fresh_queue(
+        &self,
+        pg: &postgres::Postgres,
+        clients: usize,
+        instances: usize,
+    ) -> anyhow::Result<pg_claims::ClaimRun> {
+        let plan = self.plan;
+        pg.in_fresh_database(&format!("claims{clients}x{instances}"), |url| async move {
+            pg_claims::prepare(&url, plan.pg_claim_queue, 64, clients).await?;
+            pg_claims::claims_per_s(
+                &url,
+                instances,
+                plan.pg_claimers,
+                plan.pg_claim_duration,
+                plan.pg_claim_queue as u64,
+            )
+            .await
+        })
+        .await
     }
 
     /// PostgreSQL claims alone (`--only pg-claims`, not part of the default run): with
@@ -256,7 +275,7 @@ impl Phases<'_> {
             None => postgres::Postgres::start_cluster(self.postgres_bin)?,
         };
         println!(
-            "\n[pg-claims] on {}; {} tasks queued through PostgresStore (create_task, 64 at a time); {} claim loops per instance, claim_next only (no task is ended), {:.1} s per run or until the queue runs dry",
+            "\n[pg-claims] on {}; {} tasks queued through PostgresStore (create_task, 64 at a time); {} claim loops per instance, claim_next only (no task is ended), {:.1} s per run or until the queue runs dry, each run on a fresh queue",
             pg.description,
             plan.pg_claim_queue,
             plan.pg_claimers,
@@ -264,37 +283,22 @@ impl Phases<'_> {
         );
         for rep in 0..plan.reps {
             for clients in [1, plan.claim_clients] {
-                let (prepared, one, three) = pg
-                    .in_fresh_database(&format!("claims{clients}"), |url| async move {
-                        let started = std::time::Instant::now();
-                        pg_claims::prepare(&url, plan.pg_claim_queue, 64, clients).await?;
-                        let prepared = started.elapsed().as_secs_f64();
-                        let one = pg_claims::claims_per_s(
-                            &url,
-                            1,
-                            plan.pg_claimers,
-                            plan.pg_claim_duration,
-                        )
-                        .await?;
-                        let three = pg_claims::claims_per_s(
-                            &url,
-                            plan.pg_instances,
-                            plan.pg_claimers,
-                            plan.pg_claim_duration,
-                        )
-                        .await?;
-                        anyhow::Ok((prepared, one, three))
-                    })
-                    .await?;
+                let started = std::time::Instant::now();
+                let (one, three) = self.pg_claims(&pg, clients).await?;
+                let took = started.elapsed().as_secs_f64();
                 let shape = if clients == 1 {
                     String::from("one client, default tier")
                 } else {
                     format!("{clients} clients × 3 tiers")
                 };
                 println!(
-                    "  rep {rep}: {shape}: prepared in {prepared:.1} s; one instance {one:.0} claims/s, {} instances {three:.0} claims/s ({:.0} %)",
+                    "  rep {rep}: {shape}: two fresh queues prepared and claimed in {took:.1} s; one instance {:.0} claims/s, {} instances {:.0} claims/s ({:.0} %); {} and {} claims came back empty with tasks queued, and were tried again",
+                    one.per_s,
                     plan.pg_instances,
-                    100.0 * three / one.max(1e-9)
+                    three.per_s,
+                    100.0 * three.per_s / one.per_s.max(1e-9),
+                    one.empty,
+                    three.empty
                 );
             }
         }
