@@ -153,11 +153,37 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let failed = runtime.block_on(run(cli))?;
+    let failed = runtime.block_on(async {
+        tokio::select! {
+            failed = run(cli) => failed,
+            // Dropping the run stops what it started: the `lmsp` servers, a throwaway PostgreSQL
+            // cluster, and the work directory.
+            signal = stop_signal() => Err(anyhow::anyhow!(
+                "stopped by {signal}; the servers and clusters this run started are stopped"
+            )),
+        }
+    })?;
     if failed {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// Waits for SIGINT (Ctrl-C) or SIGTERM (`timeout`, `kill`), and names it. Without this, a
+/// signal ended the process where it stood, and the `Drop`s that stop a throwaway PostgreSQL
+/// cluster never ran: the cluster and its directory stayed behind.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
 }
 
 fn wants(cli: &Cli, figure: Figure) -> bool {
