@@ -460,9 +460,7 @@ async fn run(
         .collect();
     let planned = plans.iter().filter(|plan| plan.is_some()).count();
     if planned == 0 {
-        return transaction(conn, batch, true, true)
-            .await?
-            .ok_or(DbError::Retry);
+        return transaction(conn, batch).await;
     }
     let mut pairs: Vec<(Command, Option<fast::Fast>)> = batch.drain(..).zip(plans).collect();
     pairs.sort_by_key(|(_, plan)| plan.is_none());
@@ -501,9 +499,7 @@ async fn run(
         if !all {
             conn.batch_execute("ROLLBACK").await?;
         }
-        return transaction(conn, batch, true, false)
-            .await?
-            .ok_or(DbError::Retry);
+        return with_savepoints(conn, batch).await;
     }
     if all {
         if let Some(Err(error)) = answers.next() {
@@ -534,28 +530,27 @@ async fn run(
     *batch = done;
     batch.extend(undone);
     batch.extend(rest);
-    match transaction(conn, &batch[written..], false, true).await? {
+    match attempt(conn, &batch[written..], false, false).await? {
         Some(rest) => {
             ended.extend(rest);
             Ok(ended)
         }
-        // A write failed with no savepoint around it, and the transaction was rolled back with
-        // the one-statement writes before it: the whole batch again, each command in its
-        // savepoint.
-        None => transaction(conn, batch, true, false)
-            .await?
-            .ok_or(DbError::Retry),
+        // A write failed with no savepoint around it: the transaction is rolled back with the
+        // one-statement writes before it, and the whole batch written again, each command in
+        // its savepoint.
+        None => {
+            conn.batch_execute("ROLLBACK").await?;
+            with_savepoints(conn, batch).await
+        }
     }
 }
 
-/// The batch's transaction (begun when `begin`, else already open): reads, decisions and
-/// writes until every command ended, then the commit. An error is the whole transaction's
-/// (nothing of it is written).
+/// The batch's transaction, begun here: reads, decisions and writes until every command
+/// ended, then the commit. An error is the whole transaction's (nothing of it is written).
 ///
-/// When `first_without_savepoints`, the commands' writes are first sent with no savepoint
-/// around them; only when one of them fails is the transaction rolled back and, when it was
-/// begun here, run again with a savepoint around each command's writes. `None`: it was rolled
-/// back, and the writes made in it before (the caller's) are gone too.
+/// The commands' writes are first sent with no savepoint around them; only when one of them
+/// fails is the transaction rolled back and run again with a savepoint around each command's
+/// writes ([`with_savepoints`]).
 ///
 /// Why not always savepoints: a row the batch's read locked (`FOR UPDATE`) and a savepoint of
 /// the same transaction then updated gets a *MultiXact* as its `xmax` (the top transaction's
@@ -571,25 +566,30 @@ async fn run(
 async fn transaction(
     conn: &deadpool_postgres::ClientWrapper,
     batch: &[Command],
-    begin: bool,
-    first_without_savepoints: bool,
-) -> Result<Option<Vec<Ended>>, DbError> {
-    if first_without_savepoints {
-        if let Some(ended) = attempt(conn, batch, begin, false).await? {
-            return Ok(Some(ended));
-        }
-        conn.batch_execute("ROLLBACK").await?;
-        if !begin {
-            return Ok(None);
-        }
-        return attempt(conn, batch, true, true).await;
+) -> Result<Vec<Ended>, DbError> {
+    if let Some(ended) = attempt(conn, batch, true, false).await? {
+        return Ok(ended);
     }
-    attempt(conn, batch, begin, true).await
+    conn.batch_execute("ROLLBACK").await?;
+    with_savepoints(conn, batch).await
 }
 
-/// One pass of [`transaction`]: its commands' writes each in a savepoint when `savepoints`.
-/// `None`: a write without a savepoint failed, and the transaction is aborted (not yet rolled
-/// back).
+/// The batch's transaction, begun here, with a savepoint around each command's writes, so
+/// that a command that fails fails alone.
+async fn with_savepoints(
+    conn: &deadpool_postgres::ClientWrapper,
+    batch: &[Command],
+) -> Result<Vec<Ended>, DbError> {
+    // With savepoints a failed write never aborts the transaction, so there is always an
+    // answer; `Retry` (the batch again) if that ever broke.
+    attempt(conn, batch, true, true)
+        .await?
+        .ok_or(DbError::Retry)
+}
+
+/// One pass of a batch's transaction (begun when `begin`, else already open): its commands'
+/// writes each in a savepoint when `savepoints`. `None`: a write without a savepoint failed,
+/// and the transaction is aborted (not yet rolled back).
 async fn attempt(
     conn: &deadpool_postgres::ClientWrapper,
     batch: &[Command],
