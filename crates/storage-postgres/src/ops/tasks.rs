@@ -143,13 +143,14 @@ pub fn claimable_sql() -> String {
 /// pg-claims`; 842–1 076/s without the wait). `served_at` only breaks ties between clients equally loaded, so the cost is
 /// small: when the other transaction rolls back, the client keeps its earlier `served_at` and
 /// may be served again before an equally loaded client. The time never moves back. A client's
-/// first row is inserted (which waits only for a concurrent insert of the same row).
+/// first row is inserted (which waits only for a concurrent insert of the same row); the update
+/// does not see a row its own statement inserted (one snapshot), so it leaves that one as is.
 pub const SERVED_SQL: &str = "WITH added AS (INSERT INTO client_queues (client_id, served_at) \
-     VALUES ($1, $2) ON CONFLICT (client_id) DO NOTHING RETURNING client_id) \
+     VALUES ($1, $2) ON CONFLICT (client_id) DO NOTHING) \
      UPDATE client_queues SET served_at = $2 WHERE client_id = ( \
         SELECT client_id FROM client_queues WHERE client_id = $1 \
         FOR NO KEY UPDATE SKIP LOCKED) \
-     AND (served_at IS NULL OR served_at < $2) AND NOT EXISTS (SELECT 1 FROM added)";
+     AND (served_at IS NULL OR served_at < $2)";
 
 /// The task writes on a transaction (a recovery's moves; the hot writes are `batch.rs`'s, which
 /// implements them over the rows its batch read): a task read for a write is locked.
