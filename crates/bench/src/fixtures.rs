@@ -9,12 +9,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::bail;
+use lmsp_domain::error_code::TaskErrorCode;
 use lmsp_domain::ids::{ClientId, InstanceId, TaskId};
 use lmsp_domain::model::ModelId;
 use lmsp_domain::ports::{InstanceInfo, InstanceStore, Registration, StepOutcome};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::schedule::ServiceTier;
-use lmsp_domain::task::{Input, Metadata, NewTask, Response, Task, TaskSpec, Usage};
+use lmsp_domain::task::{Input, Metadata, NewTask, Response, Task, TaskError, TaskSpec, Usage};
 use lmsp_domain::time::Timestamp;
 use lmsp_domain::transition::Step;
 use ulid::Ulid;
@@ -115,6 +116,14 @@ pub fn complete(task: &Task, text: &str, at: Timestamp) -> Step {
             created_at: task.created_at,
             completed_at: at,
         }),
+    }
+}
+
+/// The end a claim loop gives each task it claimed, as a worker whose run takes no time would
+/// (the cheapest end: from `loading` straight to `failed`).
+pub fn ended() -> Step {
+    Step::Fail {
+        error: TaskError::new(TaskErrorCode::EngineError, "lmsp-bench: claimed and ended"),
     }
 }
 

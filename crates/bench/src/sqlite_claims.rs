@@ -23,13 +23,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use futures::StreamExt;
 use lmsp_bench::fixtures::{self, applied, T0};
-use lmsp_domain::error_code::TaskErrorCode;
 use lmsp_domain::ports::{CreateOutcome, TaskStore};
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::schedule::ServiceTier;
-use lmsp_domain::task::TaskError;
 use lmsp_domain::time::Timestamp;
-use lmsp_domain::transition::Step;
 use lmsp_domain::{ClientId, InstanceId};
 use lmsp_storage_sqlite::{SqliteOptions, SqliteStore};
 
@@ -149,13 +146,6 @@ pub struct ClaimRun {
     pub ran_dry: bool,
 }
 
-/// The end every claimed task gets (the cheapest one: from `loading` straight to `failed`).
-fn end_step() -> Step {
-    Step::Fail {
-        error: TaskError::new(TaskErrorCode::EngineError, "lmsp-bench: claimed and ended"),
-    }
-}
-
 /// Measures one repetition on a copy of `template` in `work_dir`: `loops` claim loops for
 /// `warmup` (not counted), then for `duration`.
 pub async fn measure(
@@ -195,7 +185,7 @@ pub async fn measure(
                 if sent >= counted_from {
                     latencies.push(took);
                 }
-                applied(store.finish(task.id, owner, end_step(), at).await?)?;
+                applied(store.finish(task.id, owner, fixtures::ended(), at).await?)?;
             }
             Ok::<_, anyhow::Error>((latencies, ran_dry, Instant::now()))
         }));

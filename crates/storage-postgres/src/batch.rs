@@ -68,7 +68,8 @@ use crate::codec::{self, EventRow};
 use crate::error::DbError;
 use crate::notify::Notifier;
 use crate::ops::{
-    self, client_key, decode_task, instance_key, key, to_i64, TASK_COLUMNS, TASK_FROM,
+    self, client_key, decode_task, instance_key, key, to_i64, TASK_COLUMNS, TASK_COLUMN_COUNT,
+    TASK_FROM,
 };
 
 mod fast;
@@ -136,6 +137,8 @@ pub enum Reply {
     Stepped(StepOutcome),
     /// To a claim.
     Claimed(Option<Task>),
+    /// To a claim that took no task while others were claimable: concurrent claims held them.
+    Held,
     /// To a cancel.
     Cancelled(CancelOutcome),
 }
@@ -670,6 +673,9 @@ fn key_id(record: &IdempotencyRecord) -> KeyId {
 struct Overlay {
     tasks: HashMap<TaskId, Task>,
     claimable: VecDeque<TaskId>,
+    /// Whether the claims' read found claimable tasks it could not take: held by concurrent
+    /// claims (`SKIP LOCKED`), or claimed since its snapshot.
+    claims_held: bool,
     keys: HashMap<KeyId, Option<IdempotencyRecord>>,
     /// For each client of the batch's creates that has a `max_queued`: it, and how many of its
     /// tasks are queued (counted up to it, then followed through the batch).
@@ -805,11 +811,18 @@ async fn read(
         }
     }
     if claims > 0 {
+        let (mut taken, mut candidates) = (0_u64, 0_i64);
         for row in next()? {
+            candidates = row.try_get(TASK_COLUMN_COUNT)?;
+            if row.try_get::<_, Option<Vec<u8>>>(0)?.is_none() {
+                continue;
+            }
             let task = decode_task(&row)?;
             overlay.claimable.push_back(task.id);
             overlay.tasks.entry(task.id).or_insert(task);
+            taken += 1;
         }
+        overlay.claims_held = codec::from_i64(candidates)? > taken;
     }
     if !creators.is_empty() {
         for row in next()? {
@@ -1030,6 +1043,7 @@ fn decide(request: &Request, overlay: &mut Overlay) -> Result<Decided, DbError> 
                     let (task, events) = flows::run_ready(flows::claim(&planner, &old, *by, *at))?;
                     (Reply::Claimed(Some(task)), events)
                 }
+                None if planner.overlay.borrow().claims_held => (Reply::Held, Vec::new()),
                 None => (Reply::Claimed(None), Vec::new()),
             }
         }

@@ -1,6 +1,8 @@
 //! The storage ports of `lmsp_domain::ports` implemented by [`PostgresStore`]: each method one
 //! transaction (or one read) on a pooled connection, its events published after the commit.
 
+use std::time::{Duration, Instant};
+
 use crate::batch::{Reply, Request};
 use crate::error::DbError;
 use crate::{no_events, ops, pg, PostgresStore, LEADER_LOCK};
@@ -30,6 +32,14 @@ use lmsp_domain::transition::Step;
 use lmsp_domain::webhooks::{Delivery, WebhookEndpoint};
 use lmsp_storage_codec::recovery::{recovery_pass, RecoveryBatch};
 use tokio_postgres::NoTls;
+
+/// How long an empty claim is tried again while claimable tasks are held by other transactions
+/// (`TaskStore::claim`): as long as a worker sleeps after an empty claim.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+/// The first pause before such a claim is made again; it doubles.
+const CONTENDED_FIRST_PAUSE: Duration = Duration::from_millis(1);
+/// The longest pause between such claims.
+const CONTENDED_LAST_PAUSE: Duration = Duration::from_millis(32);
 
 /// A reply of another kind than its request's (a bug of the writer, never a caller's).
 fn mismatched(reply: &Reply) -> StoreError {
@@ -108,9 +118,32 @@ impl TaskStore for PostgresStore {
         at: Timestamp,
         aging: TierAging,
     ) -> Result<Option<Task>, StoreError> {
-        match self.writer.run(Request::Claim { by, at, aging }).await? {
-            Reply::Claimed(task) => Ok(task),
-            other => Err(mismatched(&other)),
+        // A claim reads the queue's heads `SKIP LOCKED`, so it takes nothing when concurrent
+        // claims (another lane's, another instance's) hold every head it read, however many
+        // tasks wait behind them; its worker would then sleep until the next wake-up. Such a
+        // claim is answered `Held` (its read counted claimable tasks it could not take), and is
+        // made again after pauses doubling from 1 ms to 32 ms, as the holders commit, for at
+        // most `CONTENDED_FOR`. An empty queue, or one whose clients are all at their
+        // `max_running`, answers `None` at once. A claim made later than asked is made at `at`
+        // plus the time waited.
+        let started = Instant::now();
+        let mut pause = CONTENDED_FIRST_PAUSE;
+        loop {
+            let waited = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+            let request = Request::Claim {
+                by,
+                at: at.plus_millis(waited),
+                aging,
+            };
+            match self.writer.run(request).await? {
+                Reply::Claimed(task) => return Ok(task),
+                Reply::Held if started.elapsed() < CONTENDED_FOR => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(CONTENDED_LAST_PAUSE);
+                }
+                Reply::Held => return Ok(None),
+                other => return Err(mismatched(&other)),
+            }
         }
     }
 

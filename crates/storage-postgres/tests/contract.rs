@@ -694,3 +694,49 @@ async fn a_write_postgres_refuses_fails_alone_in_its_batch_p11() {
         }
     }
 }
+
+/// A claim does not come back empty because another transaction held the only claimable task
+/// for a moment (`SKIP LOCKED` passes over it): while a task is claimable, locks aside, the
+/// adapter claims again (for at most a second), so a worker takes it when the holder lets go
+/// instead of sleeping until its next wake-up. Here a transaction of this test locks the one
+/// queued task and rolls back after 100 ms; the claim begun meanwhile gets the task. Before,
+/// the claim answered `None` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waits_out_a_transaction_holding_the_only_queued_task() {
+    use lmsp_domain::ports::{CreateOutcome, TaskStore};
+    use lmsp_domain::recovery::RestartPolicy;
+    use lmsp_domain::status::TaskStatus;
+    use lmsp_storage_contract as contract;
+
+    let factory = Postgres::new();
+    let (store, _heard) = contract::fresh_store(&factory).await;
+    let owner = contract::support::register(&store, "owner", contract::time(0))
+        .await
+        .id;
+    let task = contract::task(owner, RestartPolicy::Retry);
+    let CreateOutcome::Created(task) = store.create_task(task, None).await.unwrap() else {
+        panic!("a create without a key or limit")
+    };
+    let name = store.database().expect("the store names its database");
+    let (holder, connection) = tokio_postgres::connect(&database_url(&factory.base, &name), NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    holder
+        .batch_execute("BEGIN; SELECT 1 FROM tasks WHERE status = 'queued' FOR UPDATE")
+        .await
+        .unwrap();
+    let store = Arc::new(store);
+    let claim = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.claim_next(owner, contract::time(10)).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    let claimed = claim.await.unwrap().unwrap();
+    let claimed = claimed.expect("the claim took the task once the holder let go");
+    assert_eq!(claimed.id, task.id);
+    assert_eq!(claimed.status, TaskStatus::Loading);
+    drop(holder);
+    let _ = driver.await;
+}

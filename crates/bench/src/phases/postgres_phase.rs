@@ -275,7 +275,7 @@ impl Phases<'_> {
             None => postgres::Postgres::start_cluster(self.postgres_bin)?,
         };
         println!(
-            "\n[pg-claims] on {}; {} tasks queued through PostgresStore (create_task, 64 at a time); {} claim loops per instance, claim_next only (no task is ended), {:.1} s per run or until the queue runs dry, each run on a fresh queue",
+            "\n[pg-claims] on {}; {} tasks queued through PostgresStore (create_task, 64 at a time); {} claim loops per instance, each claiming a task and then ending it (a `Fail` step) as a worker would, {:.1} s per run or until the queue runs dry, each run on a fresh queue",
             pg.description,
             plan.pg_claim_queue,
             plan.pg_claimers,

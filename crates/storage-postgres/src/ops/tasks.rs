@@ -72,6 +72,13 @@ async fn put_snapshot<C: Db>(db: &C, task_id: TaskId, snapshot: &Snapshot) -> Re
 /// the next clients' rather than nothing. Expanding every client's heads instead sorted `$1` × 3
 /// rows per client (48 000 for 1 000 clients: 850 ms a claim; 50 to 110 ms now, the walk over
 /// the clients being what is left).
+///
+/// Each row is a task taken with, last, how many tasks the read found claimable (`candidates`,
+/// its snapshot's count of the heads it ranked, locks aside); when it took none, the one row has
+/// no task (its columns `NULL`) and that count. A batch that took fewer tasks than it found
+/// claimable lost the others to concurrent claims (or to changes since its snapshot), which is
+/// how the adapter tells a queue held by others from an empty one (`Reply::Held`) without a
+/// second read.
 pub fn claimable_sql() -> String {
     // Each tier's heads are a subquery of their own with the tier as a literal, not one subquery
     // joined to a list of tiers: with the tier a parameter the planner cannot tell an empty tier
@@ -94,6 +101,14 @@ pub fn claimable_sql() -> String {
     };
     let (firsts, heads) = (tier_heads("1"), tier_heads("l.heads"));
     let urgency = "GREATEST(h.tier - GREATEST($2::bigint - h.created_at, 0) / $3::bigint, 0)";
+    let picked_columns = TASK_COLUMNS
+        .split(',')
+        .map(|column| {
+            let name = column.trim();
+            format!("p.{}", name.split_once('.').map_or(name, |(_, name)| name))
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         "WITH RECURSIVE queued(client_id) AS ( \
             (SELECT client_id FROM tasks WHERE status = 'queued' ORDER BY client_id LIMIT 1) \
@@ -123,12 +138,19 @@ pub fn claimable_sql() -> String {
             SELECT h.id, h.urgency, l.max_running, l.served_at, \
                    l.running + row_number() OVER ( \
                        PARTITION BY h.client_id ORDER BY h.urgency, h.id) - 1 AS load \
-            FROM heads h JOIN served l ON l.client_id = h.client_id) \
-         SELECT {TASK_COLUMNS} FROM ranked r JOIN tasks t ON t.id = r.id \
-         JOIN task_specs s ON s.task_id = t.id \
-         WHERE t.status = 'queued' AND (r.max_running IS NULL OR r.load < r.max_running) \
-         ORDER BY r.urgency, r.load, r.served_at NULLS FIRST, t.id \
-         LIMIT $1 FOR UPDATE OF t SKIP LOCKED"
+            FROM heads h JOIN served l ON l.client_id = h.client_id), \
+         eligible AS ( \
+            SELECT r.id, r.urgency, r.load, r.served_at FROM ranked r \
+            WHERE r.max_running IS NULL OR r.load < r.max_running), \
+         picked AS ( \
+            SELECT {TASK_COLUMNS}, r.urgency, r.load, r.served_at AS served \
+            FROM eligible r JOIN tasks t ON t.id = r.id JOIN task_specs s ON s.task_id = t.id \
+            WHERE t.status = 'queued' \
+            ORDER BY r.urgency, r.load, r.served_at NULLS FIRST, t.id \
+            LIMIT $1 FOR UPDATE OF t SKIP LOCKED) \
+         SELECT {picked_columns}, c.candidates \
+         FROM (SELECT count(*) AS candidates FROM eligible) c LEFT JOIN picked p ON true \
+         ORDER BY p.urgency, p.load, p.served NULLS FIRST, p.id"
     )
 }
 
