@@ -18,7 +18,9 @@
 //!   connections of their own, each shared by every caller at once (their requests pipelined);
 //!   the event reads that gather while one is answered are one statement (`reader.rs`).
 //! - `claim_next` takes the oldest queued task with `FOR UPDATE SKIP LOCKED`: each task is
-//!   claimed once across processes, and claimers never wait on each other.
+//!   claimed once across processes, and claimers never wait on each other. A claim that found
+//!   every claimable head held by another claim is made again after a short pause (for at most
+//!   a second) rather than answered empty.
 //! - The maintenance leader holds a session-level advisory lock on a connection of its own.
 //! - Committed events and cancels reach the other stores by `NOTIFY` (sent right after commit,
 //!   gathered, one statement on a connection of the notifier's own) and a `LISTEN` connection per
