@@ -134,11 +134,11 @@ impl MultiProcess for Postgres {
 }
 
 /// I-4 (a purge removes a task with all its rows) and I-2 (a task's events are its log): the
-/// events of database `name` whose task is not there. Schema version 7 has no foreign key on
-/// `task_events`: the adapter keeps that integrity, and every check of the suite ends by
-/// counting them; none when the database has no events table (its check failed before the
-/// migrations ran), an error when it cannot be read.
-async fn events_without_their_task(base: &str, name: &str) -> Result<i64, String> {
+/// events and specs of database `name` whose task is not there. Schema versions 7 and 8 have no
+/// foreign keys on `task_events` and `task_specs`: the adapter keeps that integrity, and every
+/// check of the suite ends by counting them; none when the database has no events table (its
+/// check failed before the migrations ran), an error when it cannot be read.
+async fn rows_without_their_task(base: &str, name: &str) -> Result<i64, String> {
     let url = database_url(base, name);
     let (client, connection) = tokio_postgres::connect(&url, NoTls)
         .await
@@ -152,8 +152,10 @@ async fn events_without_their_task(base: &str, name: &str) -> Result<i64, String
     let orphans = if exists {
         client
             .query_one(
-                "SELECT count(*) FROM task_events e \
-                 WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = e.task_id)",
+                "SELECT (SELECT count(*) FROM task_events e \
+                         WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = e.task_id)) \
+                      + (SELECT count(*) FROM task_specs s \
+                         WHERE NOT EXISTS (SELECT 1 FROM tasks t WHERE t.id = s.task_id))",
                 &[],
             )
             .await
@@ -183,11 +185,11 @@ impl Drop for Postgres {
             runtime.block_on(async {
                 let mut found = Vec::new();
                 for name in names {
-                    match events_without_their_task(&base, &name).await {
+                    match rows_without_their_task(&base, &name).await {
                         Ok(0) => {}
-                        Ok(count) => {
-                            found.push(format!("{name}: {count} events without their task"))
-                        }
+                        Ok(count) => found.push(format!(
+                            "{name}: {count} events or specs without their task"
+                        )),
                         Err(error) => found.push(error),
                     }
                     admin(
@@ -738,5 +740,57 @@ async fn a_claim_waits_out_a_transaction_holding_the_only_queued_task() {
     assert_eq!(claimed.id, task.id);
     assert_eq!(claimed.status, TaskStatus::Loading);
     drop(holder);
+    let _ = driver.await;
+}
+
+/// Schema version 8 on a database of version 7: the next store to open it drops `task_specs`'
+/// foreign key (and records the version); the tasks and specs already there stay readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_7_database_loses_the_spec_foreign_key_when_opened() {
+    use lmsp_domain::ports::{CreateOutcome, TaskStore};
+    use lmsp_domain::recovery::RestartPolicy;
+    use lmsp_storage_contract::{self as contract, RecordingListener};
+
+    let factory = Postgres::new();
+    let (first, _heard) = contract::fresh_store(&factory).await;
+    let owner = contract::support::register(&first, "owner", contract::time(0))
+        .await
+        .id;
+    let task = contract::task(owner, RestartPolicy::Retry);
+    let CreateOutcome::Created(task) = first.create_task(task, None).await.unwrap() else {
+        panic!("a create without a key or limit")
+    };
+    let name = first.database().expect("the store names its database");
+    let url = database_url(&factory.base, &name);
+    admin(
+        &url,
+        "ALTER TABLE task_specs ADD CONSTRAINT task_specs_task_id_fkey \
+         FOREIGN KEY (task_id) REFERENCES tasks (id); \
+         DELETE FROM schema_migrations WHERE version = 8;",
+    )
+    .await;
+    let second = factory
+        .another_process(&first, RecordingListener::new())
+        .await;
+    let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    let driver = tokio::spawn(connection);
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_constraint \
+                     WHERE conname = 'task_specs_task_id_fkey'), \
+                    (SELECT max(version) FROM schema_migrations)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 0, "the foreign key is gone");
+    assert_eq!(row.get::<_, i64>(1), 8);
+    let read = second
+        .task(task.id)
+        .await
+        .unwrap()
+        .expect("the task is there");
+    assert_eq!(read.spec, task.spec);
+    drop(client);
     let _ = driver.await;
 }
