@@ -68,8 +68,7 @@ use crate::codec::{self, EventRow};
 use crate::error::DbError;
 use crate::notify::Notifier;
 use crate::ops::{
-    self, client_key, decode_task, instance_key, key, to_i64, TASK_COLUMNS, TASK_COLUMN_COUNT,
-    TASK_FROM,
+    self, client_key, decode_task, instance_key, key, to_i64, TASK_COLUMNS, TASK_FROM,
 };
 
 mod fast;
@@ -813,7 +812,7 @@ async fn read(
     if claims > 0 {
         let (mut taken, mut candidates) = (0_u64, 0_i64);
         for row in next()? {
-            candidates = row.try_get(TASK_COLUMN_COUNT)?;
+            candidates = row.try_get("candidates")?;
             if row.try_get::<_, Option<Vec<u8>>>(0)?.is_none() {
                 continue;
             }

@@ -73,9 +73,9 @@ async fn put_snapshot<C: Db>(db: &C, task_id: TaskId, snapshot: &Snapshot) -> Re
 /// rows per client (48 000 for 1 000 clients: 850 ms a claim; 50 to 110 ms now, the walk over
 /// the clients being what is left).
 ///
-/// Each row is a task taken with, last, how many tasks the read found claimable (`candidates`,
-/// its snapshot's count of the heads it ranked, locks aside); when it took none, the one row has
-/// no task (its columns `NULL`) and that count. A batch that took fewer tasks than it found
+/// Each row is a task taken ([`TASK_COLUMNS`] first, then its place in the order) with how many
+/// tasks the read found claimable (`candidates`, its snapshot's count of the heads it ranked,
+/// locks aside); when it took none, the one row has no task (its columns `NULL`) and that count. A batch that took fewer tasks than it found
 /// claimable lost the others to concurrent claims (or to changes since its snapshot), which is
 /// how the adapter tells a queue held by others from an empty one (`Reply::Held`) without a
 /// second read.
@@ -101,14 +101,6 @@ pub fn claimable_sql() -> String {
     };
     let (firsts, heads) = (tier_heads("1"), tier_heads("l.heads"));
     let urgency = "GREATEST(h.tier - GREATEST($2::bigint - h.created_at, 0) / $3::bigint, 0)";
-    let picked_columns = TASK_COLUMNS
-        .split(',')
-        .map(|column| {
-            let name = column.trim();
-            format!("p.{}", name.split_once('.').map_or(name, |(_, name)| name))
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
     format!(
         "WITH RECURSIVE queued(client_id) AS ( \
             (SELECT client_id FROM tasks WHERE status = 'queued' ORDER BY client_id LIMIT 1) \
@@ -148,7 +140,7 @@ pub fn claimable_sql() -> String {
             WHERE t.status = 'queued' \
             ORDER BY r.urgency, r.load, r.served_at NULLS FIRST, t.id \
             LIMIT $1 FOR UPDATE OF t SKIP LOCKED) \
-         SELECT {picked_columns}, c.candidates \
+         SELECT p.*, c.candidates \
          FROM (SELECT count(*) AS candidates FROM eligible) c LEFT JOIN picked p ON true \
          ORDER BY p.urgency, p.load, p.served NULLS FIRST, p.id"
     )
