@@ -532,19 +532,15 @@ async fn run(
     *batch = done;
     batch.extend(undone);
     batch.extend(rest);
-    match attempt(conn, &batch[written..], false, false).await? {
-        Some(rest) => {
+    // When a write fails, the transaction is rolled back with the one-statement writes before
+    // it, so the whole batch is written again, each command in its savepoint.
+    let first = attempt(conn, &batch[written..], false, false)
+        .await?
+        .map(|rest| {
             ended.extend(rest);
-            Ok(ended)
-        }
-        // A write failed with no savepoint around it: the transaction is rolled back with the
-        // one-statement writes before it, and the whole batch written again, each command in
-        // its savepoint.
-        None => {
-            conn.batch_execute("ROLLBACK").await?;
-            with_savepoints(conn, batch).await
-        }
-    }
+            ended
+        });
+    or_with_savepoints(conn, first, batch).await
 }
 
 /// The batch's transaction, begun here: reads, decisions and writes until every command
@@ -569,11 +565,24 @@ async fn transaction(
     conn: &deadpool_postgres::ClientWrapper,
     batch: &[Command],
 ) -> Result<Vec<Ended>, DbError> {
-    if let Some(ended) = attempt(conn, batch, true, false).await? {
-        return Ok(ended);
+    let first = attempt(conn, batch, true, false).await?;
+    or_with_savepoints(conn, first, batch).await
+}
+
+/// The answers of a pass without savepoints (`first`); when a write of it failed (`None`), the
+/// aborted transaction rolled back and `batch` written again by [`with_savepoints`].
+async fn or_with_savepoints(
+    conn: &deadpool_postgres::ClientWrapper,
+    first: Option<Vec<Ended>>,
+    batch: &[Command],
+) -> Result<Vec<Ended>, DbError> {
+    match first {
+        Some(ended) => Ok(ended),
+        None => {
+            conn.batch_execute("ROLLBACK").await?;
+            with_savepoints(conn, batch).await
+        }
     }
-    conn.batch_execute("ROLLBACK").await?;
-    with_savepoints(conn, batch).await
 }
 
 /// The batch's transaction, begun here, with a savepoint around each command's writes, so
@@ -756,7 +765,7 @@ async fn read(
     }
     if let Some((at, aging)) = claim_order {
         reads.push(Stmt::new(
-            ops::tasks::claimable_sql(),
+            String::from(ops::tasks::claimable_sql()),
             vec![
                 Box::new(to_i64(claims)?),
                 Box::new(at.as_millis()),

@@ -616,7 +616,9 @@ async fn concurrent_webhook_claims_in_two_processes_take_each_delivery_once() {
     assert_eq!(taken.len(), ENDPOINTS * TASKS);
 }
 
-/// P-11 (a command that fails fails alone; the others written in its transaction stay written):
+/// P-11 (a command that fails fails alone; the others written in its transaction stay written),
+/// and I-2 (each task's log whole: every cancelled task has its one `response.cancelled`, the
+/// refused one none):
 /// cancels gathered by one write lane into shared transactions, one of which PostgreSQL refuses
 /// (a trigger of this test's rejects the update of the one `flex` task). That cancel fails; the
 /// 30 others are all written, each task cancelled once with its log whole.
@@ -705,24 +707,13 @@ async fn a_write_postgres_refuses_fails_alone_in_its_batch_p11() {
 /// the claim answered `None` at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_waits_out_a_transaction_holding_the_only_queued_task() {
-    use lmsp_domain::ports::{CreateOutcome, TaskStore};
-    use lmsp_domain::recovery::RestartPolicy;
+    use lmsp_domain::ports::TaskStore;
     use lmsp_domain::status::TaskStatus;
     use lmsp_storage_contract as contract;
 
     let factory = Postgres::new();
-    let (store, _heard) = contract::fresh_store(&factory).await;
-    let owner = contract::support::register(&store, "owner", contract::time(0))
-        .await
-        .id;
-    let task = contract::task(owner, RestartPolicy::Retry);
-    let CreateOutcome::Created(task) = store.create_task(task, None).await.unwrap() else {
-        panic!("a create without a key or limit")
-    };
-    let name = store.database().expect("the store names its database");
-    let (holder, connection) = tokio_postgres::connect(&database_url(&factory.base, &name), NoTls)
-        .await
-        .unwrap();
+    let (store, owner, task, url) = one_queued_task(&factory).await;
+    let (holder, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
     let driver = tokio::spawn(connection);
     holder
         .batch_execute("BEGIN; SELECT 1 FROM tasks WHERE status = 'queued' FOR UPDATE")
@@ -743,25 +734,42 @@ async fn a_claim_waits_out_a_transaction_holding_the_only_queued_task() {
     let _ = driver.await;
 }
 
-/// Schema version 8 on a database of version 7: the next store to open it drops `task_specs`'
-/// foreign key (and records the version); the tasks and specs already there stay readable.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_7_database_loses_the_spec_foreign_key_when_opened() {
+/// A fresh store with one queued task (its owner registered), and the URL of its database.
+async fn one_queued_task(
+    factory: &Postgres,
+) -> (
+    PostgresStore,
+    lmsp_domain::ids::InstanceId,
+    lmsp_domain::task::Task,
+    String,
+) {
     use lmsp_domain::ports::{CreateOutcome, TaskStore};
     use lmsp_domain::recovery::RestartPolicy;
-    use lmsp_storage_contract::{self as contract, RecordingListener};
+    use lmsp_storage_contract as contract;
 
-    let factory = Postgres::new();
-    let (first, _heard) = contract::fresh_store(&factory).await;
-    let owner = contract::support::register(&first, "owner", contract::time(0))
+    let (store, _heard) = contract::fresh_store(factory).await;
+    let owner = contract::support::register(&store, "owner", contract::time(0))
         .await
         .id;
     let task = contract::task(owner, RestartPolicy::Retry);
-    let CreateOutcome::Created(task) = first.create_task(task, None).await.unwrap() else {
+    let CreateOutcome::Created(task) = store.create_task(task, None).await.unwrap() else {
         panic!("a create without a key or limit")
     };
-    let name = first.database().expect("the store names its database");
+    let name = store.database().expect("the store names its database");
     let url = database_url(&factory.base, &name);
+    (store, owner, task, url)
+}
+
+/// I-1 across an upgrade (a task the store acknowledged stays, with its spec): schema version 8
+/// on a database of version 7. The next store to open it drops `task_specs`' foreign key (and
+/// records the version); the task and spec already there stay readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_7_database_loses_the_spec_foreign_key_when_opened() {
+    use lmsp_domain::ports::TaskStore;
+    use lmsp_storage_contract::RecordingListener;
+
+    let factory = Postgres::new();
+    let (first, _owner, task, url) = one_queued_task(&factory).await;
     admin(
         &url,
         "ALTER TABLE task_specs ADD CONSTRAINT task_specs_task_id_fkey \

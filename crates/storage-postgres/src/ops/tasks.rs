@@ -1,5 +1,7 @@
 //! Tasks: the task writes (the group-committed hot writes are `batch.rs`'s), cancels' and steps' shared SQL, deletion, and the reads.
 
+use std::sync::LazyLock;
+
 use lmsp_domain::event::Event;
 use lmsp_domain::ids::{ClientId, InstanceId, ResponseId, TaskId};
 use lmsp_domain::ports::{DeleteOutcome, Page, Snapshot, TaskFilter};
@@ -79,7 +81,12 @@ async fn put_snapshot<C: Db>(db: &C, task_id: TaskId, snapshot: &Snapshot) -> Re
 /// claimable lost the others to concurrent claims (or to changes since its snapshot), which is
 /// how the adapter tells a queue held by others from an empty one (`Reply::Held`) without a
 /// second read.
-pub fn claimable_sql() -> String {
+pub fn claimable_sql() -> &'static str {
+    CLAIMABLE_SQL.as_str()
+}
+
+/// [`claimable_sql`]'s text, made once: every batch with a claim sends it.
+static CLAIMABLE_SQL: LazyLock<String> = LazyLock::new(|| {
     // Each tier's heads are a subquery of their own with the tier as a literal, not one subquery
     // joined to a list of tiers: with the tier a parameter the planner cannot tell an empty tier
     // from a full one, and for a client whose queue fills one tier it walked the primary key past
@@ -144,7 +151,7 @@ pub fn claimable_sql() -> String {
          FROM (SELECT count(*) AS candidates FROM eligible) c LEFT JOIN picked p ON true \
          ORDER BY p.urgency, p.load, p.served NULLS FIRST, p.id"
     )
-}
+});
 
 /// Records when a claim served client `$1` (at `$2`), for fairness between clients, without
 /// waiting for another claim's transaction.
