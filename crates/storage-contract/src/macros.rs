@@ -81,6 +81,7 @@ macro_rules! storage_contract_tests {
             schedule::client_limits_are_set_and_replaced,
             schedule::a_client_past_its_max_queued_creates_nothing,
             schedule::a_create_past_the_services_max_queued_creates_nothing,
+            schedule::creates_made_at_once_fill_a_queue_to_its_limit_and_no_further,
             schedule::a_client_at_its_max_running_waits_while_others_run,
             schedule::the_claim_order_holds_after_every_write_path_moved_the_fronts,
             schedule::claims_follow_next_claim_over_the_heads_through_random_writes,

@@ -308,6 +308,87 @@ pub async fn a_create_past_the_services_max_queued_creates_nothing<F: StoreFacto
     );
 }
 
+/// P-2, I-9: creates made at once fill a queue to its limit and no further, as if made one
+/// after another. A client with 3 of its `max_queued` 5 queued sends 20 at once: 2 are created
+/// and 18 answer the full queue and write nothing; another client's 20 at once (no limit) are
+/// all created; then 20 at once under a service `max_queued` with 7 places left: 7 are created.
+/// (A store may write concurrent creates in one statement; it must still admit each as
+/// `QueueLimits::admit` does, and fail none for another's sake.)
+pub async fn creates_made_at_once_fill_a_queue_to_its_limit_and_no_further<F: StoreFactory>(
+    factory: &F,
+) {
+    let (store, listener) = fresh_store(factory).await;
+    let store = std::sync::Arc::new(store);
+    let limits = ClientLimits {
+        max_running: None,
+        max_queued: Some(5),
+    };
+    let client = limited(&*store, limits).await;
+    for _ in 0..3 {
+        create(&*store, of(client, ServiceTier::Default).build()).await;
+    }
+    let at_once = |client: ClientId, service_max_queued: Option<u32>| {
+        let tasks: Vec<Task> = (0..20)
+            .map(|_| of(client, ServiceTier::Default).build())
+            .collect();
+        let racers: Vec<_> = tasks
+            .iter()
+            .map(|task| {
+                let (store, task) = (std::sync::Arc::clone(&store), task.clone());
+                tokio::spawn(async move {
+                    store
+                        .create_task_within(task, None, service_max_queued)
+                        .await
+                })
+            })
+            .collect();
+        async move {
+            let mut outcomes = Vec::new();
+            for (task, racer) in tasks.into_iter().zip(racers) {
+                outcomes.push((task, racer.await.unwrap().unwrap()));
+            }
+            outcomes
+        }
+    };
+    let created = |outcomes: &[(Task, CreateOutcome)]| {
+        outcomes
+            .iter()
+            .filter(|(_, outcome)| matches!(outcome, CreateOutcome::Created(_)))
+            .count()
+    };
+    let mark = listener.mark();
+    let outcomes = at_once(client, None).await;
+    assert_eq!(created(&outcomes), 2, "{outcomes:?}");
+    for (task, outcome) in &outcomes {
+        if !matches!(outcome, CreateOutcome::Created(_)) {
+            assert_eq!(outcome, &CreateOutcome::QueueFull(QueueFull::Client(5)));
+            assert_eq!(store.task(task.id).await.unwrap(), None, "nothing created");
+        }
+    }
+    let made: std::collections::HashSet<_> = outcomes
+        .iter()
+        .filter(|(_, outcome)| matches!(outcome, CreateOutcome::Created(_)))
+        .map(|(task, _)| task.id)
+        .collect();
+    let announced: std::collections::HashSet<_> = listener
+        .events_since(mark)
+        .iter()
+        .map(|event| event.task_id)
+        .collect();
+    assert_eq!(announced, made, "only the created announce");
+    let free = client_id();
+    assert_eq!(created(&at_once(free, None).await), 20, "no limit");
+    // 5 queued of the limited client and 20 of the other: 7 places left under 32.
+    let outcomes = at_once(free, Some(32)).await;
+    assert_eq!(created(&outcomes), 7, "{outcomes:?}");
+    for (task, outcome) in &outcomes {
+        if !matches!(outcome, CreateOutcome::Created(_)) {
+            assert_eq!(outcome, &CreateOutcome::QueueFull(QueueFull::Service(32)));
+            assert_eq!(store.task(task.id).await.unwrap(), None, "nothing created");
+        }
+    }
+}
+
 /// A client at its `max_running` is passed over: its other tasks wait while another client's
 /// newer task starts, and wait for nothing once nobody else has work.
 pub async fn a_client_at_its_max_running_waits_while_others_run<F: StoreFactory>(factory: &F) {

@@ -468,11 +468,20 @@ async fn run(
     pairs.sort_by_key(|(_, plan)| plan.is_none());
     let (commands, plans): (Vec<Command>, Vec<Option<fast::Fast>>) = pairs.into_iter().unzip();
     *batch = commands;
-    let plans: Vec<fast::Fast> = plans.into_iter().flatten().collect();
+    let (writes, outcomes): (Vec<fast::Write>, Vec<(Reply, Vec<Event>)>) = plans
+        .into_iter()
+        .flatten()
+        .map(|plan| (plan.write, (plan.reply, plan.events)))
+        .unzip();
+    let (statements, place) = fast::statements(writes);
     let all = planned == batch.len();
-    let mut items = Vec::with_capacity(planned + 2);
+    let mut items = Vec::with_capacity(statements.len() + 2);
     items.push(Item::Simple("BEGIN ISOLATION LEVEL READ COMMITTED"));
-    items.extend(plans.iter().map(|plan| Item::Statement(&plan.statement)));
+    items.extend(
+        statements
+            .iter()
+            .map(|(statement, _)| Item::Statement(statement)),
+    );
     if all {
         items.push(Item::Simple("COMMIT"));
     }
@@ -480,21 +489,25 @@ async fn run(
     if let Some(Err(error)) = answers.next() {
         return Err(error.into());
     }
-    let mut wrote = Vec::with_capacity(planned);
+    let mut written = Vec::with_capacity(statements.len());
     let mut failed = false;
-    for _ in 0..planned {
+    for (_, count) in &statements {
         match answers.next() {
-            Some(Ok(rows)) => wrote.push(
+            Some(Ok(rows)) => written.push(
                 rows.first()
                     .and_then(|row| row.try_get::<_, i64>(0).ok())
-                    .is_some_and(|count| count == 1),
+                    .is_some_and(|wrote| wrote == *count),
             ),
             Some(Err(_)) | None => {
                 failed = true;
-                wrote.push(false);
+                written.push(false);
             }
         }
     }
+    let wrote: Vec<bool> = place
+        .iter()
+        .map(|&at| written.get(at).copied().unwrap_or(false))
+        .collect();
     if failed {
         // The transaction is aborted (its pipelined `COMMIT`, if any, rolled it back): write the
         // batch again by the savepoint path, where the failing command fails alone.
@@ -507,11 +520,11 @@ async fn run(
         if let Some(Err(error)) = answers.next() {
             return Err(error.into());
         }
-        return Ok(plans
+        return Ok(outcomes
             .into_iter()
             .zip(wrote)
-            .map(|(plan, wrote)| match wrote {
-                true => Ended::Done(plan.reply, plan.events, false),
+            .map(|((reply, events), wrote)| match wrote {
+                true => Ended::Done(reply, events, false),
                 false => Ended::Slow,
             })
             .collect());
@@ -520,9 +533,9 @@ async fn run(
     let rest = batch.split_off(planned);
     let (mut done, mut undone) = (Vec::new(), Vec::new());
     let mut ended = Vec::with_capacity(batch.len() + rest.len());
-    for ((command, plan), wrote) in batch.drain(..).zip(plans).zip(wrote) {
+    for ((command, (reply, events)), wrote) in batch.drain(..).zip(outcomes).zip(wrote) {
         if wrote {
-            ended.push(Ended::Done(plan.reply, plan.events, false));
+            ended.push(Ended::Done(reply, events, false));
             done.push(command);
         } else {
             undone.push(command);
