@@ -988,7 +988,7 @@ impl CreateRows for Planner<'_> {
         ))
     }
 
-    /// The task, its spec and first events in one statement (`CREATE_SQL`), then the key's
+    /// The task, its spec and first events in one statement (`fast::CREATES_SQL`), then the key's
     /// record; the queued counts followed.
     async fn insert_created(
         &self,
@@ -1001,7 +1001,7 @@ impl CreateRows for Planner<'_> {
             *queued += 1;
         }
         overlay.service_queued += 1;
-        self.push(create_statement(&write.task, &write.events)?);
+        self.push(fast::Creates::of(&write.task, &write.events, None)?.admitted());
         if let Some(record) = record {
             self.push(put_record_statement(record, existed));
             overlay.keys.insert(key_id(record), Some(record.clone()));
@@ -1112,52 +1112,6 @@ fn push_events(params: &mut Vec<Param>, events: &[Event]) -> Result<(), DbError>
     params.push(Box::new(data));
     params.push(Box::new(items));
     Ok(())
-}
-
-/// P-2: a new task's row, its spec and its first events, in one statement.
-const CREATE_SQL: &str = "WITH t AS (INSERT INTO tasks (id, client_id, status, model, on_restart, \
-     created_at, started_at, finished_at, last_sequence_number, restarts, error, response_id, \
-     owner, background, items_opened, item_open, tier, batch_id, batch_line) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $25, $26, \
-     $27)), \
-     s AS (INSERT INTO task_specs (task_id, spec, metadata, accepted_by, custom_id) \
-     VALUES ($1, $17, $18, $19, $28)) \
-     INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
-     SELECT $1, * FROM unnest($20::bigint[], $21::bigint[], $22::bigint[], $23::text[], \
-     $24::bigint[])";
-
-fn create_statement(task: &Task, events: &[Event]) -> Result<Stmt, DbError> {
-    let mut params: Vec<Param> = vec![
-        Box::new(key(task.id)),
-        Box::new(client_key(task.client_id)),
-        Box::new(task.status.as_str()),
-        Box::new(task.model.as_str().to_owned()),
-        Box::new(task.on_restart.as_str()),
-        Box::new(task.created_at.as_millis()),
-        Box::new(task.started_at.map(Timestamp::as_millis)),
-        Box::new(task.finished_at.map(Timestamp::as_millis)),
-        Box::new(to_i64(task.last_sequence_number)?),
-        Box::new(i64::from(task.restarts)),
-        Box::new(codec::error_text(task)?),
-        Box::new(codec::stored_response_id(task)),
-        Box::new(instance_key(task.owner)),
-        Box::new(task.background),
-        Box::new(i64::from(task.items.opened)),
-        Box::new(task.items.open),
-        Box::new(codec::spec_to_text(&task.spec)?),
-        Box::new(codec::metadata_to_text(&task.metadata)?),
-        Box::new(instance_key(task.accepted_by)),
-    ];
-    push_events(&mut params, events)?;
-    params.push(Box::new(i16::from(task.service_tier.rank())));
-    let line = task.batch.as_ref();
-    params.push(Box::new(line.map(|line| ops::batch_key(line.batch_id))));
-    params.push(Box::new(
-        line.map(|line| ops::batches::line_key(line.line))
-            .transpose()?,
-    ));
-    params.push(Box::new(line.map(|line| line.custom_id.clone())));
-    Ok(Stmt::new(String::from(CREATE_SQL), params))
 }
 
 /// P-3: a task's row as a compare-and-set on the row as read, and its events, in one statement;

@@ -250,48 +250,69 @@ pub fn plan(request: &Request, rows: &Rows) -> Result<Option<Fast>, DbError> {
     }
 }
 
-/// Creates without a key, as one statement: each column of the rows as an array (the
-/// parameters of [`Creates::statement`], `$1`…`$23`), their events as arrays with each one's
-/// task (`$24`…`$29`), then the service's `--max-queued` (`$30`). The rows are written only
-/// when the queue limits admit every one of them, as `QueueLimits::admit` would admit them one
-/// after another: each client's queued tasks (counted up to its `max_queued`) plus its rows here
-/// at most its `max_queued`, and all queued tasks plus all the rows at most the service's. When
-/// they do not, nothing is written and each create is decided alone on the read–decide–write
-/// path, which admits exactly those that fit. One statement instead of one per create: with 20
-/// creates a transaction, a single backend wrote 6.5 times as many (`pgbench -M prepared -c 1`,
-/// 2026-12-07: 5 800 against 38 000 creates/s), the executor's start and the statement's
-/// protocol being most of a one-row create's cost.
-const FAST_CREATES_SQL: &str = "WITH n AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], \
-     $3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], \
-     $10::bigint[], $11::text[], $12::text[], $13::bytea[], $14::boolean[], $15::bigint[], \
-     $16::boolean[], $17::text[], $18::text[], $19::bytea[], $20::smallint[], $21::bytea[], \
-     $22::integer[], $23::text[]) AS n (id, client_id, status, model, on_restart, created_at, \
-     started_at, finished_at, last_sequence_number, restarts, error, response_id, owner, \
-     background, items_opened, item_open, spec, metadata, accepted_by, tier, batch_id, \
-     batch_line, custom_id)), \
-     go AS (SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM (SELECT client_id, count(*) AS adding \
+/// The rows of [`Creates`]: each column as an array (`$1`…`$23`), unnested.
+macro_rules! creates_rows {
+    () => {
+        "WITH n AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::text[], $4::text[], \
+         $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], \
+         $11::text[], $12::text[], $13::bytea[], $14::boolean[], $15::bigint[], $16::boolean[], \
+         $17::text[], $18::text[], $19::bytea[], $20::smallint[], $21::bytea[], $22::integer[], \
+         $23::text[]) AS n (id, client_id, status, model, on_restart, created_at, started_at, \
+         finished_at, last_sequence_number, restarts, error, response_id, owner, background, \
+         items_opened, item_open, spec, metadata, accepted_by, tier, batch_id, batch_line, \
+         custom_id)), "
+    };
+}
+
+/// The tasks of `n`, their specs and their events (`$24`…`$29`, each with its task), written
+/// when `go` has a row; answers how many tasks it wrote.
+macro_rules! creates_insert {
+    () => {
+        "t AS (INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, \
+         started_at, finished_at, last_sequence_number, restarts, error, response_id, owner, \
+         background, items_opened, item_open, tier, batch_id, batch_line) \
+         SELECT id, client_id, status, model, on_restart, created_at, started_at, finished_at, \
+         last_sequence_number, restarts, error, response_id, owner, background, items_opened, \
+         item_open, tier, batch_id, batch_line FROM n WHERE EXISTS (SELECT 1 FROM go) \
+         RETURNING id), \
+         s AS (INSERT INTO task_specs (task_id, spec, metadata, accepted_by, custom_id) \
+         SELECT n.id, n.spec, n.metadata, n.accepted_by, n.custom_id FROM n JOIN t ON t.id = n.id), \
+         e AS (INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
+         SELECT v.* FROM unnest($24::bytea[], $25::bigint[], $26::bigint[], $27::bigint[], \
+         $28::text[], $29::bigint[]) AS v WHERE EXISTS (SELECT 1 FROM t)) \
+         SELECT count(*) FROM t"
+    };
+}
+
+/// Creates without a key, as one statement ([`Creates`], then the service's `--max-queued` as
+/// `$30`). The rows are written only when the queue limits admit every one of them, as
+/// `QueueLimits::admit` would admit them one after another: each client's queued tasks
+/// (counted up to its `max_queued`) plus its rows here at most its `max_queued`, and all queued
+/// tasks plus all the rows at most the service's. When they do not, nothing is written and each
+/// create is decided alone on the read–decide–write path, which admits exactly those that fit.
+/// One statement instead of one per create: with 20 creates a transaction, a single backend
+/// wrote 6.5 times as many (`pgbench -M prepared -c 1`, 2026-12-07: 5 800 against 38 000
+/// creates/s), the executor's start and the statement's protocol being most of a one-row
+/// create's cost.
+const FAST_CREATES_SQL: &str = concat!(
+    creates_rows!(),
+    "go AS (SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM (SELECT client_id, count(*) AS adding \
         FROM n GROUP BY client_id) k JOIN client_queues cq ON cq.client_id = k.client_id \
         WHERE cq.max_queued IS NOT NULL AND (SELECT count(*) FROM (SELECT 1 FROM tasks q \
         WHERE q.status = 'queued' AND q.batch_id IS NULL AND q.client_id = k.client_id \
         LIMIT cq.max_queued) x) + k.adding > cq.max_queued) \
      AND ($30::bigint IS NULL OR (SELECT count(*) FROM (SELECT 1 FROM tasks q \
         WHERE q.status = 'queued' AND q.batch_id IS NULL LIMIT $30) x) \
-        + (SELECT count(*) FROM n) <= $30)), \
-     t AS (INSERT INTO tasks (id, client_id, status, model, on_restart, created_at, started_at, \
-     finished_at, last_sequence_number, restarts, error, response_id, owner, background, \
-     items_opened, item_open, tier, batch_id, batch_line) \
-     SELECT id, client_id, status, model, on_restart, created_at, started_at, finished_at, \
-     last_sequence_number, restarts, error, response_id, owner, background, items_opened, \
-     item_open, tier, batch_id, batch_line FROM n WHERE EXISTS (SELECT 1 FROM go) RETURNING id), \
-     s AS (INSERT INTO task_specs (task_id, spec, metadata, accepted_by, custom_id) \
-     SELECT n.id, n.spec, n.metadata, n.accepted_by, n.custom_id FROM n JOIN t ON t.id = n.id), \
-     e AS (INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
-     SELECT v.* FROM unnest($24::bytea[], $25::bigint[], $26::bigint[], $27::bigint[], \
-     $28::text[], $29::bigint[]) AS v WHERE EXISTS (SELECT 1 FROM t)) \
-     SELECT count(*) FROM t";
+        + (SELECT count(*) FROM n) <= $30)), ",
+    creates_insert!()
+);
 
-/// Creates without a key under one service limit, column by column: one or more rows of
-/// [`FAST_CREATES_SQL`].
+/// P-2: creates the domain admitted on the rows read under lock (the read–decide–write path),
+/// written as they are: their tasks, specs and first events in one statement.
+const CREATES_SQL: &str = concat!(creates_rows!(), "go AS (SELECT 1), ", creates_insert!());
+
+/// Creates, column by column: one or more rows of [`FAST_CREATES_SQL`] (under one service
+/// limit) or of [`CREATES_SQL`].
 pub struct Creates {
     service_max_queued: Option<u32>,
     ids: Vec<Vec<u8>>,
@@ -323,7 +344,7 @@ pub struct Creates {
 
 impl Creates {
     /// The row of `task`, created with `events`, under the service limit `service_max_queued`.
-    fn of(
+    pub fn of(
         task: &Task,
         events: &[Event],
         service_max_queued: Option<u32>,
@@ -396,10 +417,24 @@ impl Creates {
         self.events.4.extend(other.events.4);
     }
 
-    /// The statement writing these rows ([`FAST_CREATES_SQL`]).
+    /// The statement writing these rows when the queue limits admit them all
+    /// ([`FAST_CREATES_SQL`]).
     fn statement(self) -> Stmt {
+        let limit = self.service_max_queued.map(i64::from);
+        let mut params = self.params();
+        params.push(Box::new(limit));
+        Stmt::new(String::from(FAST_CREATES_SQL), params)
+    }
+
+    /// The statement writing these rows, admitted already ([`CREATES_SQL`]).
+    pub fn admitted(self) -> Stmt {
+        Stmt::new(String::from(CREATES_SQL), self.params())
+    }
+
+    /// The parameters `$1`…`$29` of both statements.
+    fn params(self) -> Vec<Param> {
         let (sequences, codes, times, data, items) = self.events;
-        let params: Vec<Param> = vec![
+        vec![
             Box::new(self.ids),
             Box::new(self.client_ids),
             Box::new(self.statuses),
@@ -429,9 +464,7 @@ impl Creates {
             Box::new(times),
             Box::new(data),
             Box::new(items),
-            Box::new(self.service_max_queued.map(i64::from)),
-        ];
-        Stmt::new(String::from(FAST_CREATES_SQL), params)
+        ]
     }
 }
 
