@@ -24,11 +24,12 @@
 //!
 //! Before step 1, the commands whose outcome the domain decides without a read (a create without
 //! a key, a step of a task whose row this store last committed: `fast.rs`) are written first,
-//! the creates as one statement together and each step as its own, pipelined with the `BEGIN` — and with the `COMMIT` when the batch has no
-//! other command, so that such a batch is **one round trip** and no savepoint. Each statement
-//! checks its premise (the queue limits; the row unchanged, every mutable column compared) and
-//! writes nothing when it is false; that command then takes steps 1–3 (in the same transaction,
-//! or the next batch's when the `COMMIT` was already sent). If one of them fails, the pipelined
+//! the creates as one statement together and each step as its own, pipelined with the `BEGIN`
+//! — and with the `COMMIT` when the batch has no other command, so that such a batch is **one
+//! round trip** and no savepoint. Each statement checks its premise (the queue limits; the row
+//! unchanged, every mutable column compared) and writes nothing when it is false; that command
+//! (each create of a statement that wrote nothing) then takes steps 1–3 (in the same
+//! transaction, or the next batch's when the `COMMIT` was already sent). If one of them fails, the pipelined
 //! transaction is aborted and the whole batch is written again by steps 1–4.
 //!
 //! A transaction carries at most [`MAX_BATCH`] commands: each savepoint that writes is a

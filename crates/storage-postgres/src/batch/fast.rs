@@ -276,7 +276,8 @@ macro_rules! creates_insert {
          item_open, tier, batch_id, batch_line FROM n WHERE EXISTS (SELECT 1 FROM go) \
          RETURNING id), \
          s AS (INSERT INTO task_specs (task_id, spec, metadata, accepted_by, custom_id) \
-         SELECT n.id, n.spec, n.metadata, n.accepted_by, n.custom_id FROM n JOIN t ON t.id = n.id), \
+         SELECT n.id, n.spec, n.metadata, n.accepted_by, n.custom_id \
+         FROM n JOIN t ON t.id = n.id), \
          e AS (INSERT INTO task_events (task_id, sequence_number, kind, created_at, data, item) \
          SELECT v.* FROM unnest($24::bytea[], $25::bigint[], $26::bigint[], $27::bigint[], \
          $28::text[], $29::bigint[]) AS v WHERE EXISTS (SELECT 1 FROM t)) \
