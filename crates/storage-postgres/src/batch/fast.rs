@@ -160,13 +160,20 @@ pub enum Write {
 /// ([`Creates`]), placed first; every other write is a statement of its own. Each statement
 /// comes with the `count` it answers when it wrote: its creates, or 1.
 pub fn statements(writes: Vec<Write>) -> (Vec<(Stmt, i64)>, Vec<usize>) {
+    /// Where a write went, before the statements are put in their order.
+    enum At {
+        /// The statement of creates `n`.
+        Creates(usize),
+        /// The statement of its own `n`.
+        Own(usize),
+    }
     let mut creates: Vec<Creates> = Vec::new();
     let mut own = Vec::new();
     let mut place = Vec::with_capacity(writes.len());
     for write in writes {
         match write {
             Write::Statement(statement) => {
-                place.push(Err(own.len()));
+                place.push(At::Own(own.len()));
                 own.push((statement, 1));
             }
             Write::Create(row) => {
@@ -175,11 +182,11 @@ pub fn statements(writes: Vec<Write>) -> (Vec<(Stmt, i64)>, Vec<usize>) {
                     .position(|group| group.service_max_queued == row.service_max_queued)
                 {
                     Some(group) => {
-                        place.push(Ok(group));
+                        place.push(At::Creates(group));
                         creates[group].append(*row);
                     }
                     None => {
-                        place.push(Ok(creates.len()));
+                        place.push(At::Creates(creates.len()));
                         creates.push(*row);
                     }
                 }
@@ -189,7 +196,10 @@ pub fn statements(writes: Vec<Write>) -> (Vec<(Stmt, i64)>, Vec<usize>) {
     let groups = creates.len();
     let place = place
         .into_iter()
-        .map(|at: Result<usize, usize>| at.unwrap_or_else(|own| groups + own))
+        .map(|at| match at {
+            At::Creates(group) => group,
+            At::Own(n) => groups + n,
+        })
         .collect();
     let mut statements: Vec<(Stmt, i64)> = creates
         .into_iter()
