@@ -29,8 +29,8 @@
 //! round trip** and no savepoint. Each statement checks its premise (the queue limits; the row
 //! unchanged, every mutable column compared) and writes nothing when it is false; that command
 //! (each create of a statement that wrote nothing) then takes steps 1–3 (in the same
-//! transaction, or the next batch's when the `COMMIT` was already sent). If one of them fails, the pipelined
-//! transaction is aborted and the whole batch is written again by steps 1–4.
+//! transaction, or the next batch's when the `COMMIT` was already sent). If one of them fails,
+//! the pipelined transaction is aborted and the whole batch is written again by steps 1–4.
 //!
 //! A transaction carries at most [`MAX_BATCH`] commands: each savepoint that writes is a
 //! subtransaction, and PostgreSQL keeps only 64 of them per transaction in shared memory (past
@@ -41,7 +41,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::task::Poll;
 use std::time::Instant;
 
@@ -718,16 +718,15 @@ const SERVICE_QUEUED_SQL: &str =
      LIMIT $1) x";
 
 /// The tasks a batch names, locked in key order.
-fn lock_tasks_sql() -> String {
+static LOCK_TASKS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {TASK_COLUMNS} FROM {TASK_FROM} WHERE t.id = ANY($1) ORDER BY t.id FOR UPDATE OF t"
     )
-}
+});
 
 /// One key's record, locked.
-pub(crate) fn lock_key_sql() -> String {
-    format!("{} FOR UPDATE", codec::sql::idempotency_record())
-}
+static LOCK_KEY_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("{} FOR UPDATE", codec::sql::idempotency_record()));
 
 /// `BEGIN` (on the first pass) and the reads of `commands`, pipelined.
 async fn read(
@@ -775,11 +774,11 @@ async fn read(
     let mut reads: Vec<Stmt> = Vec::new();
     if !task_ids.is_empty() {
         let keys: Vec<Vec<u8>> = task_ids.iter().map(|id| key(*id)).collect();
-        reads.push(Stmt::new(lock_tasks_sql(), vec![Box::new(keys)]));
+        reads.push(Stmt::new(LOCK_TASKS_SQL.as_str(), vec![Box::new(keys)]));
     }
     if let Some((at, aging)) = claim_order {
         reads.push(Stmt::new(
-            String::from(ops::tasks::claimable_sql()),
+            ops::tasks::claimable_sql(),
             vec![
                 Box::new(to_i64(claims)?),
                 Box::new(at.as_millis()),
@@ -791,20 +790,20 @@ async fn read(
     creators.dedup();
     if !creators.is_empty() {
         reads.push(Stmt::new(
-            String::from(CLIENT_QUEUED_SQL),
+            CLIENT_QUEUED_SQL,
             vec![Box::new(creators.clone())],
         ));
     }
     if let Some(max) = service_max {
         reads.push(Stmt::new(
-            String::from(SERVICE_QUEUED_SQL),
+            SERVICE_QUEUED_SQL,
             vec![Box::new(i64::from(max))],
         ));
     }
     for record in &records {
         let (client, operation, key_text) = key_id(record);
         reads.push(Stmt::new(
-            lock_key_sql(),
+            LOCK_KEY_SQL.as_str(),
             vec![Box::new(client), Box::new(operation), Box::new(key_text)],
         ));
     }
@@ -916,14 +915,14 @@ impl TaskWrites for Planner<'_> {
         events: &[Event],
     ) -> Result<(), DbError> {
         let params = update_params(old, new, events)?;
-        self.push(Stmt::new(String::from(WRITE_TASK_SQL), params));
+        self.push(Stmt::new(WRITE_TASK_SQL, params));
         self.overlay.borrow_mut().tasks.insert(old.id, new.clone());
         Ok(())
     }
 
     async fn put_response(&self, response: &Response) -> Result<(), DbError> {
         self.push(Stmt::new(
-            String::from(RESPONSE_SQL),
+            RESPONSE_SQL,
             vec![
                 Box::new(response.id.to_string()),
                 Box::new(key(response.task_id)),
@@ -935,7 +934,7 @@ impl TaskWrites for Planner<'_> {
 
     async fn put_snapshot(&self, task: TaskId, snapshot: &Snapshot) -> Result<(), DbError> {
         self.push(Stmt::new(
-            String::from(SNAPSHOT_PUT_SQL),
+            SNAPSHOT_PUT_SQL,
             vec![
                 Box::new(key(task)),
                 Box::new(to_i64(snapshot.sequence_number)?),
@@ -946,16 +945,13 @@ impl TaskWrites for Planner<'_> {
     }
 
     async fn drop_snapshot(&self, task: TaskId) -> Result<(), DbError> {
-        self.push(Stmt::new(
-            String::from(SNAPSHOT_DROP_SQL),
-            vec![Box::new(key(task))],
-        ));
+        self.push(Stmt::new(SNAPSHOT_DROP_SQL, vec![Box::new(key(task))]));
         Ok(())
     }
 
     async fn mark_served(&self, client: ClientId, at: Timestamp) -> Result<(), DbError> {
         self.push(Stmt::new(
-            String::from(ops::tasks::SERVED_SQL),
+            ops::tasks::SERVED_SQL,
             vec![Box::new(client_key(client)), Box::new(at.as_millis())],
         ));
         Ok(())
@@ -1159,24 +1155,39 @@ fn update_params(old: &Task, new: &Task, events: &[Event]) -> Result<Vec<Param>,
     Ok(params)
 }
 
+/// A key's record, inserted; [`UPSERT_RECORD_SQL`] replaces the one that existed.
+static INSERT_RECORD_SQL: LazyLock<String> = LazyLock::new(|| record_sql(""));
+
+/// A key's record, replacing the one that existed.
+static UPSERT_RECORD_SQL: LazyLock<String> = LazyLock::new(|| {
+    record_sql(
+        " ON CONFLICT (client_id, operation, key) DO UPDATE SET digest = EXCLUDED.digest, \
+         reply = EXCLUDED.reply, reply_task = EXCLUDED.reply_task, \
+         held_until = EXCLUDED.held_until, held_by = EXCLUDED.held_by, \
+         created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at",
+    )
+});
+
+/// The insert of a key's record, then `conflict`.
+fn record_sql(conflict: &str) -> String {
+    format!(
+        "INSERT INTO idempotency_keys (client_id, operation, key, digest, reply, reply_task, \
+         held_until, held_by, created_at, expires_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10){conflict}"
+    )
+}
+
 /// I-8: a key's record. Over a record the transaction read and locked it is an upsert; where it
 /// read none, a plain insert, whose unique violation (a concurrent request inserted one
 /// meanwhile) is a lost race: the command is run again and decides on that record.
 fn put_record_statement(record: &IdempotencyRecord, existed: bool) -> Stmt {
-    let conflict = if existed {
-        " ON CONFLICT (client_id, operation, key) DO UPDATE SET digest = EXCLUDED.digest, \
-         reply = EXCLUDED.reply, reply_task = EXCLUDED.reply_task, \
-         held_until = EXCLUDED.held_until, held_by = EXCLUDED.held_by, \
-         created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at"
+    let sql = if existed {
+        UPSERT_RECORD_SQL.as_str()
     } else {
-        ""
+        INSERT_RECORD_SQL.as_str()
     };
     let mut stmt = Stmt::new(
-        format!(
-            "INSERT INTO idempotency_keys (client_id, operation, key, digest, reply, reply_task, \
-             held_until, held_by, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10){conflict}"
-        ),
+        sql,
         codec::ops::record_params(record)
             .into_iter()
             .map(ops::boxed)
@@ -1264,14 +1275,15 @@ type Param = Box<dyn ToSql + Sync + Send>;
 
 /// A statement and its parameters, prepared (once per connection) when it is first run.
 struct Stmt {
-    sql: String,
+    /// Made once: every statement's text is a constant, or built once (`LazyLock`).
+    sql: &'static str,
     params: Vec<Param>,
     /// Whether a unique violation of this statement is a lost race (run the command again).
     race_on_conflict: bool,
 }
 
 impl Stmt {
-    fn new(sql: String, params: Vec<Param>) -> Stmt {
+    fn new(sql: &'static str, params: Vec<Param>) -> Stmt {
         Stmt {
             sql,
             params,
@@ -1301,7 +1313,7 @@ async fn pipeline(
     for item in items {
         prepared.push(match item {
             Item::Simple(_) => None,
-            Item::Statement(stmt) => Some(conn.prepare_cached(&stmt.sql).await?),
+            Item::Statement(stmt) => Some(conn.prepare_cached(stmt.sql).await?),
         });
     }
     let params: Vec<Vec<&(dyn ToSql + Sync)>> = items

@@ -434,12 +434,12 @@ impl Creates {
         let limit = self.service_max_queued.map(i64::from);
         let mut params = self.params();
         params.push(Box::new(limit));
-        Stmt::new(String::from(FAST_CREATES_SQL), params)
+        Stmt::new(FAST_CREATES_SQL, params)
     }
 
     /// The statement writing these rows, admitted already ([`CREATES_SQL`]).
     pub fn admitted(self) -> Stmt {
-        Stmt::new(String::from(CREATES_SQL), self.params())
+        Stmt::new(CREATES_SQL, self.params())
     }
 
     /// The parameters `$1`…`$29` of both statements.
@@ -543,7 +543,7 @@ fn step_statement(old: &Task, write: &TaskWrite<'_>) -> Result<Stmt, DbError> {
         }
     }
     params.push(Box::new(response_task));
-    Ok(Stmt::new(String::from(FAST_STEP_SQL), params))
+    Ok(Stmt::new(FAST_STEP_SQL, params))
 }
 
 #[cfg(test)]
@@ -572,7 +572,7 @@ mod tests {
             let task = task();
             Write::Create(Box::new(Creates::of(&task, &[], limit).unwrap()))
         };
-        let step = || Write::Statement(Stmt::new(String::from("SELECT 1"), Vec::new()));
+        let step = || Write::Statement(Stmt::new("SELECT 1", Vec::new()));
         let writes = vec![step(), create(None), create(Some(3)), create(None), step()];
         let (statements, place) = statements(writes);
         let counts: Vec<i64> = statements.iter().map(|(_, count)| *count).collect();

@@ -77,10 +77,10 @@ async fn put_snapshot<C: Db>(db: &C, task_id: TaskId, snapshot: &Snapshot) -> Re
 ///
 /// Each row is a task taken ([`TASK_COLUMNS`] first, then its place in the order) with how many
 /// tasks the read found claimable (`candidates`, its snapshot's count of the heads it ranked,
-/// locks aside); when it took none, the one row has no task (its columns `NULL`) and that count. A batch that took fewer tasks than it found
-/// claimable lost the others to concurrent claims (or to changes since its snapshot), which is
-/// how the adapter tells a queue held by others from an empty one (`Reply::Held`) without a
-/// second read.
+/// locks aside); when it took none, the one row has no task (its columns `NULL`) and that
+/// count. A batch that took fewer tasks than it found claimable lost the others to concurrent
+/// claims (or to changes since its snapshot), which is how the adapter tells a queue held by
+/// others from an empty one (`Reply::Held`) without a second read.
 pub fn claimable_sql() -> &'static str {
     CLAIMABLE_SQL.as_str()
 }
