@@ -3,7 +3,7 @@
 //! and the limits: a client's `max_running` and `max_queued`, the service's `max_queued`.
 
 use lmsp_domain::auth::Scope;
-use lmsp_domain::ids::ClientId;
+use lmsp_domain::ids::{ClientId, TaskId};
 use lmsp_domain::ports::CreateOutcome;
 use lmsp_domain::recovery::RestartPolicy;
 use lmsp_domain::schedule::{ClientLimits, QueueFull, ServiceTier, TierAging};
@@ -350,26 +350,11 @@ pub async fn creates_made_at_once_fill_a_queue_to_its_limit_and_no_further<F: St
             outcomes
         }
     };
-    let created = |outcomes: &[(Task, CreateOutcome)]| {
-        outcomes
-            .iter()
-            .filter(|(_, outcome)| matches!(outcome, CreateOutcome::Created(_)))
-            .count()
-    };
     let mark = listener.mark();
     let outcomes = at_once(client, None).await;
-    assert_eq!(created(&outcomes), 2, "{outcomes:?}");
-    for (task, outcome) in &outcomes {
-        if !matches!(outcome, CreateOutcome::Created(_)) {
-            assert_eq!(outcome, &CreateOutcome::QueueFull(QueueFull::Client(5)));
-            assert_eq!(store.task(task.id).await.unwrap(), None, "nothing created");
-        }
-    }
-    let made: std::collections::HashSet<_> = outcomes
-        .iter()
-        .filter(|(_, outcome)| matches!(outcome, CreateOutcome::Created(_)))
-        .map(|(task, _)| task.id)
-        .collect();
+    let made = created(&outcomes);
+    assert_eq!(made.len(), 2, "{outcomes:?}");
+    refused_created_nothing(&*store, &outcomes, QueueFull::Client(5)).await;
     let announced: std::collections::HashSet<_> = listener
         .events_since(mark)
         .iter()
@@ -377,13 +362,31 @@ pub async fn creates_made_at_once_fill_a_queue_to_its_limit_and_no_further<F: St
         .collect();
     assert_eq!(announced, made, "only the created announce");
     let free = client_id();
-    assert_eq!(created(&at_once(free, None).await), 20, "no limit");
+    assert_eq!(created(&at_once(free, None).await).len(), 20, "no limit");
     // 5 queued of the limited client and 20 of the other: 7 places left under 32.
     let outcomes = at_once(free, Some(32)).await;
-    assert_eq!(created(&outcomes), 7, "{outcomes:?}");
-    for (task, outcome) in &outcomes {
+    assert_eq!(created(&outcomes).len(), 7, "{outcomes:?}");
+    refused_created_nothing(&*store, &outcomes, QueueFull::Service(32)).await;
+}
+
+/// The tasks of `outcomes` that were created.
+fn created(outcomes: &[(Task, CreateOutcome)]) -> std::collections::HashSet<TaskId> {
+    outcomes
+        .iter()
+        .filter(|(_, outcome)| matches!(outcome, CreateOutcome::Created(_)))
+        .map(|(task, _)| task.id)
+        .collect()
+}
+
+/// Every create of `outcomes` not made answered `full` and left no task.
+async fn refused_created_nothing<S: lmsp_domain::ports::Store + ?Sized>(
+    store: &S,
+    outcomes: &[(Task, CreateOutcome)],
+    full: QueueFull,
+) {
+    for (task, outcome) in outcomes {
         if !matches!(outcome, CreateOutcome::Created(_)) {
-            assert_eq!(outcome, &CreateOutcome::QueueFull(QueueFull::Service(32)));
+            assert_eq!(outcome, &CreateOutcome::QueueFull(full));
             assert_eq!(store.task(task.id).await.unwrap(), None, "nothing created");
         }
     }
