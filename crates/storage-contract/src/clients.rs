@@ -83,6 +83,61 @@ pub async fn clients_are_found_by_token_hash_until_revoked_and_listed_oldest_fir
     assert!(listener.events().is_empty(), "clients write no task event");
 }
 
+/// I-7: token and model lookups made at once (as a burst of submits makes them; a store may
+/// read them together) each answer their own: the client of its token, none for a revoked or
+/// unknown token; the model of its id, none for an unknown id.
+pub async fn lookups_made_at_once_each_answer_their_own_i7<F: StoreFactory>(factory: &F) {
+    let (store, _listener) = fresh_store(factory).await;
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        let (mut one, token) = client(&[Scope::ResponsesWrite]);
+        one.created_at = time(i);
+        store.insert_client(one.clone()).await.unwrap();
+        clients.push((one, token));
+    }
+    let revoked = clients.pop().unwrap();
+    assert!(store.revoke_client(revoked.0.id, time(10)).await.unwrap());
+    let models: Vec<_> = (0..3)
+        .map(|i| file_model(&format!("model-{i}"), &format!("model-{i}.gguf")))
+        .collect();
+    for one in &models {
+        assert!(store.insert_model(one.clone()).await.unwrap());
+    }
+
+    // Every token and id several times, in an order that is not the insertion order.
+    let mut tokens = Vec::new();
+    let mut ids = Vec::new();
+    for round in 0..8 {
+        for (one, token) in clients.iter().rev() {
+            tokens.push((token.hash(), Some(one.clone())));
+        }
+        tokens.push((revoked.1.hash(), None));
+        tokens.push((SecretHash([round; 32]), None));
+        for one in models.iter().rev() {
+            ids.push((one.id.clone(), Some(one.clone())));
+        }
+        ids.push((model(&format!("missing-{round}")), None));
+    }
+    let token_answers = futures::future::join_all(
+        tokens
+            .iter()
+            .map(|(hash, _)| store.client_by_token_hash(*hash)),
+    );
+    let model_answers = futures::future::join_all(ids.iter().map(|(id, _)| store.model(id)));
+    let (token_answers, model_answers) = tokio::join!(token_answers, model_answers);
+    for ((hash, expected), answer) in tokens.iter().zip(token_answers) {
+        assert_eq!(
+            &answer.unwrap(),
+            expected,
+            "the lookup of {}",
+            hash.to_hex()
+        );
+    }
+    for ((id, expected), answer) in ids.iter().zip(model_answers) {
+        assert_eq!(&answer.unwrap(), expected, "the lookup of {id}");
+    }
+}
+
 /// docs/api.md: a pairing code pairs once, before it expires, a client asking for scopes it
 /// grants: the code is used up and the client stored in one transaction; a used or expired
 /// code is no code.

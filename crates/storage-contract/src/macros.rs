@@ -30,6 +30,7 @@ macro_rules! storage_contract_tests {
             cancel::a_cancel_for_a_client_finds_only_that_clients_tasks_i7,
             cancel::delete_finished_removes_only_a_finished_task_of_the_client_p6,
             clients::clients_are_found_by_token_hash_until_revoked_and_listed_oldest_first_i7,
+            clients::lookups_made_at_once_each_answer_their_own_i7,
             clients::a_pairing_code_pairs_one_client_once_before_it_expires,
             clients::a_code_that_does_not_grant_the_scopes_asked_for_is_kept,
             clients::the_fifth_wrong_code_within_ten_minutes_burns_every_code_and_locks_pairing,

@@ -140,7 +140,9 @@ pub struct PostgresStore {
     notifier: notify::Notifier,
     writer: batch::Writer,
     readers: Arc<reader::Readers>,
-    events: reader::Events,
+    events: reader::Gather<reader::Events>,
+    tokens: reader::Gather<reader::Tokens>,
+    models: reader::Gather<reader::Models>,
     leadership: tokio::sync::Mutex<Leadership>,
     options: PostgresOptions,
 }
@@ -213,7 +215,9 @@ impl PostgresStore {
             options.read_connections,
             options.connection_timeout,
         ));
-        let events = reader::Events::start(Arc::clone(&readers));
+        let events = reader::Gather::start(Arc::clone(&readers), reader::Events);
+        let tokens = reader::Gather::start(Arc::clone(&readers), reader::Tokens);
+        let models = reader::Gather::start(Arc::clone(&readers), reader::Models);
         let writer = batch::Writer::start(
             batch::Shared {
                 pool: pool.clone(),
@@ -230,6 +234,8 @@ impl PostgresStore {
             notifier,
             readers,
             events,
+            tokens,
+            models,
             pool,
             config,
             listener,
@@ -253,6 +259,8 @@ impl PostgresStore {
     pub async fn close(&self) {
         self.writer.stop();
         self.events.stop();
+        self.tokens.stop();
+        self.models.stop();
         self.readers.close();
         self.listening.abort();
         self.leadership.lock().await.give_up();
@@ -348,6 +356,8 @@ impl Drop for PostgresStore {
     fn drop(&mut self) {
         self.writer.stop();
         self.events.stop();
+        self.tokens.stop();
+        self.models.stop();
         self.readers.close();
         self.listening.abort();
         if let Ok(mut leadership) = self.leadership.try_lock() {

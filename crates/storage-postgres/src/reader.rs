@@ -7,11 +7,15 @@
 //! pooled connection, a backend woken and a round trip each. Each statement is prepared once per
 //! connection. Every read still reads the database after its call began: nothing is cached.
 //!
-//! Event reads are gathered ([`Events`]): the reads that queue while one is answered are one
-//! statement (`unnest` of the tasks, a `LATERAL` page of each), so a notification that wakes
-//! the streams of many tasks on an instance costs one query there, not one per stream. The rows
-//! an event is rebuilt from (the task of `response.created`, the response of
-//! `response.completed` and of a completed item's end) come in the same statement, beside the
+//! A submit's lookups and the event reads of streams are gathered ([`Gather`]): the reads of a
+//! kind that queue while a statement answers earlier ones are one statement (`unnest` of what
+//! they ask for), so a burst of submits costs the database one token statement and one model
+//! statement per gathering, not two per submit ([`Tokens`], [`Models`]), and a notification
+//! that wakes the streams of many tasks on an instance one query there, not one per stream
+//! ([`Events`]: a `LATERAL` page of each task). A gathered read is still sent after its call
+//! began, so it sees every commit made before (a token revoked on any instance fails at once,
+//! I-7). The rows an event is rebuilt from (the task of `response.created`, the response of
+//! `response.completed` and of a completed item's end) come in the same statement as the
 //! events that need them: one statement, so one snapshot of the events and those rows.
 
 use std::collections::HashMap;
@@ -20,8 +24,10 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lmsp_domain::auth::{self, SecretHash};
 use lmsp_domain::event::{Event, EventKind};
 use lmsp_domain::ids::TaskId;
+use lmsp_domain::model::{ModelId, ModelRecord};
 use lmsp_domain::ports::Page;
 use lmsp_domain::task::{Response, Task};
 use tokio::sync::{mpsc, oneshot};
@@ -29,7 +35,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, NoTls, Row, Statement};
 
-use crate::codec::{self, EventCode, EventRow};
+use crate::codec::{self, ClientRow, EventCode, EventRow, ModelRow, CLIENT_COLUMNS, MODEL_COLUMNS};
 use crate::error::DbError;
 use crate::ops::{self, decode_task, key, to_i64, Db, Res, TASK_COLUMNS, TASK_COLUMN_COUNT};
 
@@ -155,22 +161,200 @@ impl Readers {
     }
 }
 
-/// A read of a task's events after `after`, at most `limit`, and who waits for it.
-struct Wanted {
-    task_id: TaskId,
-    after: u64,
-    limit: usize,
-    answer: oneshot::Sender<Res<Page<Event>>>,
+/// A kind of read that is gathered: the reads of that kind that queue while one statement
+/// answers earlier ones are read together, as one statement on one shared connection.
+#[async_trait]
+pub trait Reading: Send + Sync + 'static {
+    /// What one read asks for.
+    type Key: Send + Sync + 'static;
+    /// What one read answers.
+    type Value: Send + 'static;
+    /// Reads every key's value in one statement on `conn`, in the order of `keys`.
+    async fn read(&self, conn: &Conn, keys: &[Self::Key]) -> Res<Vec<Res<Self::Value>>>;
 }
 
-/// The reads of events gathered (see the module's documentation).
-pub struct Events {
-    queue: mpsc::UnboundedSender<Wanted>,
+/// One read waiting to be gathered, and who waits for its answer.
+struct Wanted<R: Reading> {
+    key: R::Key,
+    answer: oneshot::Sender<Res<R::Value>>,
+}
+
+/// The reads of one kind gathered: a gatherer per shared connection takes whatever has queued
+/// (at most [`MAX_GATHERED`]) and reads it in one statement, so a burst of reads costs the
+/// database a statement per gathering instead of one per read.
+pub struct Gather<R: Reading> {
+    queue: mpsc::UnboundedSender<Wanted<R>>,
     gatherers: Vec<JoinHandle<()>>,
 }
 
 /// Reads gathered into one statement at most.
 const MAX_GATHERED: usize = 256;
+
+impl<R: Reading> Gather<R> {
+    /// Starts a gatherer of `reading` per shared connection of `readers`.
+    pub fn start(readers: Arc<Readers>, reading: R) -> Gather<R> {
+        let (queue, pending) = mpsc::unbounded_channel::<Wanted<R>>();
+        let pending = Arc::new(tokio::sync::Mutex::new(pending));
+        let reading = Arc::new(reading);
+        let gatherers = (0..readers.slots.len())
+            .map(|_| {
+                let (readers, pending) = (Arc::clone(&readers), Arc::clone(&pending));
+                let reading = Arc::clone(&reading);
+                tokio::spawn(async move {
+                    loop {
+                        let mut wanted = Vec::new();
+                        {
+                            let mut pending = pending.lock().await;
+                            match pending.recv().await {
+                                Some(first) => wanted.push(first),
+                                None => return,
+                            }
+                            while wanted.len() < MAX_GATHERED {
+                                match pending.try_recv() {
+                                    Ok(next) => wanted.push(next),
+                                    Err(_) => break,
+                                }
+                            }
+                        }
+                        gathered(&readers, reading.as_ref(), wanted).await;
+                    }
+                })
+            })
+            .collect();
+        Gather { queue, gatherers }
+    }
+
+    /// The value of `key`, read with the reads of its kind gathered meanwhile.
+    pub async fn get(&self, key: R::Key) -> Res<R::Value> {
+        let (answer, answered) = oneshot::channel();
+        self.queue
+            .send(Wanted { key, answer })
+            .map_err(|_| DbError::Pool(String::from("the store is closed")))?;
+        answered
+            .await
+            .unwrap_or_else(|_| Err(DbError::Pool(String::from("a gathered read was lost"))))
+    }
+
+    /// Stops the gatherers.
+    pub fn stop(&self) {
+        for gatherer in &self.gatherers {
+            gatherer.abort();
+        }
+    }
+}
+
+/// Reads `wanted` in one statement and answers each: when the statement fails, every read
+/// fails with its error.
+async fn gathered<R: Reading>(readers: &Readers, reading: &R, wanted: Vec<Wanted<R>>) {
+    let (keys, answers): (Vec<R::Key>, Vec<_>) =
+        wanted.into_iter().map(|one| (one.key, one.answer)).unzip();
+    let read = async {
+        let conn = readers.conn().await?;
+        reading.read(conn.as_ref(), &keys).await
+    };
+    match read.await {
+        Ok(values) if values.len() == answers.len() => {
+            for (answer, value) in answers.into_iter().zip(values) {
+                let _ = answer.send(value);
+            }
+        }
+        Ok(values) => {
+            let text = format!("{} values read for {} reads", values.len(), answers.len());
+            for answer in answers {
+                let _ = answer.send(Err(ops::corrupt(text.clone())));
+            }
+        }
+        Err(error) => {
+            let text = error.to_string();
+            let mut first = Some(error);
+            for answer in answers {
+                let error = first.take().unwrap_or_else(|| DbError::Pool(text.clone()));
+                let _ = answer.send(Err(error));
+            }
+        }
+    }
+}
+
+/// A submit's token lookup: the unrevoked client of a token's hash.
+pub struct Tokens;
+
+/// The unrevoked client of each wanted hash (`w.i`, after [`CLIENT_COLUMNS`]: its place in
+/// the array, from 1); a hash no such client has has no row.
+static TOKENS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {CLIENT_COLUMNS}, w.i FROM unnest($1::text[]) WITH ORDINALITY AS w(hash, i) \
+         JOIN clients ON token_hash = w.hash AND revoked_at IS NULL"
+    )
+});
+
+#[async_trait]
+impl Reading for Tokens {
+    type Key = SecretHash;
+    type Value = Option<auth::Client>;
+
+    async fn read(&self, conn: &Conn, keys: &[SecretHash]) -> Res<Vec<Res<Option<auth::Client>>>> {
+        let hashes: Vec<String> = keys.iter().map(SecretHash::to_hex).collect();
+        let rows = conn.query(TOKENS_SQL.as_str(), &[&hashes]).await?;
+        by_place(&rows, keys.len(), columns(CLIENT_COLUMNS), |row| {
+            ops::read::<ClientRow>(row)?.decode().map_err(DbError::from)
+        })
+    }
+}
+
+/// A submit's model lookup: a model by id.
+pub struct Models;
+
+/// Each wanted model (`w.i`, after [`MODEL_COLUMNS`]: its place in the array, from 1); an id
+/// no model has has no row.
+static MODELS_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {MODEL_COLUMNS}, w.i FROM unnest($1::text[]) WITH ORDINALITY AS w(wanted, i) \
+         JOIN models ON id = w.wanted"
+    )
+});
+
+#[async_trait]
+impl Reading for Models {
+    type Key = ModelId;
+    type Value = Option<ModelRecord>;
+
+    async fn read(&self, conn: &Conn, keys: &[ModelId]) -> Res<Vec<Res<Option<ModelRecord>>>> {
+        let ids: Vec<&str> = keys.iter().map(ModelId::as_str).collect();
+        let rows = conn.query(MODELS_SQL.as_str(), &[&ids]).await?;
+        by_place(&rows, keys.len(), columns(MODEL_COLUMNS), |row| {
+            ops::read::<ModelRow>(row)?.decode().map_err(DbError::from)
+        })
+    }
+}
+
+/// How many columns a columns list names.
+fn columns(list: &str) -> usize {
+    list.split(',').count()
+}
+
+/// The rows of a gathered lookup as one answer per wanted key: the row whose place (the
+/// column at `place`, from 1) is the key's, decoded, or `None` when there is none.
+fn by_place<T>(
+    rows: &[Row],
+    wanted: usize,
+    place: usize,
+    decode: impl Fn(&Row) -> Res<T>,
+) -> Res<Vec<Res<Option<T>>>> {
+    let mut values: Vec<Res<Option<T>>> = (0..wanted).map(|_| Ok(None)).collect();
+    for row in rows {
+        let index: i64 = row.try_get(place)?;
+        let value = usize::try_from(index - 1)
+            .ok()
+            .and_then(|index| values.get_mut(index))
+            .ok_or_else(|| ops::corrupt(format!("a gathered read's index {index}")))?;
+        *value = decode(row).map(Some);
+    }
+    Ok(values)
+}
+
+/// The event reads of streams (see the module's documentation): a page of a task's events
+/// after a sequence number, at most a number of them.
+pub struct Events;
 
 /// Every wanted page's rows, ordered by wanted page then sequence number: the task's columns
 /// ([`TASK_COLUMNS`], only beside a `response.created`), `r.i` the page's place in the arrays
@@ -205,107 +389,37 @@ static GATHERED_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-impl Events {
-    /// Starts a gatherer per shared connection of `readers`.
-    pub fn start(readers: Arc<Readers>) -> Events {
-        let (queue, pending) = mpsc::unbounded_channel::<Wanted>();
-        let pending = Arc::new(tokio::sync::Mutex::new(pending));
-        let gatherers = (0..readers.slots.len())
-            .map(|_| {
-                let (readers, pending) = (Arc::clone(&readers), Arc::clone(&pending));
-                tokio::spawn(async move {
-                    loop {
-                        let mut wanted = Vec::new();
-                        {
-                            let mut pending = pending.lock().await;
-                            match pending.recv().await {
-                                Some(first) => wanted.push(first),
-                                None => return,
-                            }
-                            while wanted.len() < MAX_GATHERED {
-                                match pending.try_recv() {
-                                    Ok(next) => wanted.push(next),
-                                    Err(_) => break,
-                                }
-                            }
-                        }
-                        gathered(&readers, wanted).await;
-                    }
-                })
-            })
-            .collect();
-        Events { queue, gatherers }
-    }
+#[async_trait]
+impl Reading for Events {
+    type Key = (TaskId, u64, usize);
+    type Value = Page<Event>;
 
-    /// The page of `task_id`'s events after `after` (at most `limit`), read with the reads
-    /// gathered meanwhile.
-    pub async fn page(&self, task_id: TaskId, after: u64, limit: usize) -> Res<Page<Event>> {
-        let (answer, answered) = oneshot::channel();
-        self.queue
-            .send(Wanted {
-                task_id,
-                after,
-                limit,
-                answer,
-            })
-            .map_err(|_| DbError::Pool(String::from("the store is closed")))?;
-        answered
-            .await
-            .unwrap_or_else(|_| Err(DbError::Pool(String::from("the event read was lost"))))
-    }
-
-    /// Stops the gatherers.
-    pub fn stop(&self) {
-        for gatherer in &self.gatherers {
-            gatherer.abort();
-        }
-    }
-}
-
-/// Reads `wanted` in one statement and answers each.
-async fn gathered(readers: &Readers, wanted: Vec<Wanted>) {
-    let read = async {
-        let conn = readers.conn().await?;
-        let mut tasks = Vec::with_capacity(wanted.len());
-        let mut afters = Vec::with_capacity(wanted.len());
-        let mut limits = Vec::with_capacity(wanted.len());
-        for one in &wanted {
-            tasks.push(key(one.task_id));
+    async fn read(&self, conn: &Conn, keys: &[(TaskId, u64, usize)]) -> Res<Vec<Res<Page<Event>>>> {
+        let mut tasks = Vec::with_capacity(keys.len());
+        let mut afters = Vec::with_capacity(keys.len());
+        let mut limits = Vec::with_capacity(keys.len());
+        for &(task_id, after, limit) in keys {
+            tasks.push(key(task_id));
             // Sequence numbers fit in i64; an `after` past that has nothing after it.
-            afters.push(i64::try_from(one.after).unwrap_or(i64::MAX));
-            limits.push(to_i64(one.limit as u64 + 1)?);
+            afters.push(i64::try_from(after).unwrap_or(i64::MAX));
+            limits.push(to_i64(limit as u64 + 1)?);
         }
         let rows = conn
             .query(GATHERED_SQL.as_str(), &[&tasks, &afters, &limits])
             .await?;
-        Ok::<_, DbError>(rows)
-    };
-    let rows = match read.await {
-        Ok(rows) => rows,
-        Err(error) => {
-            let text = error.to_string();
-            let mut first = Some(error);
-            for one in wanted {
-                let error = first.take().unwrap_or_else(|| DbError::Pool(text.clone()));
-                let _ = one.answer.send(Err(error));
+        let mut pages: Vec<Gathered> = keys.iter().map(|_| Gathered::default()).collect();
+        for row in &rows {
+            if let Err(error) = gather_row(row, &mut pages) {
+                // A row that makes no sense fails every page read with it.
+                let text = error.to_string();
+                return Ok(keys.iter().map(|_| Err(ops::corrupt(&text))).collect());
             }
-            return;
         }
-    };
-    let mut pages: Vec<Gathered> = wanted.iter().map(|_| Gathered::default()).collect();
-    let mut bad: Option<String> = None;
-    for row in &rows {
-        match gather_row(row, &mut pages) {
-            Ok(()) => {}
-            Err(error) => bad = Some(error.to_string()),
-        }
-    }
-    for (one, page) in wanted.into_iter().zip(pages) {
-        if let Some(bad) = &bad {
-            let _ = one.answer.send(Err(ops::corrupt(bad.clone())));
-            continue;
-        }
-        let _ = one.answer.send(page.into_page(one.task_id, one.limit));
+        Ok(keys
+            .iter()
+            .zip(pages)
+            .map(|(&(task_id, _, limit), page)| page.into_page(task_id, limit))
+            .collect())
     }
 }
 

@@ -19,11 +19,6 @@ pub async fn insert_client<C: Db>(db: &C, client: &Client) -> Res<()> {
     shared::insert_client(&Rows(db), client).await
 }
 
-/// The unrevoked client with this token hash.
-pub async fn client_by_token_hash<C: Db>(db: &C, hash: &SecretHash) -> Res<Option<Client>> {
-    shared::client_by_token_hash(&Rows(db), hash.to_hex()).await
-}
-
 /// A client by id.
 pub async fn client<C: Db>(db: &C, id: ClientId) -> Res<Option<Client>> {
     shared::client(&Rows(db), id).await

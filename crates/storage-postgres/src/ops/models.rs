@@ -18,11 +18,6 @@ pub async fn insert_found_model<C: Db>(db: &C, model: &ModelRecord) -> Res<bool>
     flows::insert_found_model(&Rows(db), model).await
 }
 
-/// A model by id.
-pub async fn model<C: Db>(db: &C, id: &ModelId) -> Res<Option<ModelRecord>> {
-    shared::model(&Rows(db), id).await
-}
-
 /// Every model by id.
 pub async fn list_models<C: Db>(db: &C) -> Res<Vec<ModelRecord>> {
     shared::list_models(&Rows(db)).await
