@@ -1155,27 +1155,15 @@ fn update_params(old: &Task, new: &Task, events: &[Event]) -> Result<Vec<Param>,
     Ok(params)
 }
 
-/// A key's record, inserted; [`UPSERT_RECORD_SQL`] replaces the one that existed.
-static INSERT_RECORD_SQL: LazyLock<String> = LazyLock::new(|| record_sql(""));
+/// A key's record, inserted: no `ON CONFLICT`, so a record inserted meanwhile is a unique
+/// violation (a lost race).
+const INSERT_RECORD_SQL: &str = "INSERT INTO idempotency_keys (client_id, operation, key, digest, \
+     reply, reply_task, held_until, held_by, created_at, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
-/// A key's record, replacing the one that existed.
-static UPSERT_RECORD_SQL: LazyLock<String> = LazyLock::new(|| {
-    record_sql(
-        " ON CONFLICT (client_id, operation, key) DO UPDATE SET digest = EXCLUDED.digest, \
-         reply = EXCLUDED.reply, reply_task = EXCLUDED.reply_task, \
-         held_until = EXCLUDED.held_until, held_by = EXCLUDED.held_by, \
-         created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at",
-    )
-});
-
-/// The insert of a key's record, then `conflict`.
-fn record_sql(conflict: &str) -> String {
-    format!(
-        "INSERT INTO idempotency_keys (client_id, operation, key, digest, reply, reply_task, \
-         held_until, held_by, created_at, expires_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10){conflict}"
-    )
-}
+/// A key's record, replacing the one that existed (the codec's upsert).
+static UPSERT_RECORD_SQL: LazyLock<String> =
+    LazyLock::new(|| codec::sql::put_idempotency_record(true));
 
 /// I-8: a key's record. Over a record the transaction read and locked it is an upsert; where it
 /// read none, a plain insert, whose unique violation (a concurrent request inserted one
@@ -1184,7 +1172,7 @@ fn put_record_statement(record: &IdempotencyRecord, existed: bool) -> Stmt {
     let sql = if existed {
         UPSERT_RECORD_SQL.as_str()
     } else {
-        INSERT_RECORD_SQL.as_str()
+        INSERT_RECORD_SQL
     };
     let mut stmt = Stmt::new(
         sql,

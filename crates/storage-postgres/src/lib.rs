@@ -140,9 +140,7 @@ pub struct PostgresStore {
     notifier: notify::Notifier,
     writer: batch::Writer,
     readers: Arc<reader::Readers>,
-    events: reader::Gather<reader::Events>,
-    tokens: reader::Gather<reader::Tokens>,
-    models: reader::Gather<reader::Models>,
+    gathers: reader::Gathers,
     leadership: tokio::sync::Mutex<Leadership>,
     options: PostgresOptions,
 }
@@ -215,9 +213,7 @@ impl PostgresStore {
             options.read_connections,
             options.connection_timeout,
         ));
-        let events = reader::Gather::start(Arc::clone(&readers), reader::Events);
-        let tokens = reader::Gather::start(Arc::clone(&readers), reader::Tokens);
-        let models = reader::Gather::start(Arc::clone(&readers), reader::Models);
+        let gathers = reader::Gathers::start(&readers);
         let writer = batch::Writer::start(
             batch::Shared {
                 pool: pool.clone(),
@@ -233,9 +229,7 @@ impl PostgresStore {
             writer,
             notifier,
             readers,
-            events,
-            tokens,
-            models,
+            gathers,
             pool,
             config,
             listener,
@@ -258,9 +252,7 @@ impl PostgresStore {
     /// unavailable. Dropping the store does the same.
     pub async fn close(&self) {
         self.writer.stop();
-        self.events.stop();
-        self.tokens.stop();
-        self.models.stop();
+        self.gathers.stop();
         self.readers.close();
         self.listening.abort();
         self.leadership.lock().await.give_up();
@@ -355,9 +347,7 @@ impl PostgresStore {
 impl Drop for PostgresStore {
     fn drop(&mut self) {
         self.writer.stop();
-        self.events.stop();
-        self.tokens.stop();
-        self.models.stop();
+        self.gathers.stop();
         self.readers.close();
         self.listening.abort();
         if let Ok(mut leadership) = self.leadership.try_lock() {

@@ -217,7 +217,7 @@ impl TaskStore for PostgresStore {
         limit: usize,
     ) -> Result<Page<Event>, StoreError> {
         // Gathered with the other streams' reads, in one statement (one snapshot).
-        Ok(self.events.get((task_id, after, limit)).await?)
+        Ok(self.gathers.events.get((task_id, after, limit)).await?)
     }
 
     async fn response(&self, task_id: TaskId) -> Result<Option<Response>, StoreError> {
@@ -257,7 +257,7 @@ impl ClientStore for PostgresStore {
 
     async fn client_by_token_hash(&self, hash: SecretHash) -> Result<Option<Client>, StoreError> {
         // Gathered with the other lookups of tokens meanwhile, in one statement.
-        Ok(self.tokens.get(hash).await?)
+        Ok(self.gathers.tokens.get(hash).await?)
     }
 
     async fn client(&self, client_id: ClientId) -> Result<Option<Client>, StoreError> {
@@ -355,7 +355,7 @@ impl ModelStore for PostgresStore {
 
     async fn model(&self, model_id: &ModelId) -> Result<Option<ModelRecord>, StoreError> {
         // Gathered with the other lookups of models meanwhile, in one statement.
-        Ok(self.models.get(model_id.clone()).await?)
+        Ok(self.gathers.models.get(model_id.clone()).await?)
     }
 
     async fn list_models(&self) -> Result<Vec<ModelRecord>, StoreError> {

@@ -275,11 +275,39 @@ async fn gathered<R: Reading>(readers: &Readers, reading: &R, wanted: Vec<Wanted
     }
 }
 
+/// The gathered reads of a store: stream pages, token lookups, model lookups.
+pub struct Gathers {
+    /// Pages of a task's events.
+    pub events: Gather<Events>,
+    /// The client of a token.
+    pub tokens: Gather<Tokens>,
+    /// A model by id.
+    pub models: Gather<Models>,
+}
+
+impl Gathers {
+    /// Starts the gatherers of each kind on the shared connections of `readers`.
+    pub fn start(readers: &Arc<Readers>) -> Gathers {
+        Gathers {
+            events: Gather::start(Arc::clone(readers), Events),
+            tokens: Gather::start(Arc::clone(readers), Tokens),
+            models: Gather::start(Arc::clone(readers), Models),
+        }
+    }
+
+    /// Stops every gatherer.
+    pub fn stop(&self) {
+        self.events.stop();
+        self.tokens.stop();
+        self.models.stop();
+    }
+}
+
 /// A submit's token lookup: the unrevoked client of a token's hash.
 pub struct Tokens;
 
-/// The unrevoked client of each wanted hash (`w.i`, after [`CLIENT_COLUMNS`]: its place in
-/// the array, from 1); a hash no such client has has no row.
+/// The unrevoked client of each wanted hash (`w.i`, last, after [`CLIENT_COLUMNS`]: its
+/// place in the array, from 1); a hash no such client has has no row.
 static TOKENS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {CLIENT_COLUMNS}, w.i FROM unnest($1::text[]) WITH ORDINALITY AS w(hash, i) \
@@ -295,7 +323,7 @@ impl Reading for Tokens {
     async fn read(&self, conn: &Conn, keys: &[SecretHash]) -> Res<Vec<Res<Option<auth::Client>>>> {
         let hashes: Vec<String> = keys.iter().map(SecretHash::to_hex).collect();
         let rows = conn.query(TOKENS_SQL.as_str(), &[&hashes]).await?;
-        by_place(&rows, keys.len(), columns(CLIENT_COLUMNS), |row| {
+        by_place(&rows, keys.len(), |row| {
             ops::read::<ClientRow>(row)?.decode().map_err(DbError::from)
         })
     }
@@ -304,7 +332,8 @@ impl Reading for Tokens {
 /// A submit's model lookup: a model by id.
 pub struct Models;
 
-/// Each wanted model (`w.i`, after [`MODEL_COLUMNS`]: its place in the array, from 1); an id
+/// Each wanted model (`w.i`, last, after [`MODEL_COLUMNS`]: its place in the array,
+/// from 1); an id
 /// no model has has no row.
 static MODELS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -321,35 +350,34 @@ impl Reading for Models {
     async fn read(&self, conn: &Conn, keys: &[ModelId]) -> Res<Vec<Res<Option<ModelRecord>>>> {
         let ids: Vec<&str> = keys.iter().map(ModelId::as_str).collect();
         let rows = conn.query(MODELS_SQL.as_str(), &[&ids]).await?;
-        by_place(&rows, keys.len(), columns(MODEL_COLUMNS), |row| {
+        by_place(&rows, keys.len(), |row| {
             ops::read::<ModelRow>(row)?.decode().map_err(DbError::from)
         })
     }
 }
 
-/// How many columns a columns list names.
-fn columns(list: &str) -> usize {
-    list.split(',').count()
-}
-
-/// The rows of a gathered lookup as one answer per wanted key: the row whose place (the
-/// column at `place`, from 1) is the key's, decoded, or `None` when there is none.
+/// The rows of a gathered lookup as one answer per wanted key: the row whose place (its last
+/// column, from 1) is the key's, decoded, or `None` when there is none.
 fn by_place<T>(
     rows: &[Row],
     wanted: usize,
-    place: usize,
     decode: impl Fn(&Row) -> Res<T>,
 ) -> Res<Vec<Res<Option<T>>>> {
     let mut values: Vec<Res<Option<T>>> = (0..wanted).map(|_| Ok(None)).collect();
     for row in rows {
-        let index: i64 = row.try_get(place)?;
-        let value = usize::try_from(index - 1)
-            .ok()
-            .and_then(|index| values.get_mut(index))
-            .ok_or_else(|| ops::corrupt(format!("a gathered read's index {index}")))?;
-        *value = decode(row).map(Some);
+        let place = row.len().saturating_sub(1);
+        *slot(&mut values, row.try_get(place)?)? = decode(row).map(Some);
     }
     Ok(values)
+}
+
+/// The answer of the read at `place` (from 1, as `WITH ORDINALITY` numbers them) among
+/// `answers`.
+fn slot<T>(answers: &mut [T], place: i64) -> Res<&mut T> {
+    usize::try_from(place - 1)
+        .ok()
+        .and_then(|index| answers.get_mut(index))
+        .ok_or_else(|| ops::corrupt(format!("a gathered read's place {place}")))
 }
 
 /// The event reads of streams (see the module's documentation): a page of a task's events
@@ -434,11 +462,7 @@ struct Gathered {
 /// Adds one row of [`GATHERED_SQL`] to its page.
 fn gather_row(row: &Row, pages: &mut [Gathered]) -> Res<()> {
     let at = TASK_COLUMN_COUNT;
-    let index: i64 = row.try_get(at)?;
-    let page = usize::try_from(index - 1)
-        .ok()
-        .and_then(|index| pages.get_mut(index))
-        .ok_or_else(|| ops::corrupt(format!("a gathered read's index {index}")))?;
+    let page = slot(pages, row.try_get(at)?)?;
     if row.try_get::<_, Option<Vec<u8>>>(0)?.is_some() {
         page.task = Some(decode_task(row)?);
     }
